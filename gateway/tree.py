@@ -1,0 +1,250 @@
+"""Prefix trees of token IDs: the training record of one task group (DESIGN.md, "Tree data model").
+
+The gateway records every call of every session of a group into one `Tree`; the
+learner packs the tree into one sequence. This module is plain data and imports
+nothing else of the gateway, so that the learner may depend on it.
+
+Invariants:
+- A node is a span of token IDs with one owner: `sampled_by` is None for prompt
+  tokens (not trainable) or the session ID whose policy sampled every token of the
+  span (trainable). Sampled tokens are therefore never shared between sessions,
+  and each trainable token belongs to exactly one session.
+- A token extends an existing child only when its ID matches and the child's owner
+  is compatible: a prompt token may follow any prompt node or a node sampled by the
+  same session (its own history); a sampled token may follow only a node sampled
+  by the same session. Otherwise a sibling is created.
+- Inserting a sequence that ends or diverges inside a node splits it. The split's
+  TAIL keeps the node's ID (so session leaves and children stay valid) and the
+  HEAD gets a new ID; node IDs are assigned in insertion order, so replaying the
+  same records rebuilds the same tree with the same IDs.
+- Every call is stored as a compact `CallRecord`: an anchor (node, offset) where its
+  sequence leaves the existing tree plus only the new tokens, so that the size of
+  a group's log grows with its unique tokens, not with calls x context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT = 0
+
+
+class TreeError(ValueError):
+    """A call or record does not fit the tree (bad lengths, unknown anchor or session)."""
+
+
+@dataclass
+class Node:
+    """A span of token IDs. `logprobs`/`weight_versions` are per token; prompt tokens
+    carry NaN and -1. `children` maps (first token ID, owner) to a child node ID."""
+
+    node_id: int
+    parent: int | None
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    sampled_by: str | None
+    children: dict[tuple[int, str | None], int] = field(default_factory=dict)
+
+    @property
+    def trainable(self) -> bool:
+        return self.sampled_by is not None
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One call as stored: the new tokens hang below `anchor` = (node ID, offset),
+    i.e. after the first `offset` tokens of that node (the root has offset 0).
+    The first `num_prompt` of `token_ids` are new prompt tokens, the rest sampled."""
+
+    call_id: str
+    session_id: str
+    anchor: tuple[int, int]
+    token_ids: list[int]
+    num_prompt: int
+    logprobs: list[float]
+    weight_versions: list[int]
+    branch: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "call", "call_id": self.call_id, "session_id": self.session_id,
+                "anchor": list(self.anchor), "token_ids": self.token_ids,
+                "num_prompt": self.num_prompt, "logprobs": self.logprobs,
+                "weight_versions": self.weight_versions, "branch": self.branch,
+                "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallRecord:
+        return cls(call_id=data["call_id"], session_id=data["session_id"],
+                   anchor=(int(data["anchor"][0]), int(data["anchor"][1])),
+                   token_ids=list(data["token_ids"]), num_prompt=int(data["num_prompt"]),
+                   logprobs=[float(x) for x in data["logprobs"]],
+                   weight_versions=list(data["weight_versions"]), branch=data.get("branch"),
+                   meta=dict(data.get("meta") or {}))
+
+
+@dataclass
+class Call:
+    """What the tree keeps of a recorded call: its session, leaf, sizes and metadata."""
+
+    call_id: str
+    session_id: str
+    leaf: int
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    branch: str | None
+    meta: dict[str, Any]
+
+
+@dataclass
+class SessionPaths:
+    """A session's leaves (one per path root→leaf), and its outcome once closed."""
+
+    session_id: str
+    leaves: list[int] = field(default_factory=list)
+    reward: float | None = None
+    closed: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Tree:
+    """The prefix tree of one task group. Node 0 is an empty root."""
+
+    def __init__(self, group_id: str):
+        self.group_id = group_id
+        self.nodes: dict[int, Node] = {ROOT: Node(ROOT, None, [], [], [], None)}
+        self.sessions: dict[str, SessionPaths] = {}
+        self.calls: list[Call] = []
+        self._next_id = 1
+
+    def add_call(self, call_id: str, session_id: str, prompt_ids: list[int],
+                 completion_ids: list[int], logprobs: list[float], weight_versions: list[int],
+                 branch: str | None = None, meta: dict[str, Any] | None = None) -> CallRecord:
+        """Records a call given its full prompt and completion; returns the compact record
+        (already applied) that a store appends to its log."""
+        if len(logprobs) != len(completion_ids) or len(weight_versions) != len(completion_ids):
+            raise TreeError(f"call {call_id}: {len(completion_ids)} completion tokens but "
+                            f"{len(logprobs)} logprobs and {len(weight_versions)} versions")
+        node_id, offset, num_matched = self._match(session_id, prompt_ids)
+        record = CallRecord(call_id=call_id, session_id=session_id, anchor=(node_id, offset),
+                            token_ids=prompt_ids[num_matched:] + completion_ids,
+                            num_prompt=len(prompt_ids) - num_matched, logprobs=list(logprobs),
+                            weight_versions=list(weight_versions), branch=branch,
+                            meta=dict(meta or {}))
+        self.apply(record)
+        return record
+
+    def apply(self, record: CallRecord) -> int:
+        """Applies a stored record (live or on replay); returns the call's leaf node ID."""
+        if record.anchor[0] not in self.nodes:
+            raise TreeError(f"call {record.call_id}: anchor node {record.anchor[0]} is unknown")
+        node_id = self._split_at(*record.anchor)
+        prompt = record.token_ids[:record.num_prompt]
+        sampled = record.token_ids[record.num_prompt:]
+        node_id = self._insert(node_id, prompt, None, [math.nan] * len(prompt), [-1] * len(prompt))
+        node_id = self._insert(node_id, sampled, record.session_id, record.logprobs,
+                               record.weight_versions)
+        self._set_leaf(record.session_id, node_id)
+        self.calls.append(Call(record.call_id, record.session_id, node_id, record.num_prompt,
+                               len(sampled), record.branch, record.meta))
+        return node_id
+
+    def close_session(self, session_id: str, reward: float, meta: dict[str, Any] | None = None):
+        paths = self.sessions.setdefault(session_id, SessionPaths(session_id))
+        paths.reward, paths.closed, paths.meta = float(reward), True, dict(meta or {})
+
+    def path(self, leaf: int) -> list[int]:
+        """Node IDs from the root's first child down to `leaf`."""
+        nodes = []
+        while leaf != ROOT:
+            nodes.append(leaf)
+            leaf = self.nodes[leaf].parent
+        return nodes[::-1]
+
+    def path_token_ids(self, leaf: int) -> list[int]:
+        return [t for node_id in self.path(leaf) for t in self.nodes[node_id].token_ids]
+
+    @property
+    def num_unique_tokens(self) -> int:
+        return sum(len(node.token_ids) for node in self.nodes.values())
+
+    @property
+    def num_flat_tokens(self) -> int:
+        """Tokens that a per-call log would hold: every call's prompt plus completion."""
+        return sum(len(self.path_token_ids(call.leaf)) for call in self.calls)
+
+    def _match(self, session_id: str, token_ids: list[int]) -> tuple[int, int, int]:
+        """Longest prefix of `token_ids` (as prompt of `session_id`) already in the tree:
+        returns (node ID, offset in that node, number of tokens matched)."""
+        node, offset, num_matched = self.nodes[ROOT], 0, 0
+        while num_matched < len(token_ids):
+            if offset == len(node.token_ids):
+                child = self._prompt_child(node, token_ids[num_matched], session_id)
+                if child is None:
+                    break
+                node, offset = child, 0
+            if node.token_ids[offset] != token_ids[num_matched]:
+                break
+            offset += 1
+            num_matched += 1
+        return node.node_id, offset, num_matched
+
+    def _prompt_child(self, node: Node, token_id: int, session_id: str) -> Node | None:
+        for owner in (None, session_id):
+            child_id = node.children.get((token_id, owner))
+            if child_id is not None:
+                return self.nodes[child_id]
+        return None
+
+    def _split_at(self, node_id: int, offset: int) -> int:
+        """Makes (node, offset) a node boundary; returns the node that ends there."""
+        node = self.nodes[node_id]
+        if offset == len(node.token_ids):
+            return node_id
+        if offset == 0:
+            return node.parent
+        head = Node(self._new_id(), node.parent, node.token_ids[:offset], node.logprobs[:offset],
+                    node.weight_versions[:offset], node.sampled_by)
+        parent = self.nodes[node.parent]
+        parent.children[(head.token_ids[0], head.sampled_by)] = head.node_id
+        node.token_ids, node.logprobs = node.token_ids[offset:], node.logprobs[offset:]
+        node.weight_versions = node.weight_versions[offset:]
+        node.parent = head.node_id
+        head.children[(node.token_ids[0], node.sampled_by)] = node.node_id
+        self.nodes[head.node_id] = head
+        return head.node_id
+
+    def _insert(self, parent_id: int, token_ids: list[int], owner: str | None,
+                logprobs: list[float], weight_versions: list[int]) -> int:
+        """Hangs `token_ids` below `parent_id`, following matching children of the same
+        owner first; returns the node that ends the sequence."""
+        done = 0
+        while done < len(token_ids):
+            parent = self.nodes[parent_id]
+            child_id = parent.children.get((token_ids[done], owner))
+            if child_id is None:
+                node = Node(self._new_id(), parent_id, token_ids[done:], logprobs[done:],
+                            weight_versions[done:], owner)
+                self.nodes[node.node_id] = node
+                parent.children[(token_ids[done], owner)] = node.node_id
+                return node.node_id
+            child = self.nodes[child_id]
+            num_same = 0
+            limit = min(len(child.token_ids), len(token_ids) - done)
+            while num_same < limit and child.token_ids[num_same] == token_ids[done + num_same]:
+                num_same += 1
+            parent_id = self._split_at(child_id, num_same)
+            done += num_same
+        return parent_id
+
+    def _set_leaf(self, session_id: str, leaf: int) -> None:
+        paths = self.sessions.setdefault(session_id, SessionPaths(session_id))
+        on_path = set(self.path(leaf))
+        paths.leaves = [old for old in paths.leaves if old not in on_path] + [leaf]
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1

@@ -1,0 +1,1 @@
+"""Sandboxes: SWE tasks, their Docker images and containers, and grading by tests."""

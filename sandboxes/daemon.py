@@ -1,0 +1,70 @@
+"""Makes sure a Docker daemon is reachable, installing and starting one when allowed.
+
+`make test` runs this before the test suite (`python -m undertow.sandboxes.daemon`):
+on a fresh machine, as root, it installs Debian's `docker.io` and starts `dockerd`;
+elsewhere it explains what to do.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+DOCKERD_LOG = "/var/log/undertow-dockerd.log"
+
+
+class DaemonError(RuntimeError):
+    """No Docker daemon can be reached and none could be started."""
+
+
+def daemon_reachable() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    result = subprocess.run([docker, "info"], capture_output=True, timeout=30)
+    return result.returncode == 0
+
+
+def _install_docker() -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "docker.io"], check=True, env=env)
+
+
+def _start_dockerd(wait_s: float) -> None:
+    with open(DOCKERD_LOG, "ab") as log:
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if daemon_reachable():
+            return
+        time.sleep(1)
+    raise DaemonError(f"dockerd did not become ready in {wait_s:.0f} s; see {DOCKERD_LOG}")
+
+
+def ensure_daemon(wait_s: float = 90) -> str:
+    """Returns what was done; raises DaemonError when no daemon can be had."""
+    if daemon_reachable():
+        return "Docker daemon already running"
+    if os.geteuid() != 0:
+        raise DaemonError(
+            "no Docker daemon is reachable and this is not root: start dockerd "
+            "(or add your user to the docker group) and run again")
+    if shutil.which("dockerd") is None:
+        _install_docker()
+    _start_dockerd(wait_s)
+    return f"started dockerd (log: {DOCKERD_LOG})"
+
+
+def main() -> int:
+    try:
+        print(ensure_daemon())
+    except DaemonError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

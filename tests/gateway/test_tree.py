@@ -1,0 +1,130 @@
+"""The prefix tree's invariants, on hand-made and random call sequences."""
+
+import json
+import math
+import random
+
+import pytest
+
+from undertow.gateway.tree import ROOT, CallRecord, Tree, TreeError
+
+SYSTEM = [1, 2, 3, 4, 5]
+
+
+def _call(tree, call_id, session, prompt, completion, version=0):
+    logprobs = [-0.1 * (i + 1) for i in range(len(completion))]
+    return tree.add_call(call_id, session, prompt, completion, logprobs,
+                         [version] * len(completion))
+
+
+def test_extension_shares_history_and_stores_only_new_tokens():
+    tree = Tree("g")
+    _call(tree, "c1", "A", SYSTEM + [10], [20, 21])
+    record = _call(tree, "c2", "A", SYSTEM + [10, 20, 21, 11], [22])
+    assert record.token_ids == [11, 22] and record.num_prompt == 1
+    (leaf,) = tree.sessions["A"].leaves
+    assert tree.path_token_ids(leaf) == SYSTEM + [10, 20, 21, 11, 22]
+    assert tree.num_unique_tokens == 10
+    assert tree.num_flat_tokens == 8 + 10
+
+
+def test_sampled_tokens_are_never_shared_between_sessions():
+    tree = Tree("g")
+    _call(tree, "c1", "A", SYSTEM, [20, 21])
+    _call(tree, "c2", "B", SYSTEM, [20, 21])
+    owners = sorted(n.sampled_by for n in tree.nodes.values() if n.trainable)
+    assert owners == ["A", "B"]
+    prompt_nodes = [n for n in tree.nodes.values() if n.token_ids and not n.trainable]
+    assert [n.token_ids for n in prompt_nodes] == [SYSTEM]
+
+
+def test_other_sessions_sampled_tokens_in_a_prompt_are_prompt_tokens():
+    tree = Tree("g")
+    _call(tree, "c1", "A", SYSTEM, [20, 21])
+    _call(tree, "c2", "B", SYSTEM + [20, 21, 7], [8])
+    (leaf,) = tree.sessions["B"].leaves
+    path = [tree.nodes[n] for n in tree.path(leaf)]
+    assert [n.sampled_by for n in path] == [None, None, "B"]
+    assert tree.path_token_ids(leaf) == SYSTEM + [20, 21, 7, 8]
+
+
+def test_rewritten_history_keeps_both_paths_and_splits_without_renumbering_leaves():
+    tree = Tree("g")
+    _call(tree, "c1", "A", SYSTEM + [10], [20, 21, 22])
+    (old_leaf,) = tree.sessions["A"].leaves
+    tree.add_call("c2", "A", SYSTEM + [10, 20, 99], [23], [-0.5], [1], branch="rewrite")
+    leaves = tree.sessions["A"].leaves
+    assert leaves[0] == old_leaf and len(leaves) == 2
+    assert tree.path_token_ids(old_leaf) == SYSTEM + [10, 20, 21, 22]
+    assert tree.path_token_ids(leaves[1]) == SYSTEM + [10, 20, 99, 23]
+    assert tree.calls[-1].branch == "rewrite"
+    split_head = tree.nodes[tree.nodes[old_leaf].parent]
+    assert split_head.token_ids == [20] and split_head.sampled_by == "A"
+    assert tree.nodes[leaves[1]].weight_versions == [1]
+
+
+def test_prompt_tokens_carry_no_logprob_and_sampled_ones_keep_theirs():
+    tree = Tree("g")
+    tree.add_call("c1", "A", SYSTEM, [20, 21], [-0.25, -1.5], [3, 4])
+    prompt, sampled = (tree.nodes[n] for n in tree.path(tree.sessions["A"].leaves[0]))
+    assert all(math.isnan(x) for x in prompt.logprobs) and prompt.weight_versions == [-1] * 5
+    assert sampled.logprobs == [-0.25, -1.5] and sampled.weight_versions == [3, 4]
+
+
+def test_mismatched_lengths_and_unknown_anchor_are_errors():
+    tree = Tree("g")
+    with pytest.raises(TreeError, match="2 completion tokens but 1 logprobs"):
+        tree.add_call("c1", "A", SYSTEM, [20, 21], [-0.1], [0, 0])
+    bad = CallRecord("c2", "A", (42, 0), [1], 1, [], [])
+    with pytest.raises(TreeError, match="anchor node 42"):
+        tree.apply(bad)
+
+
+def test_close_session_keeps_reward():
+    tree = Tree("g")
+    _call(tree, "c1", "A", SYSTEM, [20])
+    tree.close_session("A", 0.5, {"timed_out": True})
+    assert tree.sessions["A"].reward == 0.5 and tree.sessions["A"].closed
+
+
+def _random_calls(rng, num_sessions=4, num_calls=30):
+    """Sessions that mostly extend their history, sometimes rewrite it."""
+    history = {f"s{i}": SYSTEM + [rng.randrange(6, 9)] for i in range(num_sessions)}
+    calls = []
+    for index in range(num_calls):
+        session = rng.choice(sorted(history))
+        prompt = list(history[session])
+        if rng.random() < 0.25 and len(prompt) > 6:
+            prompt = prompt[: rng.randrange(5, len(prompt))] + [rng.randrange(6, 12)]
+        completion = [rng.randrange(6, 12) for _ in range(rng.randrange(0, 4))]
+        calls.append((f"c{index}", session, prompt, completion))
+        history[session] = prompt + completion + [rng.randrange(6, 12)]
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_calls_replay_to_the_same_tree_and_paths(seed):
+    rng = random.Random(seed)
+    tree, records, num_completion = Tree("g"), [], 0
+    for call_id, session, prompt, completion in _random_calls(rng):
+        num_completion += len(completion)
+        records.append(_call(tree, call_id, session, prompt, completion))
+        leaf = tree.calls[-1].leaf
+        assert tree.path_token_ids(leaf) == prompt + completion
+        sampled = [t for n in tree.path(leaf) for t in tree.nodes[n].token_ids
+                   if tree.nodes[n].sampled_by == session]
+        assert sampled[-len(completion):] == completion or not completion
+    replayed = Tree("g")
+    for record in records:
+        replayed.apply(CallRecord.from_json(json.loads(json.dumps(record.to_json()))))
+    shape = lambda t: {k: (n.parent, n.token_ids, n.sampled_by) for k, n in t.nodes.items()}  # noqa: E731
+    assert shape(replayed) == shape(tree)
+    assert {s: p.leaves for s, p in replayed.sessions.items()} == \
+        {s: p.leaves for s, p in tree.sessions.items()}
+    # the log holds each unique token once, plus completions that repeated a known span
+    assert sum(len(r.token_ids) for r in records) <= tree.num_unique_tokens + num_completion
+    for node in tree.nodes.values():
+        if node.node_id != ROOT:
+            assert node.token_ids, "only the root is empty"
+            assert tree.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)] \
+                == node.node_id

@@ -1,0 +1,122 @@
+'''The ChatML chat template of the built models, in Qwen/Hermes style.
+
+Turns are `<|im_start|>{role}\n{content}<|im_end|>\n`. Tools are listed as JSON
+lines inside `<tools></tools>` in the system turn. An assistant turn is
+`<think>\n{reasoning_content}\n</think>\n\n` (only when there is reasoning),
+then its content, then one `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`
+block per tool call (arguments given as a JSON string are written verbatim,
+as a mapping they are dumped). Each tool result is its own user turn wrapped in
+`<tool_response>\n...\n</tool_response>`. The generation prompt is
+`<|im_start|>assistant\n`.
+
+The template renders every message the same way whatever follows it, and never
+strips or rewrites earlier turns (no dropping of old thinking): rendering a
+conversation's first k messages is always a prefix of rendering all of them.
+That is what lets the gateway extend a session's token IDs instead of
+re-tokenizing it.
+
+`render_chat` renders with the same Jinja settings as `transformers`'
+`apply_chat_template`, without importing it.
+'''
+
+import json
+from collections.abc import Mapping, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHAT_TEMPLATE = """\
+{%- macro render_content(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is sequence and content is not mapping -%}
+        {%- for part in content -%}
+            {%- if part.type == 'text' -%}
+                {{- part.text -}}
+            {%- else -%}
+                {{- raise_exception('Only text content parts are supported, got type '
+                                    ~ part.type) -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+    {{- '<|im_start|>system\\n' -}}
+    {%- if messages and messages[0].role == 'system' -%}
+        {{- render_content(messages[0].content) ~ '\\n\\n' -}}
+    {%- endif -%}
+    {{- '# Tools\\n\\nYou can call these functions. '
+        ~ 'Their signatures are listed inside <tools></tools>:\\n<tools>' -}}
+    {%- for tool in tools -%}
+        {{- '\\n' ~ (tool | tojson) -}}
+    {%- endfor -%}
+    {{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object holding its name '
+        ~ 'and arguments inside <tool_call></tool_call> tags:\\n<tool_call>\\n'
+        ~ '{"name": <function-name>, "arguments": <arguments-object>}\\n</tool_call>'
+        ~ '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role == 'system' -%}
+        {%- if not (loop.first and tools) -%}
+            {{- '<|im_start|>system\\n' ~ render_content(message.content) ~ '<|im_end|>\\n' -}}
+        {%- endif -%}
+    {%- elif message.role == 'user' -%}
+        {{- '<|im_start|>user\\n' ~ render_content(message.content) ~ '<|im_end|>\\n' -}}
+    {%- elif message.role == 'assistant' -%}
+        {{- '<|im_start|>assistant\\n' -}}
+        {%- if message.reasoning_content is string -%}
+            {{- '<think>\\n' ~ message.reasoning_content ~ '\\n</think>\\n\\n' -}}
+        {%- endif -%}
+        {%- set content = render_content(message.content) -%}
+        {{- content -}}
+        {%- for tool_call in message.tool_calls or [] -%}
+            {%- set call = tool_call.function if tool_call.function is defined else tool_call -%}
+            {%- if content or not loop.first -%}
+                {{- '\\n' -}}
+            {%- endif -%}
+            {{- '<tool_call>\\n{"name": ' ~ (call.name | tojson) ~ ', "arguments": ' -}}
+            {%- if call.arguments is string -%}
+                {{- call.arguments -}}
+            {%- else -%}
+                {{- call.arguments | tojson -}}
+            {%- endif -%}
+            {{- '}\\n</tool_call>' -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\\n' -}}
+    {%- elif message.role == 'tool' -%}
+        {{- '<|im_start|>user\\n<tool_response>\\n' ~ render_content(message.content)
+            ~ '\\n</tool_response><|im_end|>\\n' -}}
+    {%- else -%}
+        {{- raise_exception('Unknown role ' ~ message.role
+                            ~ '; use system, user, assistant or tool') -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\\n' -}}
+{%- endif -%}
+"""
+
+
+class ChatTemplateError(ValueError):
+    """The messages cannot be rendered; the message says which part to fix."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def render_chat(messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+                add_generation_prompt: bool = False) -> str:
+    """The prompt text for `messages`, as `apply_chat_template(..., tokenize=False)` gives it."""
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                undefined=jinja2.Undefined)
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    template = environment.from_string(CHAT_TEMPLATE)
+    return template.render(messages=list(messages), tools=list(tools) if tools else None,
+                           add_generation_prompt=add_generation_prompt)

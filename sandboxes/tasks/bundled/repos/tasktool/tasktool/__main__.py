@@ -1,0 +1,7 @@
+"""Allow ``python -m tasktool``."""
+
+import sys
+
+from tasktool.cli import main
+
+sys.exit(main())

@@ -1,0 +1,18 @@
+"""Errors of the cell pool.
+
+    PoolError                  base of everything the pool raises
+    ├── IllegalTransition      a cell was asked to change role along an edge the table lacks
+    └── PolicyConfigError      (also a ValueError) an unknown policy name or a bad parameter
+"""
+
+
+class PoolError(Exception):
+    """Base of the pool's errors."""
+
+
+class IllegalTransition(PoolError):
+    """A role change that `cell.TRANSITIONS` does not allow."""
+
+
+class PolicyConfigError(PoolError, ValueError):
+    """A policy spec that names no known policy or carries a bad parameter."""

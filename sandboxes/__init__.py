@@ -1,1 +1,16 @@
-"""Sandboxes: SWE tasks, their Docker images and containers, and grading by tests."""
+"""Sandboxes: SWE tasks, their Docker images and containers, and grading by tests.
+
+The flow, one module per step (import them directly; this package imports nothing):
+
+    task.py         Task record, load_tasks(path)            (JSONL, local HF datasets)
+    base_image.py   build_base_image(connection)             (debootstrap + docker import)
+    task_image.py   ensure_task_image(connection, task)      (repo at base commit, one commit)
+    connection.py   connect(docker_url) -> Connection        (SDK + its thread pool)
+    sandbox.py      Sandbox.start / exec / read_file / write_file / diff / close; gc(run)
+    link.py         GatewayLink, start_linked_sandbox        (the gateway is the only peer)
+    grading.py      grade(connection, task, diff) -> Grade   (fresh container, tests, reward)
+    log_parsers.py  LOG_PARSERS by name                      (pytest first)
+    taskset.py      stamp_task_set / check_stamps            (shipped task sets' base commits)
+    validation.py   validate_tasks                           (`undertow tasks validate`)
+    errors.py       SandboxError and its subclasses
+"""

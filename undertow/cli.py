@@ -7,6 +7,7 @@ variables are read here and nowhere else.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,10 @@ def _add_engine(commands) -> None:
     serve.add_argument("--cache-bytes", type=int, default=256 * 2**20,
                        help="bound of the prefix cache's KV memory")
     serve.add_argument("--weight-version", default="0")
+    serve.add_argument("--num-threads", type=int, default=None,
+                       help="torch intra-op threads (default: torch's choice)")
+    serve.add_argument("--incremental-streaming-output", action="store_true",
+                       help="stream deltas instead of cumulative outputs (SGLang's flag)")
     serve.set_defaults(handler=_engine_serve)
 
 
@@ -49,15 +54,279 @@ def _engine_serve(args) -> int:
     config = EngineConfig(
         model_dir=args.model, host=args.host, port=args.port,
         max_running_requests=args.max_running_requests, cache_bytes=args.cache_bytes,
-        weight_version=args.weight_version)
+        weight_version=args.weight_version, num_threads=args.num_threads,
+        incremental_streaming_output=args.incremental_streaming_output)
     serve(config)
+    return 0
+
+
+def _add_sandbox(commands) -> None:
+    sandbox = commands.add_parser("sandbox", help="Docker sandboxes").add_subparsers(
+        dest="action", required=True)
+    base = sandbox.add_parser("build-base", help="build the base image offline (Debian packages)")
+    base.add_argument("--mirror", default=None, help="Debian mirror (default: the host apt's)")
+    base.add_argument("--cache-dir", type=Path, default=None,
+                      help="where the root file system tarball is cached")
+    base.set_defaults(handler=_sandbox_build_base)
+    gc = sandbox.add_parser("gc", help="remove sandbox containers left by crashed runs")
+    gc.add_argument("--run", default=None, help="only this run's containers (default: all)")
+    gc.add_argument("--orphans-only", action="store_true",
+                    help="keep containers whose starting process is still alive")
+    gc.set_defaults(handler=_sandbox_gc)
+
+
+def _sandbox_build_base(args) -> int:
+    from undertow.sandboxes import commands
+
+    return commands.build_base(os.environ.get("DOCKER_HOST"), args.mirror, args.cache_dir)
+
+
+def _sandbox_gc(args) -> int:
+    from undertow.sandboxes import commands
+
+    return commands.collect_garbage(os.environ.get("DOCKER_HOST"), args.run, args.orphans_only)
+
+
+def _add_tasks(commands) -> None:
+    tasks = commands.add_parser("tasks", help="SWE task sets").add_subparsers(
+        dest="action", required=True)
+    validate = tasks.add_parser("validate", help="check that each task's tests decide its fix")
+    validate.add_argument("dir", type=Path, help="folder holding tasks.jsonl (or a dataset)")
+    validate.add_argument("--runs", type=int, default=3, help="runs per task, to catch flakes")
+    validate.add_argument("--concurrency", type=int, default=2)
+    validate.add_argument("--task", action="append", default=None, help="only this instance_id")
+    validate.set_defaults(handler=_tasks_validate)
+    stamp = tasks.add_parser("stamp", help="compute and write base_commit of a shipped task set")
+    stamp.add_argument("dir", type=Path, help="folder holding tasks.jsonl and repos/")
+    stamp.add_argument("--check", action="store_true", help="only check; exit 1 if stale")
+    stamp.set_defaults(handler=_tasks_stamp)
+
+
+def _tasks_validate(args) -> int:
+    from undertow.sandboxes import commands
+
+    return commands.validate(os.environ.get("DOCKER_HOST"), args.dir, args.runs,
+                             args.concurrency, args.task)
+
+
+def _tasks_stamp(args) -> int:
+    from undertow.sandboxes import commands
+
+    return commands.stamp(args.dir, args.check)
+
+
+def _add_simulate(commands) -> None:
+    simulate = commands.add_parser(
+        "simulate", help="simulate a cell-pool policy on a workload (discrete events)")
+    simulate.add_argument("--workload", required=True, help="workload YAML/JSON file, or a "
+                          "preset: qwengyre_long_tail, short_tail")
+    simulate.add_argument("--policy", required=True, help="colocate, split or elastic")
+    simulate.add_argument("--cells", type=int, required=True, help="number of cells")
+    simulate.add_argument("--steps", type=int, default=4, help="RL steps to simulate")
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--training-cells", type=int, default=None,
+                          help="split only: cells that train (default: half)")
+    simulate.add_argument("--max-staleness", type=int, default=1,
+                          help="split only: how many steps the rollout weights may lag")
+    simulate.add_argument("--plot", type=Path, default=None, help="write the roles timeline PNG")
+    simulate.set_defaults(handler=_simulate)
+
+
+def _simulate(args) -> int:
+    from undertow.learner.sim import format_table, load_workload, simulate
+    from undertow.learner.sim.plot import plot_timeline
+
+    spec = {"name": args.policy}
+    if args.policy == "split":
+        spec["num_training_cells"] = args.training_cells or max(1, args.cells // 2)
+        spec["max_staleness"] = args.max_staleness
+    result = simulate(load_workload(args.workload), spec, num_cells=args.cells,
+                      num_steps=args.steps, seed=args.seed)
+    print(format_table([result]))
+    if args.plot is not None:
+        print(plot_timeline([result], args.plot))
+    return 0
+
+
+def _add_gateway(commands) -> None:
+    gateway = commands.add_parser("gateway", help="the OpenAI/Anthropic-compatible gateway"
+                                  ).add_subparsers(dest="action", required=True)
+    serve = gateway.add_parser("serve", help="serve scaffolds, capture calls into trees "
+                               "(admin token from UNDERTOW_ADMIN_TOKEN)")
+    serve.add_argument("--engine", action="append", default=[], metavar="URL",
+                       help="an engine's base URL (repeat for several)")
+    serve.add_argument("--model", type=Path, required=True, help="model directory")
+    serve.add_argument("--store", type=Path, required=True, help="tree store directory")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0, help="0 picks a free port and prints it")
+    serve.add_argument("--model-name", default="undertow", help="name listed by /v1/models")
+    serve.add_argument("--tool-parser", default="undertow")
+    serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
+    serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
+    serve.set_defaults(handler=_gateway_serve)
+
+
+def _gateway_serve(args) -> int:
+    import os
+
+    from undertow.gateway.app import serve
+    from undertow.gateway.config import GatewayConfig
+
+    config = GatewayConfig(
+        model_dir=args.model, store_dir=args.store, engine_urls=tuple(args.engine),
+        host=args.host, port=args.port, admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""),
+        model_name=args.model_name, tool_parser=args.tool_parser,
+        max_body_bytes=args.max_body_bytes, context_length=args.context_length)
+    serve(config)
+    return 0
+
+
+def _add_trees(commands) -> None:
+    trees = commands.add_parser("trees", help="inspect a gateway's tree store").add_subparsers(
+        dest="action", required=True)
+    show = trees.add_parser("show", help="print trees: spans, branch points, trainable tokens")
+    show.add_argument("store", type=Path, help="tree store directory")
+    show.add_argument("--group", default=None)
+    show.add_argument("--session", default=None)
+    show.add_argument("--max-tokens", type=int, default=12,
+                      help="tokens of each span to print at its start and end")
+    show.set_defaults(handler=_trees_show)
+    stats = trees.add_parser("stats", help="unique tokens vs a per-call log")
+    stats.add_argument("store", type=Path, help="tree store directory")
+    stats.set_defaults(handler=_trees_stats)
+
+
+def _trees_show(args) -> int:
+    from undertow.gateway.trees_cli import show
+
+    print(show(args.store, group=args.group, session=args.session, max_tokens=args.max_tokens))
+    return 0
+
+
+def _trees_stats(args) -> int:
+    from undertow.gateway.trees_cli import stats
+
+    print(stats(args.store))
+    return 0
+
+
+def _add_rollout(commands) -> None:
+    rollout = commands.add_parser(
+        "rollout", help="run a scaffold on tasks through the gateway, grade and reward sessions")
+    rollout.add_argument("--tasks", type=Path, required=True,
+                         help="tasks.jsonl, a folder holding one, or a local dataset")
+    rollout.add_argument("--scaffold", required=True,
+                         help="mini-swe-agent, command, claude-code, codex, swe-agent, openhands")
+    rollout.add_argument("--group-size", type=int, default=1, help="sessions per task (G)")
+    rollout.add_argument("--concurrency", type=int, default=1, help="sessions at once (C)")
+    rollout.add_argument("--timeout-s", type=float, default=600.0, help="time limit per session")
+    rollout.add_argument("--gateway", default=None, metavar="URL",
+                         help="a running gateway (admin token from UNDERTOW_ADMIN_TOKEN); "
+                         "default: engine and gateway embedded for this run")
+    rollout.add_argument("--model", type=Path, default=None,
+                         help="embedded: model directory (default: the tiny model, built once)")
+    rollout.add_argument("--engine", action="append", default=[], metavar="URL",
+                         help="embedded: use these engines instead of starting the built-in one")
+    rollout.add_argument("--out", type=Path, default=Path("runs/rollouts"))
+    rollout.add_argument("--task", action="append", default=[], help="only this instance_id")
+    rollout.add_argument("--num-tasks", type=int, default=None, help="only the first N tasks")
+    rollout.add_argument("--timeout-value", choices=("partial_credit", "tree_estimate"),
+                         default="partial_credit",
+                         help="reward of timed-out sessions (tree_estimate: QwenGyre's)")
+    rollout.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                         help="scaffold option, e.g. step_limit=10 or command='my-agent ...'")
+    rollout.add_argument("--progress-interval-s", type=float, default=5.0)
+    rollout.set_defaults(handler=_rollout)
+
+
+def _rollout(args) -> int:
+    import yaml
+
+    from undertow.rollout_run import RolloutCommand, main
+
+    options = {}
+    for option in args.option:
+        key, sep, value = option.partition("=")
+        if not sep:
+            raise ValueError(f"--option {option!r} is not KEY=VALUE")
+        options[key] = yaml.safe_load(value) if key != "command" else value
+    return main(RolloutCommand(
+        tasks=args.tasks, scaffold=args.scaffold, group_size=args.group_size,
+        concurrency=args.concurrency, timeout_s=args.timeout_s, gateway_url=args.gateway,
+        admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""), model_dir=args.model,
+        engine_urls=tuple(args.engine), out_dir=args.out, instance_ids=tuple(args.task),
+        num_tasks=args.num_tasks, scaffold_options=options, timeout_value=args.timeout_value,
+        docker_url=os.environ.get("DOCKER_HOST"), progress_interval_s=args.progress_interval_s))
+
+
+def _add_train(commands) -> None:
+    train = commands.add_parser(
+        "train", help="run engines, gateway, rollouts and the learner (default: the tiny "
+        "model, mini-swe-agent on the bundled tasks)")
+    train.add_argument("-c", "--config", type=Path, default=None, help="run config (YAML)")
+    train.add_argument("--run-dir", type=Path, default=None, help="sets run.run_dir")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the latest checkpoint of run.run_dir")
+    train.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
+                       help="config overrides, e.g. learner.num_steps=4")
+    train.set_defaults(handler=_train)
+
+
+def _train(args) -> int:
+    import signal
+    import threading
+
+    from undertow.train_run import resolve_config, train
+
+    tree = resolve_config(args.config, args.overrides, args.run_dir, args.resume)
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    outcome = train(tree, args.resume, stop)
+    return 0 if outcome == "done" else 143
+
+
+def _add_sft(commands) -> None:
+    sft = commands.add_parser("sft", help="warm start: cross-entropy on stored trajectories")
+    sft.add_argument("--store", type=Path, required=True, help="tree store of the trajectories")
+    sft.add_argument("--model", type=Path, required=True, help="model directory to start from")
+    sft.add_argument("--out", type=Path, required=True, help="model directory to write")
+    sft.add_argument("-c", "--config", type=Path, default=None, help="config with an sft section")
+    sft.add_argument("overrides", nargs="*", metavar="sft.KEY=VALUE")
+    sft.set_defaults(handler=_sft)
+
+
+def _sft(args) -> int:
+    from undertow.config import build_section, read_config
+    from undertow.learner.config import SFTConfig
+    from undertow.learner.sft import run_sft
+    from undertow.learner.trees import load_store_trees
+
+    config = build_section(SFTConfig, read_config(args.config, args.overrides).get("sft"), "sft")
+    print(run_sft(load_store_trees(args.store), args.model, args.out, config))
+    return 0
+
+
+def _add_plot(commands) -> None:
+    plot = commands.add_parser("plot", help="draw a training run's metrics to PNG files")
+    plot.add_argument("run", type=Path, help="run directory (holding metrics.jsonl)")
+    plot.add_argument("--out", type=Path, default=None, help="folder (default: RUN/plots)")
+    plot.set_defaults(handler=_plot)
+
+
+def _plot(args) -> int:
+    from undertow.learner.plot import plot_run
+
+    for path in plot_run(args.run, args.out):
+        print(path)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="undertow", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_model, _add_engine):
+    for add in (_add_model, _add_engine, _add_simulate, _add_sandbox, _add_tasks,
+                _add_gateway, _add_trees, _add_rollout, _add_train, _add_sft, _add_plot):
         add(commands)
     return parser
 

@@ -1,0 +1,49 @@
+"""The connection to the Docker daemon, shared by every sandbox of a run.
+
+The `docker` SDK is blocking. Each call runs in a thread of this connection's own
+pool, sized for many long-running `exec` streams at once (asyncio's default pool
+has only a few threads, and one stuck stream per session would starve it).
+"""
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import docker
+
+DEFAULT_DOCKER_URL = "unix:///var/run/docker.sock"
+T = TypeVar("T")
+
+
+class Connection:
+    """A Docker client plus the thread pool its blocking calls run in."""
+
+    def __init__(self, client: docker.DockerClient, max_threads: int = 256):
+        self.client = client
+        self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="undertow-docker")
+
+    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs one blocking SDK call in the pool."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, functools.partial(function, *args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def connect(base_url: str | None = None, timeout_s: float = 300,
+            max_threads: int = 256) -> Connection:
+    """Connects to the daemon at `base_url` (the command line passes DOCKER_HOST, if set)."""
+    client = docker.DockerClient(base_url=base_url or DEFAULT_DOCKER_URL, timeout=int(timeout_s),
+                                 max_pool_size=max_threads)
+    return Connection(client, max_threads)

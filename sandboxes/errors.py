@@ -1,0 +1,32 @@
+"""The sandboxes package's errors, in one small hierarchy.
+
+    SandboxError
+    ├── TaskFormatError     a task record is malformed (names the field, instance and line)
+    ├── ImageError          building or finding an image failed
+    ├── ContainerDied       the container stopped under a running session
+    └── CommandTimeout      a set-up or grading step outlived its time limit
+
+`Sandbox.exec` does not raise on a timed-out command: it kills the command's
+process tree and returns an `ExecResult` with `timed_out` set, because an agent's
+command running too long is an ordinary outcome, not a failure of the sandbox.
+"""
+
+
+class SandboxError(Exception):
+    """Base class of every error raised by `undertow.sandboxes`."""
+
+
+class TaskFormatError(SandboxError, ValueError):
+    """A task record is missing a field or holds a value of the wrong kind."""
+
+
+class ImageError(SandboxError):
+    """An image could not be built or found."""
+
+
+class ContainerDied(SandboxError):
+    """The sandbox's container is no longer running (killed, out of memory, removed)."""
+
+
+class CommandTimeout(SandboxError):
+    """A step that must finish (applying a patch, setting up grading) ran past its limit."""

@@ -1,0 +1,376 @@
+"""One Docker container per session: the sandbox a scaffold works in.
+
+A sandbox is started from its task's image with CPU, memory and process-count
+limits, no network (unless configured, or linked to the gateway only - see
+`link.py`), an init process as PID 1, and labels naming its run and session, so
+that `gc` finds and removes whatever a crashed run left. `exec` runs a shell
+command with a time limit; on timeout every process the command started (found
+by a marker in its environment, which survives `setsid` and double forks) is
+killed, so nothing outlives its limit. `diff` returns every change against the
+base commit, new and binary files included. `close` removes the container.
+"""
+
+import asyncio
+import contextlib
+import io
+import os
+import shlex
+import socket
+import tarfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import docker.errors
+
+from undertow.sandboxes.connection import Connection
+from undertow.sandboxes.errors import ContainerDied, SandboxError
+from undertow.sandboxes.output import BoundedOutput
+
+SANDBOX_LABEL = "undertow.sandbox"
+RUN_LABEL = "undertow.run"
+SESSION_LABEL = "undertow.session"
+OWNER_LABEL = "undertow.owner"  # "host:pid" of the process that started the container
+MARKER_ENV = "UNDERTOW_EXEC"
+_KILL_GRACE_S = 10.0
+# Every command runs under this wrapper, with a fresh marker in its environment. The
+# marker survives `setsid`, double forks and `nohup`, so `sweep` finds the command's whole
+# process tree by it. `sweep` uses bash builtins only (no fork), so it works even when a fork
+# bomb has taken every process slot. It runs as the command's own user: reading another
+# user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root.
+_SWEEP = r"""
+sweep() {
+  local round pid entry found
+  for ((round = 0; round < 200; round++)); do
+    found=0
+    for pid in /proc/[0-9]*; do
+      pid=${pid#/proc/}
+      [ "$pid" = "$$" ] && continue
+      while IFS= read -r -d '' entry; do
+        if [ "$entry" = "UNDERTOW_EXEC=$UNDERTOW_EXEC" ]; then
+          kill -9 "$pid" 2>/dev/null; found=1; break
+        fi
+      done 2>/dev/null < "/proc/$pid/environ"
+    done
+    [ "$found" = 0 ] && return 0
+  done
+  return 1
+}
+"""
+_WRAPPER = _SWEEP + r"""
+bash -c "$1"
+status=$?
+[ -n "$UNDERTOW_KEEP_BACKGROUND" ] || sweep
+exit $status
+"""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and isolation of one sandbox container.
+
+    `user` None keeps the image's user (task images built here run as `agent`,
+    uid 1000; published images choose their own). `network` is a Docker network
+    mode; "none" by default.
+    """
+
+    num_cpus: float = 1.0
+    memory_bytes: int = 2 * 2**30
+    pids_limit: int = 512
+    network: str = "none"
+    user: str | None = None
+    max_output_bytes: int = 256 * 2**10
+    start_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        for name in ("num_cpus", "memory_bytes", "pids_limit", "max_output_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"SandboxConfig.{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command: exit code, merged stdout/stderr (bounded), and flags."""
+
+    exit_code: int
+    output: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    killed_by: str = field(default="", repr=False)
+
+
+class Sandbox:
+    """A running container for one session. Use `await Sandbox.start(...)`, then `close()`."""
+
+    def __init__(self, connection: Connection, container, workdir: str, base_commit: str,
+                 config: SandboxConfig, uid: int, gid: int):
+        self.connection = connection
+        self.container = container
+        self.workdir = workdir
+        self.base_commit = base_commit
+        self.config = config
+        self.uid, self.gid = uid, gid
+        self.gateway_url: str | None = None
+
+    @classmethod
+    async def start(cls, connection: Connection, image: str, *, run: str, session: str,
+                    workdir: str = "/testbed", base_commit: str = "",
+                    config: SandboxConfig = SandboxConfig(), mounts: dict | None = None,
+                    ) -> "Sandbox":
+        """Starts the container and waits until a command runs in it."""
+        labels = {SANDBOX_LABEL: "1", RUN_LABEL: run, SESSION_LABEL: session,
+                  OWNER_LABEL: _owner()}
+        options = dict(
+            command=["sleep", "infinity"], detach=True, init=True, labels=labels,
+            network_mode=config.network, nano_cpus=int(config.num_cpus * 1e9),
+            mem_limit=config.memory_bytes, memswap_limit=config.memory_bytes,
+            pids_limit=config.pids_limit, working_dir=workdir,
+            security_opt=["no-new-privileges"], volumes=mounts or {})
+        if config.user is not None:
+            options["user"] = config.user
+        try:
+            container = await connection.call(connection.client.containers.run, image, **options)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {image} not found: build or pull it first") from None
+        except docker.errors.APIError as error:
+            raise SandboxError(f"could not start a container from {image}: {error}") from None
+        sandbox = cls(connection, container, workdir, base_commit, config, uid=0, gid=0)
+        try:
+            await sandbox._ready()
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def _ready(self) -> None:
+        workdir = shlex.quote(self.workdir)
+        probe = f"id -u; id -g; git -C {workdir} rev-parse HEAD 2>/dev/null || true"
+        result = await self.exec(probe, timeout_s=self.config.start_timeout_s)
+        lines = result.output.split()
+        if result.exit_code != 0 or len(lines) < 2:
+            raise SandboxError(f"container {self.container.short_id} is not ready: {result.output}")
+        self.uid, self.gid = int(lines[0]), int(lines[1])
+        if not self.base_commit and len(lines) > 2:
+            self.base_commit = lines[2]
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def _state(self) -> dict:
+        try:
+            await self.connection.call(self.container.reload)
+        except docker.errors.NotFound:
+            return {"Status": "removed"}
+        return self.container.attrs.get("State", {})
+
+    async def _died(self) -> ContainerDied:
+        state = await self._state()
+        detail = ", killed for exceeding its memory limit" if state.get("OOMKilled") else ""
+        return ContainerDied(
+            f"sandbox container {self.container.short_id} is {state.get('Status')} (exit code "
+            f"{state.get('ExitCode')}{detail}); the session cannot continue in it")
+
+    async def _exec_create(self, argv: list[str], user: str, workdir: str | None, env: dict) -> str:
+        api = self.connection.client.api
+        try:
+            created = await self.connection.call(
+                api.exec_create, self.container.id, argv, user=user, environment=env,
+                workdir=workdir or self.workdir)
+        except docker.errors.NotFound:
+            raise await self._died() from None
+        except docker.errors.APIError as error:
+            if (await self._state()).get("Status") != "running":
+                raise await self._died() from None
+            raise SandboxError(
+                f"cannot run a command in {self.container.short_id}: {error}") from None
+        return created["Id"]
+
+    def _collect(self, exec_id: str, output: BoundedOutput) -> None:
+        stream = self.connection.client.api.exec_start(exec_id, stream=True)
+        try:
+            for chunk in stream:
+                output.add(chunk)
+        finally:
+            # The SDK leaves closing a streamed response to its caller, and `stream.close()`
+            # alone leaves the response's file object (and so its socket) open.
+            stream.close()
+            stream._response.close()
+
+    async def exec(self, command: str, timeout_s: float, *, user: str | None = None,
+                   workdir: str | None = None, env: dict[str, str] | None = None,
+                   keep_background: bool = False) -> ExecResult:
+        """Runs `command` with bash; past `timeout_s` its whole process tree is killed.
+
+        When the command ends, processes it left running are killed too, unless
+        `keep_background` (e.g. to start a server for later commands; redirect its output,
+        or this call waits for it as `docker exec` does). Returns the exit code (124 on
+        timeout, as `timeout(1)` does) and the merged, bounded output. Raises
+        ContainerDied when the container is gone. Cancelling the call kills the command too.
+        """
+        marker = uuid.uuid4().hex
+        environment = {**(env or {}), MARKER_ENV: marker}
+        if keep_background:
+            environment["UNDERTOW_KEEP_BACKGROUND"] = "1"
+        argv = ["bash", "-c", _WRAPPER, "undertow-exec", command]
+        exec_id = await self._exec_create(argv, user or "", workdir, environment)
+        output = BoundedOutput(self.config.max_output_bytes)
+        started = time.monotonic()
+        reading = asyncio.ensure_future(self.connection.call(self._collect, exec_id, output))
+        timed_out, killed_by = False, ""
+        try:
+            await asyncio.wait_for(asyncio.shield(reading), timeout_s)
+        except TimeoutError:
+            timed_out = True
+            killed_by = await self._kill_tree(marker, user or "")
+            await asyncio.wait_for(reading, _KILL_GRACE_S)
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. its session's time ran out): the command must not
+            # outlive the call.
+            await asyncio.shield(self._kill_tree(marker, user or ""))
+            raise
+        except docker.errors.APIError:
+            raise await self._died() from None
+        inspected = await self.connection.call(self.connection.client.api.exec_inspect, exec_id)
+        exit_code = inspected.get("ExitCode")
+        if exit_code is None:
+            raise await self._died()
+        return ExecResult(124 if timed_out else exit_code, output.text(), timed_out,
+                          output.truncated, time.monotonic() - started, killed_by)
+
+    async def _kill_tree(self, marker: str, user: str) -> str:
+        """Kills every process carrying `marker`; restarts the container if that cannot be done."""
+        deadline = time.monotonic() + _KILL_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                exec_id = await self._exec_create(["bash", "-c", _SWEEP + "sweep"], user, "/",
+                                                  {MARKER_ENV: marker})
+                await self.connection.call(self.connection.client.api.exec_start, exec_id)
+                inspected = await self.connection.call(
+                    self.connection.client.api.exec_inspect, exec_id)
+                if inspected.get("ExitCode") == 0:
+                    return "marker"
+            except ContainerDied:
+                raise
+            except (SandboxError, docker.errors.APIError):
+                pass  # e.g. no process slot left for the killer: retry, then restart
+            await asyncio.sleep(0.2)
+        # Killing PID 1 (the init) makes the kernel kill every process in the container.
+        await self.connection.call(self.container.restart, timeout=0)
+        return "restart"
+
+    def _path(self, path: str) -> PurePosixPath:
+        return PurePosixPath(self.workdir) / path
+
+    async def read_file(self, path: str) -> bytes:
+        """The bytes of a file in the container (relative paths are under the workdir)."""
+        full = self._path(path)
+        try:
+            chunks, _ = await self.connection.call(self.container.get_archive, str(full))
+            data = await self.connection.call(lambda: b"".join(chunks))
+        except docker.errors.NotFound:
+            if (await self._state()).get("Status") != "running":
+                raise await self._died() from None
+            raise FileNotFoundError(
+                f"no file {full} in sandbox {self.container.short_id}") from None
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            member = archive.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(
+                    f"{full} in sandbox {self.container.short_id} is not a file")
+            return archive.extractfile(member).read()
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Writes a file owned by the sandbox's user, creating its folder if needed."""
+        full = self._path(path)
+        if isinstance(data, str):
+            data = data.encode("utf-8", errors="surrogateescape")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo(full.name)
+            info.size, info.mode, info.uid, info.gid = len(data), mode, self.uid, self.gid
+            info.mtime = int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+        try:
+            try:
+                await self.connection.call(self.container.put_archive, str(full.parent),
+                                           buffer.getvalue())
+            except docker.errors.NotFound:  # its folder does not exist yet
+                await self.exec(f"mkdir -p {shlex.quote(str(full.parent))}", timeout_s=30)
+                await self.connection.call(self.container.put_archive, str(full.parent),
+                                           buffer.getvalue())
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"cannot write {full} in {self.container.short_id}: {error}") from None
+
+    async def diff(self, timeout_s: float = 120) -> str:
+        """Every change against the base commit (new, deleted, binary files), as a git diff.
+
+        A throwaway index is used, so the agent's own index and staging are untouched.
+        Bytes that are not UTF-8 are kept through `surrogateescape`, so
+        `write_file(path, diff)` reproduces the diff exactly.
+        """
+        if not self.base_commit:
+            raise SandboxError(f"no base commit known for {self.workdir}: is it a git repository?")
+        name = f"/tmp/undertow-diff-{uuid.uuid4().hex}"
+        base = shlex.quote(self.base_commit)
+        script = (f"set -e; export GIT_INDEX_FILE={name}.index; git read-tree {base}; "
+                  f"git add -A; git diff --cached --binary --no-color {base} > {name}; "
+                  f"rm -f {name}.index")
+        result = await self.exec(script, timeout_s)
+        if result.exit_code != 0:
+            raise SandboxError(f"git diff failed in {self.container.short_id}: {result.output}")
+        data = await self.read_file(name)
+        await self.exec(f"rm -f {name}", timeout_s=30)
+        return data.decode("utf-8", errors="surrogateescape")
+
+    async def close(self) -> None:
+        """Removes the container (idempotent)."""
+        try:
+            await self.connection.call(self.container.remove, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            if "already in progress" not in str(error):
+                raise
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _orphaned(labels: dict[str, str]) -> bool:
+    """Whether the process that started a container is gone (only knowable on its own host)."""
+    host, _, pid = labels.get(OWNER_LABEL, "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+async def gc(connection: Connection, run: str | None = None, orphans_only: bool = False) -> int:
+    """Removes sandbox containers; returns how many.
+
+    `run` limits it to one run's containers. `orphans_only` keeps those whose starting
+    process still lives on this host, so that a run's start-up can clear what crashed
+    runs left without touching a run still going.
+    """
+    labels = [SANDBOX_LABEL] + ([f"{RUN_LABEL}={run}"] if run is not None else [])
+    containers = await connection.call(
+        connection.client.containers.list, all=True, filters={"label": labels})
+    if orphans_only:
+        containers = [c for c in containers if _orphaned(c.labels)]
+    for container in containers:
+        with contextlib.suppress(docker.errors.NotFound):
+            await connection.call(container.remove, force=True)
+    return len(containers)

@@ -1,0 +1,207 @@
+"""The task record and its loaders.
+
+A task is one SWE instance: a repository at a base commit, a problem statement,
+the gold `patch`, the held-back `test_patch`, and the tests that decide it. The
+fields are SWE-bench's, so SWE-bench, SWE-Gym and SWE-smith instances load
+unchanged (their list fields may be JSON strings, as SWE-bench stores them);
+Undertow adds how to run it: `image`, `test_cmd`, `log_parser`, `timeout_s`,
+and, for task sets that ship their sources instead of images, `source_dir`.
+
+`load_tasks(path)` reads a JSONL file, a folder holding `tasks.jsonl`, or a local
+Hugging Face dataset (saved with `save_to_disk`, or parquet/JSON files; this
+needs the optional `datasets` package). Unknown fields are ignored.
+"""
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from undertow.sandboxes.errors import TaskFormatError
+
+DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
+DEFAULT_WORKDIR = "/testbed"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One SWE instance.
+
+    Invariants: `instance_id` is non-empty; `FAIL_TO_PASS` and `PASS_TO_PASS` are
+    tuples of test IDs as the task's log parser names them; `timeout_s` > 0;
+    `image` is None when the image is to be built from `source_dir` (then
+    `source_dir` is set and `base_commit` is the hash `task_image` produces).
+    """
+
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    patch: str
+    test_patch: str
+    FAIL_TO_PASS: tuple[str, ...]
+    PASS_TO_PASS: tuple[str, ...]
+    image: str | None = None
+    test_cmd: str = DEFAULT_TEST_CMD
+    log_parser: str = "pytest"
+    timeout_s: float = 300.0
+    source_dir: Path | None = None
+    workdir: str = DEFAULT_WORKDIR
+
+
+_TEXT_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
+_LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+def _fail(field: str, message: str, where: str) -> TaskFormatError:
+    return TaskFormatError(f"{where}: field {field!r} {message}")
+
+
+def _test_list(value: Any, field: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError as error:
+            raise _fail(field, f"is a string but not a JSON list ({error})", where) from None
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise _fail(field, f"must be a list of test IDs, got {type(value).__name__}", where)
+    return tuple(value)
+
+
+def _optional_text(record: Mapping[str, Any], field: str, default: str | None, where: str):
+    value = record.get(field)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise _fail(field, f"must be a string, got {type(value).__name__}", where)
+    return value
+
+
+def parse_task(record: Mapping[str, Any], where: str, base_dir: Path | None = None) -> Task:
+    """Builds a Task from one record; `where` (e.g. "tasks.jsonl line 3") goes into errors."""
+    if not isinstance(record, Mapping):
+        raise TaskFormatError(f"{where}: a task must be a JSON object, got {type(record).__name__}")
+    instance_id = record.get("instance_id")
+    if not isinstance(instance_id, str) or not instance_id:
+        raise _fail("instance_id", "is missing or empty", where)
+    where = f"{where} (instance {instance_id})"
+    values: dict[str, Any] = {}
+    for field in _TEXT_FIELDS:
+        value = record.get(field)
+        if value is None and field == "base_commit":
+            value = ""
+        if not isinstance(value, str):
+            kind = type(value).__name__
+            problem = "is missing" if value is None else f"must be a string, got {kind}"
+            raise _fail(field, problem, where)
+        values[field] = value
+    for field in _LIST_FIELDS:
+        if field not in record:
+            raise _fail(field, "is missing", where)
+        values[field] = _test_list(record[field], field, where)
+    values["image"] = _optional_text(record, "image", None, where)
+    values["test_cmd"] = _optional_text(record, "test_cmd", DEFAULT_TEST_CMD, where)
+    values["log_parser"] = _optional_text(record, "log_parser", "pytest", where)
+    values["workdir"] = _optional_text(record, "workdir", DEFAULT_WORKDIR, where)
+    timeout_s = record.get("timeout_s", 300.0)
+    if timeout_s is None:
+        timeout_s = 300.0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise _fail("timeout_s", f"must be a positive number of seconds, got {timeout_s!r}", where)
+    values["timeout_s"] = float(timeout_s)
+    values["source_dir"] = _source_dir(record, values, base_dir, where)
+    return Task(**values)
+
+
+def _source_dir(record, values, base_dir: Path | None, where: str) -> Path | None:
+    """Where a task without an image ships its source: `source_dir`, else `repos/<repo name>`."""
+    raw = _optional_text(record, "source_dir", None, where)
+    if values["image"] is not None and raw is None:
+        return None
+    if raw is None:
+        raw = f"repos/{values['repo'].rsplit('/', 1)[-1]}"
+    path = Path(raw)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path
+
+
+def parse_tasks(records: Iterable[tuple[str, Any]], base_dir: Path | None) -> list[Task]:
+    """Parses (where, record) pairs; instance IDs must be unique."""
+    tasks, seen = [], {}
+    for where, record in records:
+        task = parse_task(record, where, base_dir)
+        if task.instance_id in seen:
+            raise TaskFormatError(
+                f"{where}: instance_id {task.instance_id!r} repeats {seen[task.instance_id]}")
+        seen[task.instance_id] = where
+        tasks.append(task)
+    return tasks
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise TaskFormatError(f"{path} line {number}: not valid JSON ({error})") from None
+            yield f"{path} line {number}", record
+
+
+def _dataset_records(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise TaskFormatError(
+            f"{path} looks like a Hugging Face dataset; install the optional extra "
+            "(pip install 'undertow[datasets]') or convert it to JSONL") from None
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        loaded = datasets.load_from_disk(str(path))
+    else:
+        files = sorted(str(file) for file in path.rglob("*") if file.suffix in _DATA_SUFFIXES)
+        if path.is_file():
+            files = [str(path)]
+        if not files:
+            raise TaskFormatError(f"{path}: no tasks.jsonl, saved dataset, parquet or JSON files")
+        kind = "parquet" if files[0].endswith(".parquet") else "json"
+        loaded = datasets.load_dataset(kind, data_files=files, split="train")
+    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, dataset in splits:
+        for number, record in enumerate(dataset):
+            yield f"{path}{'[' + split + ']' if split else ''} row {number}", record
+
+
+_DATA_SUFFIXES = {".parquet", ".json", ".jsonl"}
+
+
+def load_tasks(path: Path | str) -> list[Task]:
+    """Loads every task at `path` (JSONL file, folder with tasks.jsonl, or local HF dataset)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no task file or folder at {path}")
+    if path.is_dir() and (path / "tasks.jsonl").exists():
+        path = path / "tasks.jsonl"
+    if path.is_file() and path.suffix in {".jsonl", ".json"} and path.name != "dataset_info.json":
+        return parse_tasks(_jsonl_records(path), path.parent)
+    return parse_tasks(_dataset_records(path), path if path.is_dir() else path.parent)
+
+
+def with_base_commit(task: Task, base_commit: str) -> Task:
+    """The same task with its base commit set (used when stamping a bundled set)."""
+    return replace(task, base_commit=base_commit)
+
+
+def task_record(task: Task, base_dir: Path | None = None) -> dict[str, Any]:
+    """The task as a JSON-ready dict (source_dir relative to `base_dir` when possible)."""
+    record: dict[str, Any] = {field.name: getattr(task, field.name) for field in fields(Task)}
+    record["FAIL_TO_PASS"] = list(task.FAIL_TO_PASS)
+    record["PASS_TO_PASS"] = list(task.PASS_TO_PASS)
+    source = task.source_dir
+    if source is not None and base_dir is not None and source.is_relative_to(base_dir):
+        source = source.relative_to(base_dir)
+    record["source_dir"] = None if source is None else str(source)
+    return record

@@ -1,0 +1,134 @@
+"""Per-task images, and the deterministic base commit of tasks that ship their source.
+
+A task either names a published image (SWE-bench, SWE-Gym, SWE-smith: used as
+is) or ships its repository (`source_dir`, in its fixed state). For the latter,
+the task's buggy base state is the source with the gold `patch` applied in
+reverse; it is committed as the only commit of a fresh git history (fixed author,
+date and config, so its hash - the task's `base_commit` - is the same on every
+machine and the fix cannot be read from history), and copied, owned by the
+non-root user, to `/testbed` in an image derived from the base image. The build
+runs with `--network=none`.
+"""
+
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from undertow.sandboxes.base_image import AGENT_UID, BaseImageRecipe
+from undertow.sandboxes.connection import Connection
+from undertow.sandboxes.errors import ImageError
+from undertow.sandboxes.task import Task
+
+BASE_COMMIT_LABEL = "undertow.base_commit"
+_IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
+_FIXED_DATE = "2000-01-01T00:00:00+0000"
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "undertow", "GIT_AUTHOR_EMAIL": "undertow@localhost",
+    "GIT_AUTHOR_DATE": _FIXED_DATE, "GIT_COMMITTER_NAME": "undertow",
+    "GIT_COMMITTER_EMAIL": "undertow@localhost", "GIT_COMMITTER_DATE": _FIXED_DATE,
+    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_SYSTEM": "/dev/null", "PATH": "/usr/bin:/bin",
+}
+
+
+def _git(args: list[str], cwd: Path, stdin: str | None = None) -> str:
+    result = subprocess.run(["git", "-c", "core.autocrlf=false", "-c", "core.fileMode=true", *args],
+                            cwd=cwd, input=stdin, capture_output=True, text=True, env=_GIT_ENV)
+    if result.returncode != 0:
+        raise ImageError(f"git {args[0]} failed in {cwd}: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def prepare_testbed(task: Task, dest: Path) -> str:
+    """Writes the task's base state with its one-commit history to `dest`; returns the hash."""
+    if task.source_dir is None or not task.source_dir.is_dir():
+        raise ImageError(f"task {task.instance_id}: no source folder at {task.source_dir}; "
+                         "a task without `image` must ship its repository")
+    shutil.copytree(task.source_dir, dest, ignore=_IGNORED)
+    _git(["init", "-q", "-b", "main"], dest)
+    if task.patch.strip():
+        try:
+            _git(["apply", "-R", "--whitespace=nowarn", "-"], dest, stdin=task.patch)
+        except ImageError as error:
+            raise ImageError(f"task {task.instance_id}: the gold patch does not reverse-apply "
+                             f"to {task.source_dir}: {error}") from None
+    _git(["add", "-A"], dest)
+    _git(["commit", "-q", "--no-gpg-sign", "-m", f"{task.instance_id} base"], dest)
+    return _git(["rev-parse", "HEAD"], dest)
+
+
+def compute_base_commit(task: Task) -> str:
+    """The base commit hash that `prepare_testbed` (and so the task's image) produces."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return prepare_testbed(task, Path(scratch) / "testbed")
+
+
+def task_image_tag(task: Task) -> str:
+    name = re.sub(r"[^a-z0-9_.-]+", "-", task.instance_id.lower()).strip("-.") or "task"
+    return f"undertow/task-{name}:{task.base_commit[:12] or 'unstamped'}"
+
+
+def _context(testbed: Path, task: Task, base_tag: str, base_commit: str) -> io.BytesIO:
+    dockerfile = (
+        f"FROM {base_tag}\n"
+        f"COPY --chown={AGENT_UID}:{AGENT_UID} testbed {task.workdir}\n"
+        f"WORKDIR {task.workdir}\n"
+        f"USER {AGENT_UID}\n"
+    )
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile.encode())
+        archive.addfile(info, io.BytesIO(dockerfile.encode()))
+        archive.add(testbed, arcname="testbed")
+    buffer.seek(0)
+    return buffer
+
+
+def _build_sync(client: docker.DockerClient, task: Task, base_tag: str) -> str:
+    tag = task_image_tag(task)
+    try:
+        if client.images.get(tag).labels.get(BASE_COMMIT_LABEL) == task.base_commit:
+            return tag
+    except docker.errors.ImageNotFound:
+        pass
+    with tempfile.TemporaryDirectory() as scratch:
+        testbed = Path(scratch) / "testbed"
+        base_commit = prepare_testbed(task, testbed)
+        if task.base_commit and base_commit != task.base_commit:
+            raise ImageError(
+                f"task {task.instance_id}: its source gives base commit {base_commit}, the task "
+                f"says {task.base_commit}; run `undertow tasks stamp` on the task set")
+        context = _context(testbed, task, base_tag, base_commit)
+        labels = {BASE_COMMIT_LABEL: base_commit, "undertow.task": task.instance_id}
+        try:
+            client.images.build(fileobj=context, custom_context=True, tag=tag, labels=labels,
+                                network_mode="none", rm=True, forcerm=True)
+        except docker.errors.BuildError as error:
+            log = "".join(str(line.get("stream", line)) for line in error.build_log)[-2000:]
+            raise ImageError(
+                f"task {task.instance_id}: image build failed: {error}\n{log}") from None
+    return tag
+
+
+def _check_published(client: docker.DockerClient, task: Task) -> str:
+    try:
+        client.images.get(task.image)
+    except docker.errors.ImageNotFound:
+        raise ImageError(f"task {task.instance_id}: image {task.image} is not on this Docker "
+                         f"daemon; `docker pull {task.image}` (or load it) first") from None
+    return task.image
+
+
+async def ensure_task_image(connection: Connection, task: Task,
+                            base_tag: str = BaseImageRecipe().tag) -> str:
+    """The task's image tag: its published image, or one built (once) from its source."""
+    if task.image is not None:
+        return await connection.call(_check_published, connection.client, task)
+    return await connection.call(_build_sync, connection.client, task, base_tag)

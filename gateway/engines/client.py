@@ -1,0 +1,246 @@
+"""The driver for SGLang's native HTTP API: a real SGLang server, or the built-in engine.
+
+It follows the API of SGLang 0.5.23 (`python/sglang/srt/entrypoints/http_server.py` and
+`managers/io_struct.py` there), with SGLang's field names: `POST /generate` (`input_ids` or
+`text`, `rid`, `sampling_params`, `return_logprob`, `logprob_start_len`, `stream`; reply
+`text`, `output_ids`, `meta_info`), `POST /abort_request`, `POST /pause_generation`,
+`POST /continue_generation`, `POST /update_weights_from_disk`, `POST /flush_cache`,
+`GET /health`, `GET /get_server_info`, `GET /get_model_info`.
+
+Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumulative
+`text`/`output_ids`/`output_token_logprobs` by default and deltas with
+`--incremental-streaming-output`; `SGLangClient.generate_stream` yields deltas either way
+(`meta_info.completion_tokens` tells which form a chunk has).
+
+`HttpTransport` (requests, SSE, errors) is shared with the vLLM driver in `vllm.py`.
+
+    async with SGLangClient("http://127.0.0.1:30000") as engine:
+        result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
+"""
+
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from undertow.gateway.engines.protocol import (
+    EngineRejected,
+    EngineUnavailable,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    PauseMode,
+)
+
+__all__ = ["HttpTransport", "SGLangClient"]
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def error_message(body: str) -> str:
+    """The human message inside an engine's error body (SGLang, vLLM and FastAPI forms)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip() or "(empty reply)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        for key in ("error", "message", "detail"):
+            if data.get(key):
+                return str(data[key])
+    return body.strip()
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The `data:` payloads of an SSE body. Events are split by hand rather than with
+    `readline`, whose 64 KiB line limit a cumulative chunk of a long generation exceeds."""
+    buffer = b""
+    async for piece in content.iter_any():
+        buffer += piece
+        *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    yield line[len(b"data:"):].strip()
+
+
+class HttpTransport:
+    """JSON requests and SSE streams to one engine, with errors mapped to `EngineError`s.
+
+    4xx replies raise `EngineRejected` with the engine's message; connection failures, 5xx
+    replies and streams that break off raise `EngineUnavailable`.
+    """
+
+    def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
+        self.url = url.rstrip("/")
+        self._session = session
+        self._owns_session = session is None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _check(self, reply: aiohttp.ClientResponse, path: str) -> None:
+        if reply.status < 400:
+            return
+        message = error_message(await reply.text())
+        if reply.status < 500:
+            raise EngineRejected(message, status=reply.status, url=self.url + path)
+        raise EngineUnavailable(f"{self.url}{path} answered {reply.status}: {message}")
+
+    async def request(self, method: str, path: str, body: dict | None = None,
+                      params: dict | None = None) -> dict | str:
+        """Send one request; return the parsed JSON reply (or its text if not JSON)."""
+        try:
+            async with self._client().request(method, self.url + path, json=body,
+                                              params=params) as reply:
+                await self._check(reply, path)
+                text = await reply.text()
+        except aiohttp.ClientError as error:
+            raise EngineUnavailable(f"engine at {self.url} unreachable ({path}): "
+                                    f"{error!r}") from error
+        try:
+            return json.loads(text) if text.strip() else {}
+        except ValueError:
+            return text
+
+    async def sse(self, path: str, body: dict) -> AsyncIterator[dict]:
+        """POST `body` and yield each `data:` event of the SSE reply until `[DONE]`.
+
+        An event `{"error": ...}` raises `EngineRejected`; a stream that ends without
+        `[DONE]` raises `EngineUnavailable`.
+        """
+        try:
+            async with self._client().post(self.url + path, json=body) as reply:
+                await self._check(reply, path)
+                async for data in _sse_data(reply.content):
+                    if data == b"[DONE]":
+                        return
+                    event = json.loads(data)
+                    if "error" in event and len(event) == 1:
+                        raise EngineRejected(error_message(data.decode()), url=self.url + path)
+                    yield event
+        except aiohttp.ClientError as error:
+            raise EngineUnavailable(f"stream from {self.url}{path} broke off: "
+                                    f"{error!r}") from error
+        raise EngineUnavailable(f"stream from {self.url}{path} ended without [DONE]")
+
+    async def ok(self, path: str) -> bool:
+        """True when `GET path` answers 200; never raises."""
+        try:
+            async with self._client().get(self.url + path) as reply:
+                return reply.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+
+def _logprobs(meta: dict) -> list[tuple[float, int]]:
+    return [(float(entry[0]), int(entry[1])) for entry in meta.get("output_token_logprobs") or ()]
+
+
+def _result(reply: dict, rid: str) -> GenerateResult:
+    meta = reply["meta_info"]
+    return GenerateResult(
+        rid=meta.get("id", rid), output_ids=list(reply.get("output_ids") or ()),
+        text=reply.get("text") or "", finish_reason=FinishReason.from_sglang(meta["finish_reason"]),
+        output_token_logprobs=_logprobs(meta), prompt_tokens=meta.get("prompt_tokens", 0),
+        completion_tokens=meta.get("completion_tokens", 0),
+        cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
+
+
+class SGLangClient:
+    """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
+    engine)."""
+
+    capabilities = frozenset({
+        "text_input", "cached_tokens", "pause_abort", "pause_in_place",
+        "update_weights_from_disk", "flush_cache", "abort_all",
+    })
+
+    def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
+        self._http = HttpTransport(url, session)
+        self.url = self._http.url
+
+    async def __aenter__(self) -> "SGLangClient":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))
+        return _result(reply, request.rid)
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        num_ids = num_logprobs = num_chars = 0
+        async for event in self._http.sse("/generate", request.to_sglang(stream=True)):
+            meta = event["meta_info"]
+            output_ids = list(event.get("output_ids") or ())
+            text = event.get("text") or ""
+            logprobs = _logprobs(meta)
+            completion_tokens = meta.get("completion_tokens", num_ids + len(output_ids))
+            if num_ids and len(output_ids) == completion_tokens:  # cumulative form
+                output_ids = output_ids[num_ids:]
+                logprobs = logprobs[num_logprobs:]
+                text = text[num_chars:]
+            num_ids += len(output_ids)
+            num_logprobs += len(logprobs)
+            num_chars += len(text)
+            yield GenerateChunk(
+                rid=meta.get("id", request.rid), output_ids=output_ids, text=text,
+                output_token_logprobs=logprobs,
+                finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
+                prompt_tokens=meta.get("prompt_tokens", 0), completion_tokens=completion_tokens,
+                cached_tokens=meta.get("cached_tokens"),
+                weight_version=meta.get("weight_version"))
+
+    async def abort(self, rid: str | None) -> None:
+        body = {"rid": "", "abort_all": True} if rid is None else {"rid": rid}
+        await self._http.request("POST", "/abort_request", body)
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        await self._http.request("POST", "/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._http.request("POST", "/continue_generation", {})
+
+    async def update_weights_from_disk(self, model_path: str,
+                                       weight_version: str | None = None) -> None:
+        body = {"model_path": str(model_path)}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        reply = await self._http.request("POST", "/update_weights_from_disk", body)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            raise EngineRejected(str(reply.get("message")), url=self.url)
+
+    async def flush_cache(self) -> None:
+        await self._http.request("POST", "/flush_cache")
+
+    async def health(self) -> bool:
+        return await self._http.ok("/health")
+
+    async def health_generate(self) -> bool:
+        """True when the engine generates a token (SGLang's deeper health check)."""
+        return await self._http.ok("/health_generate")
+
+    async def server_info(self) -> dict:
+        return await self._http.request("GET", "/get_server_info")
+
+    async def model_info(self) -> ModelInfo:
+        reply = await self._http.request("GET", "/get_model_info")
+        return ModelInfo(model_path=str(reply.get("model_path", "")),
+                         weight_version=reply.get("weight_version"), raw=reply)

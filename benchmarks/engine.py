@@ -1,0 +1,175 @@
+"""Engine benchmark: the built-in engine and vLLM side by side, on the same model directories.
+
+    python -m benchmarks.engine [--sizes tiny,small] [--engines builtin,vllm]
+
+For each model size (built offline with `init_model_dir`) and each engine (started one at a time
+through `gateway.engines.launch`, so they never compete for the CPU), both driven the same way
+through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sampling:
+- decode throughput: `c` concurrent requests (c = 1, 8, 32) of a 32-token prompt each generating
+  128 tokens; output tokens / wall seconds, after a warm-up round; best of 3 rounds;
+- prefill time of a 2,000-token prompt (one output token): first uncached, then the same prompt
+  again with its prefix cached; best of 3 distinct prompts.
+Writes `benchmarks/results/engine.json` and prints a Markdown table with the ratios the engine
+issue sets as targets (c=32 / c=1 >= 8x; built-in >= 0.5x vLLM; cached prefill >= 10x faster).
+Wall-clock numbers on a shared machine are noisy: compare within one run.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from undertow.gateway.engines.launch import BuiltinLauncher, VLLMLauncher, launch_engine
+
+CONCURRENCIES = (1, 8, 32)
+PROMPT_TOKENS = 32
+DECODE_TOKENS = 128
+PREFILL_TOKENS = 2000
+NUM_ROUNDS = 3  # best of: the machine is shared, and other work only ever slows a round
+TOKEN_RANGE = (3, 2700)
+RESULTS = Path(__file__).parent / "results" / "engine.json"
+TIMEOUT = aiohttp.ClientTimeout(total=1800)
+
+
+def token_ids(seed: int, length: int) -> list[int]:
+    return random.Random(seed).choices(range(*TOKEN_RANGE), k=length)
+
+
+async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
+                   max_tokens: int) -> tuple[int, float]:
+    """One greedy completion; (completion tokens, seconds)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True}
+    started = time.perf_counter()
+    async with session.post(url + "/v1/completions", json=body) as reply:
+        payload = await reply.json()
+        if reply.status != 200:
+            raise RuntimeError(f"{url} answered {reply.status}: {payload}")
+    return payload["usage"]["completion_tokens"], time.perf_counter() - started
+
+
+async def decode_throughput(session, url: str, model: str, concurrency: int) -> float:
+    """Output tokens per second of `concurrency` simultaneous requests; best of NUM_ROUNDS."""
+    prompts = [token_ids(1000 * concurrency + i, PROMPT_TOKENS) for i in range(concurrency)]
+    await asyncio.gather(*(complete(session, url, model, p, 8) for p in prompts))
+    best = 0.0
+    for round_index in range(NUM_ROUNDS):
+        prompts = [token_ids(100_000 * (round_index + 1) + 1000 * concurrency + i,
+                             PROMPT_TOKENS) for i in range(concurrency)]
+        started = time.perf_counter()
+        results = await asyncio.gather(*(complete(session, url, model, p, DECODE_TOKENS)
+                                         for p in prompts))
+        elapsed = time.perf_counter() - started
+        best = max(best, sum(num_tokens for num_tokens, _ in results) / elapsed)
+    return best
+
+
+async def prefill_seconds(session, url: str, model: str, seed: int) -> tuple[float, float]:
+    """(uncached, cached) seconds of a 2,000-token prompt with one output token; best of
+    NUM_ROUNDS distinct prompts."""
+    uncached, cached = [], []
+    for i in range(NUM_ROUNDS):
+        prompt = token_ids(seed + i, PREFILL_TOKENS)
+        uncached.append((await complete(session, url, model, prompt, 1))[1])
+        cached.append((await complete(session, url, model, prompt, 1))[1])
+    return min(uncached), min(cached)
+
+
+async def measure(launcher, model_dir: Path, seed: int) -> dict:
+    async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
+            timeout=TIMEOUT) as session:
+        model = str(model_dir)
+        await complete(session, engine.url, model, token_ids(1, 64), 4)
+        throughput = {c: await decode_throughput(session, engine.url, model, c)
+                      for c in CONCURRENCIES}
+        uncached, cached = await prefill_seconds(session, engine.url, model, seed)
+    return {"decode_tokens_per_s": throughput,
+            "prefill_2000_s": {"uncached": uncached, "cached": cached}}
+
+
+def launchers(names: list[str], builtin_threads: int | None) -> dict:
+    threads = ("--num-threads", str(builtin_threads)) if builtin_threads else ()
+    available = {
+        "builtin": BuiltinLauncher(extra_args=threads),
+        "vllm": VLLMLauncher(max_model_len=4096),
+    }
+    return {name: available[name] for name in names}
+
+
+def ratios(results: dict) -> dict:
+    out = {}
+    for size, engines in results.items():
+        for name, r in engines.items():
+            tps, prefill = r["decode_tokens_per_s"], r["prefill_2000_s"]
+            out[f"{size}/{name}/c32_over_c1"] = tps[32] / tps[1]
+            out[f"{size}/{name}/prefill_cached_speedup"] = prefill["uncached"] / prefill["cached"]
+        if "builtin" in engines and "vllm" in engines:
+            for c in CONCURRENCIES:
+                out[f"{size}/builtin_over_vllm/c{c}"] = (
+                    engines["builtin"]["decode_tokens_per_s"][c]
+                    / engines["vllm"]["decode_tokens_per_s"][c])
+    return out
+
+
+def markdown(results: dict, ratio_values: dict) -> str:
+    lines = ["| model | engine | c=1 tok/s | c=8 tok/s | c=32 tok/s | c=32/c=1 | "
+             "prefill 2k uncached s | cached s | cached speedup |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, engines in results.items():
+        for name, r in engines.items():
+            tps, prefill = r["decode_tokens_per_s"], r["prefill_2000_s"]
+            lines.append(
+                f"| {size} | {name} | {tps[1]:.0f} | {tps[8]:.0f} | {tps[32]:.0f} | "
+                f"{tps[32] / tps[1]:.1f}x | {prefill['uncached']:.3f} | {prefill['cached']:.3f} | "
+                f"{prefill['uncached'] / prefill['cached']:.1f}x |")
+    versus = [f"- {key.split('/')[0]} built-in / vLLM at {key.split('/')[-1]}: {value:.2f}x"
+              for key, value in ratio_values.items() if "builtin_over_vllm" in key]
+    return "\n".join(lines + ([""] + versus if versus else []))
+
+
+async def run(sizes: list[str], engine_names: list[str], builtin_threads: int | None,
+              work_dir: Path) -> dict:
+    from undertow.learner.modeldir import init_model_dir
+
+    results: dict = {}
+    for index, size in enumerate(sizes):
+        model_dir = init_model_dir(work_dir / size, size=size, seed=0)
+        results[size] = {}
+        for name, launcher in launchers(engine_names, builtin_threads).items():
+            results[size][name] = await measure(launcher, model_dir, seed=10_000 * (index + 1))
+            print(f"measured {size} on {name}: {results[size][name]}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="tiny,small")
+    parser.add_argument("--engines", default="builtin,vllm")
+    parser.add_argument("--builtin-threads", type=int, default=1,
+                        help="torch threads of the built-in engine (0: torch's default); one "
+                             "is faster on a small machine that other work shares")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="undertow-bench-engine-") as work_dir:
+        results = asyncio.run(run(args.sizes.split(","), args.engines.split(","),
+                                  args.builtin_threads or None, Path(work_dir)))
+    ratio_values = ratios(results)
+    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "load_average_1m": os.getloadavg()[0]},
+              "settings": {"concurrencies": CONCURRENCIES, "prompt_tokens": PROMPT_TOKENS,
+                           "builtin_threads": args.builtin_threads,
+                           "decode_tokens": DECODE_TOKENS, "prefill_tokens": PREFILL_TOKENS},
+              "results": results, "ratios": ratio_values}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(results, ratio_values))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Qwen3 forward pass in plain torch (fp32), on a KV buffer with one slot per running request.
+
+Loads `config.json` + `*.safetensors` of a Hugging Face Qwen3 directory: RMSNorm, per-head q/k
+RMSNorm, rotary embeddings (rope_theta, rotate-half layout), grouped-query attention, SwiGLU MLP,
+tied or separate output embeddings. Weights are fused where it saves ops per step (q|k|v and
+gate|up projections, q_norm|k_norm gains), because on CPU a decode step's cost is dominated by the
+number of torch calls, not by the FLOPs.
+
+KV layout: `SlotKV` holds `k` and `v` of shape (layers, slots, kv_heads, max_tokens, head_dim).
+Running requests occupy slots 0..B-1 (compacted when one leaves), so a decode step for the whole
+batch writes its new keys with one indexed store per layer and attends with one batched matmul
+pair over the first T positions (T = the longest row). A row's keys past its own length get an
+additive -inf mask, so they carry exactly zero weight; what can differ from running the row alone
+is only the summation order of fp32 reductions (~1e-7 relative), far below the gaps between
+competing logits, and the tests check that greedy outputs are identical alone and batched. (A
+per-row attention loop would be exact but costs one torch call per row per layer, which at 32
+rows doubles the step time on CPU.) The linear layers run with at least `MIN_ROWS` rows (zero
+rows pad small batches) because CPU BLAS picks a different kernel, with a different summation
+order, for one or two rows than for many; with the padding a row's projections are the same
+whether it runs alone or in a batch of 32.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from undertow.gateway.engines.builtin.errors import WeightLoadError
+
+MIN_ROWS = 8
+TOKEN_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The parts of a Qwen3 `config.json` the forward pass needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> "ModelConfig":
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+        if raw.get("model_type") not in ("qwen3", None):
+            raise WeightLoadError(
+                f"{model_dir}: model_type {raw.get('model_type')!r} is not served; "
+                "the built-in engine runs Qwen3 models only")
+        scaling = raw.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise WeightLoadError(f"{model_dir}: rope_scaling {scaling} is not supported")
+        eos = raw.get("eos_token_id")
+        theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta")
+        return cls(
+            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"],
+            num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(theta or 10000.0),
+            max_position_embeddings=raw.get("max_position_embeddings", 32768),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor      # (D,)
+    qkv: torch.Tensor             # ((H + 2 KVH) hd, D)
+    qk_norm: torch.Tensor         # (H + KVH, hd): q_norm gains per q head, k_norm per kv head
+    o: torch.Tensor               # (D, H hd)
+    post_norm: torch.Tensor       # (D,)
+    gate_up: torch.Tensor         # (2 I, D)
+    down: torch.Tensor            # (D, I)
+
+
+@dataclass
+class Weights:
+    """All parameters of one model version; swapped as a whole, never edited in place."""
+
+    embed: torch.Tensor           # (V, D)
+    layers: list[LayerWeights]
+    norm: torch.Tensor            # (D,)
+    lm_head: torch.Tensor         # (V, D)
+
+
+def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{model_dir} holds no *.safetensors file; pass a model directory")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def load_weights(model_dir: Path, config: ModelConfig) -> Weights:
+    """Read and fuse the weights of `model_dir`; WeightLoadError if they do not fit `config`."""
+    tensors = _read_tensors(model_dir)
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in tensors:
+            raise WeightLoadError(f"{model_dir}: tensor {name} is missing")
+        tensor = tensors[name]
+        if tuple(tensor.shape) != shape:
+            raise WeightLoadError(
+                f"{model_dir}: {name} has shape {tuple(tensor.shape)}, the served model needs "
+                f"{shape}; load weights of the same architecture")
+        return tensor.to(torch.float32)
+
+    c = config
+    d, hd, inner = c.hidden_size, c.head_dim, c.intermediate_size
+    layers = []
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        q_norm = take(p + "self_attn.q_norm.weight", (hd,))
+        k_norm = take(p + "self_attn.k_norm.weight", (hd,))
+        layers.append(LayerWeights(
+            input_norm=take(p + "input_layernorm.weight", (d,)),
+            qkv=torch.cat([take(p + "self_attn.q_proj.weight", (c.num_heads * hd, d)),
+                           take(p + "self_attn.k_proj.weight", (c.num_kv_heads * hd, d)),
+                           take(p + "self_attn.v_proj.weight", (c.num_kv_heads * hd, d))]),
+            qk_norm=torch.cat([q_norm.expand(c.num_heads, hd), k_norm.expand(c.num_kv_heads, hd)]),
+            o=take(p + "self_attn.o_proj.weight", (d, c.num_heads * hd)),
+            post_norm=take(p + "post_attention_layernorm.weight", (d,)),
+            gate_up=torch.cat([take(p + "mlp.gate_proj.weight", (inner, d)),
+                               take(p + "mlp.up_proj.weight", (inner, d))]),
+            down=take(p + "mlp.down_proj.weight", (d, inner))))
+    embed = take("model.embed_tokens.weight", (c.vocab_size, d))
+    lm_head = embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
+    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (d,)),
+                   lm_head=lm_head)
+
+
+class SlotKV:
+    """Keys and values of the running requests, one slot each.
+
+    Invariant: the first `length` positions of a slot hold its request's KV; slots grow by
+    reallocation (to multiples of TOKEN_ALIGN tokens, doubling slots), so the memory held is
+    about (running requests) x (longest running request), and is released when all leave.
+    """
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+        self.k = self.v = torch.empty(0)
+        self.num_slots = self.max_tokens = 0
+
+    def reserve(self, num_slots: int, max_tokens: int) -> None:
+        """Make room for `num_slots` slots of `max_tokens` tokens, keeping what is stored."""
+        if num_slots <= self.num_slots and max_tokens <= self.max_tokens:
+            return
+        new_slots = max(self.num_slots, 1)
+        while new_slots < num_slots:
+            new_slots *= 2
+        new_tokens = max(self.max_tokens, -(-max_tokens // TOKEN_ALIGN) * TOKEN_ALIGN)
+        if new_tokens < max_tokens * 5 // 4:
+            new_tokens = -(-(max_tokens * 3 // 2) // TOKEN_ALIGN) * TOKEN_ALIGN
+        c = self.config
+        shape = (c.num_layers, new_slots, c.num_kv_heads, new_tokens, c.head_dim)
+        k, v = torch.zeros(shape), torch.zeros(shape)
+        if self.num_slots:
+            k[:, :self.num_slots, :, :self.max_tokens] = self.k
+            v[:, :self.num_slots, :, :self.max_tokens] = self.v
+        self.k, self.v = k, v
+        self.num_slots, self.max_tokens = new_slots, new_tokens
+
+    def release(self) -> None:
+        self.k = self.v = torch.empty(0)
+        self.num_slots = self.max_tokens = 0
+
+    def move(self, source: int, target: int, length: int) -> None:
+        self.k[:, target, :, :length] = self.k[:, source, :, :length]
+        self.v[:, target, :, :length] = self.v[:, source, :, :length]
+
+    def read(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """KV of positions [start, end) as one (layers, 2, kv_heads, tokens, head_dim) tensor."""
+        return torch.stack([self.k[:, slot, :, start:end], self.v[:, slot, :, start:end]], 1)
+
+    def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
+        end = start + kv.shape[3]
+        self.k[:, slot, :, start:end] = kv[:, 0]
+        self.v[:, slot, :, start:end] = kv[:, 1]
+
+
+class Qwen3:
+    """The forward pass. `weights` may be replaced between calls (weight updates)."""
+
+    def __init__(self, config: ModelConfig, weights: Weights):
+        self.config = config
+        self.weights = weights
+        half = config.head_dim // 2
+        self.inv_freq = 1.0 / (config.rope_theta ** (
+            torch.arange(0, half, dtype=torch.float64) / half))
+        self.cos = self.sin = torch.empty(0, config.head_dim)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin, each (n, 1, head_dim), for rotate-half RoPE."""
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            count = -(-needed // 1024) * 1024
+            freqs = torch.outer(torch.arange(count, dtype=torch.float64), self.inv_freq)
+            self.cos = torch.cat([freqs.cos(), freqs.cos()], -1).float()
+            self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).float()
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def _qkv(self, layer: LayerWeights, x: torch.Tensor, cos, sin):
+        """Normed, rotated q (n, H, hd) and k (n, KVH, hd), and v (n, KVH, hd)."""
+        c = self.config
+        n, hd = x.shape[0], c.head_dim
+        h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
+        qkv = F.linear(h, layer.qkv)
+        qk = qkv[:, :(c.num_heads + c.num_kv_heads) * hd].view(n, -1, hd)
+        qk = F.rms_norm(qk, (hd,), None, c.rms_norm_eps) * layer.qk_norm
+        qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
+        v = qkv[:, (c.num_heads + c.num_kv_heads) * hd:].view(n, c.num_kv_heads, hd)
+        return qk[:, :c.num_heads], qk[:, c.num_heads:], v
+
+    def _finish_layer(self, layer: LayerWeights, x, attn: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        x = x + F.linear(attn, layer.o)
+        h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, c.rms_norm_eps)
+        gate, up = F.linear(h, layer.gate_up).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, layer.down)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        h = F.rms_norm(hidden, (c.hidden_size,), self.weights.norm, c.rms_norm_eps)
+        return F.linear(h, self.weights.lm_head)
+
+    @torch.inference_mode()
+    def prefill(self, kv: SlotKV, slot: int, token_ids: list[int], start: int,
+                logit_rows: slice) -> torch.Tensor:
+        """Run `token_ids` at positions start.. in `slot` (whose first `start` positions hold the
+        prefix's KV), store their KV, and return the logits of rows `logit_rows` (n, V)."""
+        n = len(token_ids)
+        rows = max(n, MIN_ROWS)
+        ids = torch.tensor(token_ids + [0] * (rows - n))
+        positions = torch.arange(start, start + rows)
+        cos, sin = self._rope(positions)
+        end = start + n
+        mask = None
+        if start:
+            mask = torch.arange(end).unsqueeze(0) <= positions[:n].unsqueeze(1)
+        x = self.weights.embed[ids]
+        for index, layer in enumerate(self.weights.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            kv.k[index, slot, :, start:end] = k[:n].transpose(0, 1)
+            kv.v[index, slot, :, start:end] = v[:n].transpose(0, 1)
+            attn = F.scaled_dot_product_attention(
+                q[:n].transpose(0, 1).unsqueeze(0), kv.k[index, slot:slot + 1, :, :end],
+                kv.v[index, slot:slot + 1, :, :end], attn_mask=mask, is_causal=mask is None,
+                enable_gqa=True)
+            attn = attn[0].transpose(0, 1).reshape(n, -1)
+            if rows > n:
+                attn = torch.cat([attn, attn.new_zeros(rows - n, attn.shape[1])])
+            x = self._finish_layer(layer, x, attn)
+        return self.logits(x[:n][logit_rows])
+
+    @torch.inference_mode()
+    def decode(self, kv: SlotKV, token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        """One step for the requests in slots 0..B-1 (token b at positions[b]); (B, V) logits."""
+        c = self.config
+        num_rows = len(token_ids)
+        rows = max(num_rows, MIN_ROWS)
+        ids = torch.tensor(token_ids + [0] * (rows - num_rows))
+        position_tensor = torch.tensor(positions + [0] * (rows - num_rows))
+        cos, sin = self._rope(position_tensor)
+        slots = torch.arange(num_rows)
+        row_positions = position_tensor[:num_rows]
+        num_keys = max(positions) + 1
+        # (B KVH, 1, T): 0 for a row's own keys, -inf past its length (exactly zero weight).
+        mask = torch.zeros(num_rows, num_keys).masked_fill_(
+            torch.arange(num_keys).unsqueeze(0) > row_positions.unsqueeze(1), float("-inf"))
+        mask = mask.repeat_interleave(c.num_kv_heads, 0).unsqueeze(1)
+        group = c.num_heads // c.num_kv_heads
+        flat = (num_rows * c.num_kv_heads, num_keys, c.head_dim)
+        scale = c.head_dim ** -0.5
+        pad = None if rows == num_rows else torch.zeros(rows - num_rows, c.num_heads * c.head_dim)
+        x = self.weights.embed[ids]
+        for index, layer in enumerate(self.weights.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            layer_k, layer_v = kv.k[index], kv.v[index]
+            layer_k[slots, :, row_positions] = k[:num_rows]
+            layer_v[slots, :, row_positions] = v[:num_rows]
+            keys = layer_k[:num_rows, :, :num_keys].reshape(flat)
+            values = layer_v[:num_rows, :, :num_keys].reshape(flat)
+            q = q[:num_rows].reshape(num_rows * c.num_kv_heads, group, c.head_dim)
+            scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=scale)
+            attn = torch.bmm(torch.softmax(scores, -1), values).view(num_rows, -1)
+            if pad is not None:
+                attn = torch.cat([attn, pad])
+            x = self._finish_layer(layer, x, attn)
+        return self.logits(x[:num_rows])

@@ -1,0 +1,298 @@
+"""Continuous batching: one worker thread admits, prefills and decodes every running request.
+
+Each iteration of the worker's loop: take newly arrived requests and commands (abort, pause,
+continue, weight swap, flush) and apply the commands, so that every state change, weight
+updates included, happens between two model steps; then admit waiting requests while fewer than
+`max_running_requests` run (look up the prefix cache, copy the cached KV into a free slot,
+prefill the rest alone, sample the first token); then run one decode step for all running
+requests together; finished requests leave the batch at once (their KV goes into the prefix
+cache, their slot is refilled by compaction) and the next waiting request joins on the next
+iteration. Outputs are handed to `publish` once per iteration, as (request, number of output
+tokens, finished) snapshots; `publish` must be thread-safe (the server posts them to its event
+loop), so the torch work never runs on the event loop.
+"""
+
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from undertow.gateway.engines.builtin.model import Qwen3, SlotKV, Weights
+from undertow.gateway.engines.builtin.radix_cache import RadixCache
+from undertow.gateway.engines.builtin.request import Request
+from undertow.gateway.engines.builtin.sampling import sample
+
+log = logging.getLogger(__name__)
+
+Update = tuple[Request, int, bool]
+
+
+class Scheduler:
+    """Owns the running batch, the waiting queue, the KV slots and the prefix cache.
+
+    Invariants: `running[i]` occupies KV slot i; only the worker thread touches the model,
+    the slots and the cache; other threads call `add`, `call` and read the counters.
+    """
+
+    def __init__(self, model: Qwen3, cache: RadixCache, decode: Callable[[list[int]], str],
+                 eos_token_ids: frozenset[int], max_running_requests: int,
+                 publish: Callable[[list[Update]], None], weight_version: str,
+                 max_prefill_tokens: int = 16384):
+        self.model, self.cache, self.decode_text = model, cache, decode
+        self.eos_token_ids = eos_token_ids
+        self.max_running_requests = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.publish = publish
+        self.weight_version = weight_version
+        self.context_length = model.config.max_position_embeddings
+        self.kv = SlotKV(model.config)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.paused = False
+        self.epoch = 0
+        self.num_steps = 0
+        self._inbox: list[Request] = []
+        self._commands: list[tuple[Callable, concurrent.futures.Future]] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._updates: dict[Request, None] = {}
+        self._thread = threading.Thread(target=self._loop, name="undertow-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def add(self, request: Request) -> None:
+        """Queue a request (any thread)."""
+        with self._wake:
+            self._inbox.append(request)
+            self._wake.notify()
+
+    def call(self, command: Callable) -> concurrent.futures.Future:
+        """Run `command()` on the worker between two steps (any thread); its result comes back."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._wake:
+            self._commands.append((command, future))
+            self._wake.notify()
+        return future
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self._inbox)
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            self._run()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._inbox or self._commands
+                           or (not self.paused and (self.waiting or self.running))):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self.waiting.extend(self._inbox)
+                commands, self._inbox, self._commands = self._commands, [], []
+            for command, future in commands:
+                try:
+                    future.set_result(command())
+                except Exception as error:  # the caller gets it through the future
+                    future.set_exception(error)
+            if not self.paused:
+                self._admit()
+                if self.running:
+                    self._step()
+            self._flush_updates()
+
+    def _flush_updates(self) -> None:
+        if self._updates:
+            updates = [(r, len(r.output_ids), r.finish_reason is not None) for r in self._updates]
+            self._updates = {}
+            self.publish(updates)
+
+    def _note(self, request: Request) -> None:
+        if request.stream or request.finish_reason is not None:
+            self._updates[request] = None
+
+    def _admit(self) -> None:
+        budget = self.max_prefill_tokens
+        while self.waiting and len(self.running) < self.max_running_requests and budget > 0:
+            request = self.waiting.popleft()
+            try:
+                self._prefill(request)
+            except Exception as error:
+                log.exception("prefill of %s failed", request.rid)
+                self._retire(request, _abort(f"prefill failed: {error}"))
+            budget -= len(request.input_ids) - request.cached_tokens
+
+    def _prefill(self, request: Request) -> None:
+        ids = request.all_ids
+        fresh = not request.output_ids
+        max_match = len(ids) - 1
+        if fresh and request.wants_input_logprobs:
+            max_match = min(max_match, max(request.logprob_start_len - 1, 0))
+        match = self.cache.match(ids, max_match)
+        self.cache.lock(match)
+        request.match, request.epoch = match, self.epoch
+        if fresh:
+            request.cached_tokens = match.length
+        slot = len(self.running)
+        self.kv.reserve(slot + 1, len(ids) + 1)
+        if match.length:
+            self.kv.write(slot, 0, self.cache.gather(match))
+        first = 0
+        if fresh and request.wants_input_logprobs:
+            first = max(request.logprob_start_len, 1) - 1 - match.length
+        logits = self.model.prefill(self.kv, slot, ids[match.length:], match.length,
+                                    slice(first if fresh and request.wants_input_logprobs
+                                          else -1, None))
+        request.kv_length = len(ids)
+        self.running.append(request)
+        if fresh and request.wants_input_logprobs:
+            self._record_input_logprobs(request, logits[:-1])
+        if fresh and request.params.max_new_tokens == 0:
+            self._retire(request, {"type": "length", "length": 0})
+            return
+        self._sample([request], logits[-1:])
+
+    def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
+        start = request.logprob_start_len
+        targets = torch.tensor(request.input_ids[max(start, 1):], dtype=torch.long)
+        logprobs = torch.log_softmax(logits, -1)
+        chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        request.input_logprobs = ([None] if start == 0 else []) + chosen
+        if request.top_logprobs_num:
+            values, indices = logprobs.topk(request.top_logprobs_num, -1)
+            top = [list(zip(v, i, strict=True))
+                   for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
+            request.input_top_logprobs = ([None] if start == 0 else []) + top
+
+    def _step(self) -> None:
+        rows = self.running
+        positions = [r.kv_length for r in rows]
+        self.kv.reserve(len(rows), max(positions) + 1)
+        logits = self.model.decode(self.kv, [r.output_ids[-1] for r in rows], positions)
+        for r in rows:
+            r.kv_length += 1
+        self.num_steps += 1
+        self._sample(list(rows), logits)
+
+    def _sample(self, rows: list[Request], logits: torch.Tensor) -> None:
+        for i, r in enumerate(rows):
+            if len(r.output_ids) < r.params.min_new_tokens:
+                banned = list((set() if r.params.ignore_eos else self.eos_token_ids)
+                              | r.params.stop_token_ids)
+                logits[i, banned] = float("-inf")
+        num_top = max((r.top_logprobs_num for r in rows if r.return_logprob), default=0)
+        result = sample(logits, [r.params for r in rows], [r.generator for r in rows], num_top)
+        finished = []
+        for i, r in enumerate(rows):
+            r.output_ids.append(result.token_ids[i])
+            r.output_logprobs.append(result.logprobs[i])
+            if r.top_logprobs_num and r.return_logprob:
+                r.output_top_logprobs.append(result.top_logprobs[i][:r.top_logprobs_num])
+            reason = self._stop_reason(r)
+            if reason is None:
+                self._note(r)
+            else:
+                finished.append((r, reason))
+        for r, reason in finished:
+            self._retire(r, reason)
+
+    def _stop_reason(self, r: Request) -> dict | None:
+        token, p = r.output_ids[-1], r.params
+        if len(r.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            window = max(len(s) for s in p.stop) + 1
+            tail = self.decode_text(r.output_ids[-window:])
+            for stop in p.stop:
+                if stop in tail:
+                    return {"type": "stop", "matched": stop}
+        if r.kv_length + 1 >= self.context_length:
+            return {"type": "length", "length": len(r.output_ids)}
+        return None
+
+    def _retire(self, request: Request, reason: dict | None) -> None:
+        """Finish `request` (or, with reason None, send it back to waiting: retract)."""
+        if request in self.running:
+            slot = self.running.index(request)
+            if request.epoch == self.epoch:
+                self.cache.insert(request.all_ids[:request.kv_length],
+                                  lambda start, end: self.kv.read(slot, start, end))
+            last = len(self.running) - 1
+            if slot != last:
+                self.kv.move(last, slot, self.running[last].kv_length)
+                self.running[slot] = self.running[last]
+            self.running.pop()
+            if not self.running:
+                self.kv.release()
+        if request.match is not None:
+            self.cache.unlock(request.match)
+            request.match = None
+            self.cache.evict()
+        request.kv_length = 0
+        if reason is None:
+            return
+        request.finish_reason = reason
+        self._note(request)
+
+    # Commands: run on the worker through `call`.
+
+    def abort(self, rid: str | None, message: str = "Abort by user request",
+              request: Request | None = None) -> int:
+        """Abort the request `rid`, or `request`, or every request when both are None;
+        return how many were aborted. An aborted request keeps its partial output."""
+        victims = [r for r in (*self.waiting, *self.running)
+                   if (request is None or r is request) and (rid is None or r.rid == rid)]
+        for request in victims:
+            if request in self.waiting:
+                self.waiting.remove(request)
+            self._retire(request, _abort(message))
+        return len(victims)
+
+    def pause(self, mode: str) -> int:
+        """SGLang's pause modes: abort all, retract all to waiting, or keep all in place."""
+        self.paused = True
+        if mode == "abort":
+            return self.abort(None, "Abort by pause_generation")
+        if mode == "retract":
+            retracted = list(self.running)
+            for request in reversed(retracted):
+                self._retire(request, None)
+            self.waiting.extendleft(reversed(retracted))
+            return len(retracted)
+        return len(self.running)
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def swap_weights(self, weights: Weights, weight_version: str | None) -> None:
+        """Use `weights` from the next step on; the cached KV of the old weights is dropped."""
+        self.model.weights = weights
+        self.epoch += 1
+        self.cache.flush()
+        if weight_version is not None:
+            self.weight_version = weight_version
+
+    def flush_cache(self) -> None:
+        self.cache.flush()
+
+
+def _abort(message: str) -> dict:
+    return {"type": "abort", "message": message}

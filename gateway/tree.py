@@ -122,13 +122,18 @@ class Tree:
 
     def add_call(self, call_id: str, session_id: str, prompt_ids: list[int],
                  completion_ids: list[int], logprobs: list[float], weight_versions: list[int],
-                 branch: str | None = None, meta: dict[str, Any] | None = None) -> CallRecord:
+                 branch: str | None = None, meta: dict[str, Any] | None = None,
+                 extends_leaf: int | None = None) -> CallRecord:
         """Records a call given its full prompt and completion; returns the compact record
-        (already applied) that a store appends to its log."""
+        (already applied) that a store appends to its log.
+
+        `extends_leaf`: the caller guarantees that the prompt begins with exactly the
+        tokens of the path to this leaf (token truth), so matching starts there and
+        costs only the new suffix, not the history."""
         if len(logprobs) != len(completion_ids) or len(weight_versions) != len(completion_ids):
             raise TreeError(f"call {call_id}: {len(completion_ids)} completion tokens but "
                             f"{len(logprobs)} logprobs and {len(weight_versions)} versions")
-        node_id, offset, num_matched = self._match(session_id, prompt_ids)
+        node_id, offset, num_matched = self._match(session_id, prompt_ids, extends_leaf)
         record = CallRecord(call_id=call_id, session_id=session_id, anchor=(node_id, offset),
                             token_ids=prompt_ids[num_matched:] + completion_ids,
                             num_prompt=len(prompt_ids) - num_matched, logprobs=list(logprobs),
@@ -165,7 +170,13 @@ class Tree:
         return nodes[::-1]
 
     def path_token_ids(self, leaf: int) -> list[int]:
-        return [t for node_id in self.path(leaf) for t in self.nodes[node_id].token_ids]
+        token_ids: list[int] = []
+        for node_id in self.path(leaf):
+            token_ids += self.nodes[node_id].token_ids
+        return token_ids
+
+    def path_length(self, leaf: int) -> int:
+        return sum(len(self.nodes[node_id].token_ids) for node_id in self.path(leaf))
 
     @property
     def num_unique_tokens(self) -> int:
@@ -176,20 +187,30 @@ class Tree:
         """Tokens that a per-call log would hold: every call's prompt plus completion."""
         return sum(len(self.path_token_ids(call.leaf)) for call in self.calls)
 
-    def _match(self, session_id: str, token_ids: list[int]) -> tuple[int, int, int]:
+    def _match(self, session_id: str, token_ids: list[int],
+               extends_leaf: int | None = None) -> tuple[int, int, int]:
         """Longest prefix of `token_ids` (as prompt of `session_id`) already in the tree:
-        returns (node ID, offset in that node, number of tokens matched)."""
+        returns (node ID, offset in that node, number of tokens matched). Spans are
+        compared a node at a time (list slices), not token by token."""
         node, offset, num_matched = self.nodes[ROOT], 0, 0
+        if extends_leaf is not None:
+            node = self.nodes[extends_leaf]
+            offset, num_matched = len(node.token_ids), self.path_length(extends_leaf)
         while num_matched < len(token_ids):
             if offset == len(node.token_ids):
                 child = self._prompt_child(node, token_ids[num_matched], session_id)
                 if child is None:
                     break
                 node, offset = child, 0
-            if node.token_ids[offset] != token_ids[num_matched]:
+            num_same = min(len(node.token_ids) - offset, len(token_ids) - num_matched)
+            if (node.token_ids[offset:offset + num_same]
+                    != token_ids[num_matched:num_matched + num_same]):
+                num_same = next(i for i in range(num_same) if node.token_ids[offset + i]
+                                != token_ids[num_matched + i])
+            offset += num_same
+            num_matched += num_same
+            if offset < len(node.token_ids):
                 break
-            offset += 1
-            num_matched += 1
         return node.node_id, offset, num_matched
 
     def _prompt_child(self, node: Node, token_id: int, session_id: str) -> Node | None:

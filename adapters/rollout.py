@@ -1,0 +1,289 @@
+"""The rollout runner: every task `group_size` times, each session in its own sandbox,
+at most `concurrency` sessions at once, against a gateway reached over HTTP.
+
+One session, top to bottom (`Rollout._session`):
+1. open a session at the gateway (group = the task's group of this run);
+2. start a sandbox from the task's image (linked to the gateway when the scaffold runs
+   inside it);
+3. launch the scaffold against (task, sandbox, endpoint) and wait up to `timeout_s`;
+   a scaffold past its limit, or flooding its output, is killed;
+4. stop whatever it left running in the sandbox, take the diff, grade it in a fresh
+   container (a timed-out session gets partial credit);
+5. attach reward and details to the session at the gateway, which closes it; remove
+   the sandbox.
+A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
+error of the run; an error of Undertow's own (image, sandbox, grading) closes the
+session with reward 0 and `cause = error:<stage>`.
+
+With `timeout_value="tree_estimate"`, a timed-out session is closed only after its
+group's other sessions: its reward is then QwenGyre's tree-value estimate
+(`tree_value.py`), or its partial credit when no finished session shares its path.
+
+Cancelling `run()` (Ctrl-C) kills the scaffolds, closes every open session (cause
+`interrupted`) and removes every container of the run.
+"""
+
+import asyncio
+import contextlib
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+from urllib.parse import urlsplit
+
+from undertow.adapters.base import Endpoint, Scaffold, ScaffoldExit
+from undertow.adapters.errors import RolloutError
+from undertow.adapters.gateway_client import GatewayAdmin
+from undertow.adapters.process import stop_sandbox_processes
+from undertow.adapters.summary import Progress, RolloutSummary, SessionResult
+from undertow.adapters.tree_value import estimate_tree_value
+from undertow.sandboxes.connection import Connection
+from undertow.sandboxes.grading import Grade, GradingConfig, grade
+from undertow.sandboxes.link import GatewayLink, start_linked_sandbox
+from undertow.sandboxes.sandbox import Sandbox, SandboxConfig, gc
+from undertow.sandboxes.task import Task
+from undertow.sandboxes.task_image import ensure_task_image
+
+TIMEOUT_VALUES = ("partial_credit", "tree_estimate")
+# Task images are built once each; more builds at once only compete for the CPUs.
+NUM_PARALLEL_IMAGE_BUILDS = 2
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How a rollout runs. `out_dir` receives each session's folder (scaffold log,
+    trajectory) and `summary.json`; `timeout_value` chooses the reward of timed-out
+    sessions; `progress_interval_s` of 0 prints no progress."""
+
+    group_size: int = 1
+    concurrency: int = 1
+    timeout_s: float = 600.0
+    out_dir: Path = Path("rollouts")
+    run_id: str = ""
+    model_name: str = "undertow"
+    timeout_value: str = "partial_credit"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    grading: GradingConfig = field(default_factory=GradingConfig)
+    progress_interval_s: float = 5.0
+
+    def __post_init__(self):
+        for name in ("group_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"RolloutConfig.timeout_s must be positive, got {self.timeout_s}")
+        if self.timeout_value not in TIMEOUT_VALUES:
+            raise ValueError(f"RolloutConfig.timeout_value must be one of {TIMEOUT_VALUES}, "
+                             f"got {self.timeout_value!r}")
+
+
+def new_run_id() -> str:
+    return f"rollout-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Rollout:
+    """One run of `tasks` x `group_size` sessions of `scaffold`. Call `await run()` once."""
+
+    def __init__(self, tasks: Sequence[Task], scaffold: Scaffold, admin: GatewayAdmin,
+                 connection: Connection, config: RolloutConfig = RolloutConfig(),
+                 progress_stream: TextIO | None = None):
+        if not tasks:
+            raise RolloutError("no tasks to run; check the --tasks path")
+        self.tasks, self.scaffold, self.admin = list(tasks), scaffold, admin
+        self.connection, self.config = connection, config
+        self.run_id = config.run_id or new_run_id()
+        self.out_dir = Path(config.out_dir) / self.run_id
+        self.progress = Progress(len(self.tasks), len(self.tasks) * config.group_size,
+                                 progress_stream if progress_stream is not None else sys.stderr,
+                                 config.progress_interval_s)
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._builds = asyncio.Semaphore(NUM_PARALLEL_IMAGE_BUILDS)
+        self._link: GatewayLink | None = None
+        self.results: list[SessionResult] = []
+
+    async def run(self) -> RolloutSummary:
+        started = time.monotonic()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        interrupted = False
+        reporter = asyncio.ensure_future(self._report())
+        try:
+            if getattr(self.scaffold, "runs_in_sandbox", False):
+                gateway = urlsplit(self.admin.url)
+                self._link = await GatewayLink(gateway.hostname, gateway.port or 80).start()
+            # A TaskGroup, not gather: on cancellation it waits for every session's
+            # clean-up, where gather returns as soon as the first child is cancelled.
+            async with asyncio.TaskGroup() as groups:
+                for task in self.tasks:
+                    groups.create_task(self._group(task))
+        except asyncio.CancelledError:
+            interrupted = True
+            raise
+        finally:
+            reporter.cancel()
+            await self._shutdown()
+            summary = RolloutSummary(self.run_id, self.scaffold.name,
+                                     time.monotonic() - started, self.results, interrupted)
+            (self.out_dir / "summary.json").write_text(summary.dumps())
+            self.progress.print()
+        return summary
+
+    async def _report(self) -> None:
+        while self.config.progress_interval_s > 0:
+            await asyncio.sleep(self.config.progress_interval_s)
+            self.progress.print()
+
+    async def _shutdown(self) -> None:
+        if self._link is not None:
+            await self._link.close()
+        # Grading or set-up containers caught mid-start by a cancellation, if any.
+        with contextlib.suppress(Exception):
+            await gc(self.connection, self.run_id)
+
+    def _group_name(self, task: Task) -> str:
+        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in task.instance_id)
+        return f"{self.run_id}.{name}"[:128]
+
+    async def _group(self, task: Task) -> None:
+        image: str | Exception
+        try:
+            async with self._builds:
+                image = await ensure_task_image(self.connection, task)
+        except Exception as error:  # every session of the task records it
+            image = error
+        results = [SessionResult(task.instance_id, index)
+                   for index in range(self.config.group_size)]
+        self.results.extend(results)
+        try:
+            async with asyncio.TaskGroup() as sessions:
+                for result in results:
+                    sessions.create_task(self._session(task, image, result))
+        finally:
+            await asyncio.shield(self._close_deferred(task, results))
+            self.progress.num_tasks_done += 1
+
+    async def _session(self, task: Task, image: str | Exception, result: SessionResult) -> None:
+        async with self._slots:
+            self.progress.num_running += 1
+            started = time.monotonic()
+            try:
+                await self._run_session(task, image, result)
+            except asyncio.CancelledError:
+                result.cause = "interrupted"
+                raise
+            finally:
+                result.duration_s = time.monotonic() - started
+                self.progress.num_running -= 1
+                self.progress.ended.append(result)
+                if result.session_id and not self._defers(result):
+                    await asyncio.shield(self._close(result))
+
+    def _defers(self, result: SessionResult) -> bool:
+        return result.timed_out and self.config.timeout_value == "tree_estimate"
+
+    async def _run_session(self, task: Task, image: str | Exception,
+                           result: SessionResult) -> None:
+        stage = "open"
+        sandbox: Sandbox | None = None
+        try:
+            opened = await self.admin.open_session(
+                self._group_name(task), {"run": self.run_id, "instance_id": task.instance_id,
+                                         "index": result.index, "scaffold": self.scaffold.name})
+            result.session_id = opened["session_id"]
+            stage = "image"
+            if isinstance(image, Exception):
+                raise image
+            stage = "sandbox"
+            sandbox = await self._start_sandbox(task, image, result.session_id)
+            endpoint = Endpoint(opened["session_id"], opened["base_url"], opened["api_key"],
+                                self.config.model_name, sandbox.gateway_url and
+                                f"{sandbox.gateway_url}/s/{opened['session_id']}/v1")
+            stage = "scaffold"
+            exit = await self._run_scaffold(task, sandbox, endpoint, result)
+            stage = "grade"
+            await self._grade(task, image, sandbox, exit, result)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            result.cause = f"error:{stage}"
+            result.error = f"{type(error).__name__}: {error}"
+        finally:
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(sandbox.close())
+
+    async def _start_sandbox(self, task: Task, image: str, session_id: str) -> Sandbox:
+        options = dict(run=self.run_id, session=session_id, workdir=task.workdir,
+                       base_commit=task.base_commit, config=self.config.sandbox)
+        if self._link is not None:
+            return await start_linked_sandbox(self.connection, image, self._link, **options)
+        return await Sandbox.start(self.connection, image, **options)
+
+    async def _run_scaffold(self, task: Task, sandbox: Sandbox, endpoint: Endpoint,
+                            result: SessionResult) -> ScaffoldExit:
+        workdir = self.out_dir / "sessions" / result.session_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        process = await self.scaffold.launch(task, sandbox, endpoint, workdir)
+        try:
+            exit = await process.wait(self.config.timeout_s)
+        except asyncio.CancelledError:
+            await asyncio.shield(process.kill())
+            raise
+        result.cause, result.exit_code = exit.cause, exit.exit_code
+        result.num_output_bytes, result.log_tail = exit.num_output_bytes, exit.log_tail
+        result.details = exit.details
+        return exit
+
+    async def _grade(self, task: Task, image: str, sandbox: Sandbox, exit: ScaffoldExit,
+                     result: SessionResult) -> None:
+        # Nothing may change the sandbox between the cut-off and the diff.
+        await stop_sandbox_processes(sandbox)
+        diff = await sandbox.diff()
+        verdict: Grade = await grade(self.connection, task, diff, run=self.run_id,
+                                     config=self.config.grading, timed_out=exit.timed_out,
+                                     image=image)
+        result.reward, result.resolved = verdict.reward, verdict.resolved
+        result.reward_source = "partial_credit" if exit.timed_out else "grade"
+        result.partial_credit = verdict.reward if exit.timed_out else None
+        result.grade_reason, result.tests = verdict.reason, verdict.tests
+        result.details = {**result.details, "diff": diff[-20000:]}
+
+    async def _count_tokens(self, result: SessionResult) -> None:
+        tree = await self.admin.session_tree(result.session_id)
+        calls = tree.get("calls", [])
+        result.num_calls = len(calls)
+        result.num_prompt_tokens = sum(call["num_prompt_tokens"] for call in calls)
+        result.num_completion_tokens = sum(call["num_completion_tokens"] for call in calls)
+
+    async def _close(self, result: SessionResult) -> None:
+        if result.closed:
+            return
+        try:
+            await self._count_tokens(result)
+            await self.admin.close_session(result.session_id, result.reward, result.meta())
+            result.closed = True
+        except Exception as error:
+            result.error = result.error or f"closing at the gateway failed: {error}"
+
+    async def _close_deferred(self, task: Task, results: list[SessionResult]) -> None:
+        waiting = [r for r in results if r.session_id and not r.closed]
+        if not waiting:
+            return
+        finished = {r.session_id: r.reward for r in results
+                    if r.closed and r.cause not in ("timeout", "interrupted")
+                    and not r.cause.startswith("error:")}
+        tree = None
+        if finished and any(r.timed_out for r in waiting):
+            with contextlib.suppress(Exception):
+                tree = await self.admin.group_tree(self._group_name(task))
+        for result in waiting:
+            estimate = tree and result.timed_out and estimate_tree_value(
+                tree, result.session_id, finished)
+            if estimate:
+                result.tree_value = {"value": estimate.value, "node_id": estimate.node_id,
+                                     "depth": estimate.depth,
+                                     "num_sessions": estimate.num_sessions}
+                result.reward, result.reward_source = estimate.value, "tree_estimate"
+            await self._close(result)

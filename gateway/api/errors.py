@@ -1,0 +1,88 @@
+"""Error bodies in each API's own shape, the one its SDKs parse.
+
+OpenAI (chat, completions, responses, models):
+    {"error": {"message", "type", "param", "code"}}
+Anthropic (messages):
+    {"type": "error", "error": {"type", "message"}}
+
+`error_middleware` turns every `GatewayError` (and anything unexpected, as a 500)
+raised by a handler into the right body for the route's API family, with
+`Retry-After` on a 429; malformed input never takes down other calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from aiohttp import web
+
+from undertow.gateway.errors import Busy, ContextTooLong, GatewayError, UnsupportedParameter
+
+log = logging.getLogger(__name__)
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+                 404: "invalid_request_error", 413: "invalid_request_error",
+                 429: "rate_limit_exceeded", 503: "server_error", 500: "server_error"}
+_OPENAI_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large",
+                 429: "rate_limit_exceeded", 503: "service_unavailable"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error", 500: "api_error"}
+# Anthropic reports an overloaded service as 529, which its SDK retries.
+_ANTHROPIC_STATUS = {503: 529}
+
+
+def api_family(path: str) -> str:
+    return "anthropic" if "/v1/messages" in path else "openai"
+
+
+def openai_error(error: GatewayError) -> dict:
+    code = _OPENAI_CODES.get(error.status)
+    if isinstance(error, ContextTooLong):
+        code = "context_length_exceeded"
+    elif isinstance(error, UnsupportedParameter):
+        code = "unsupported_parameter"
+    return {"error": {"message": error.message, "type": _OPENAI_TYPES.get(error.status,
+                                                                          "server_error"),
+                      "param": error.param, "code": code}}
+
+
+def anthropic_error(error: GatewayError) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(error.status, "api_error"),
+                                       "message": error.message}}
+
+
+def error_body(family: str, error: GatewayError) -> dict:
+    return anthropic_error(error) if family == "anthropic" else openai_error(error)
+
+
+def error_response(family: str, error: GatewayError) -> web.Response:
+    status = error.status
+    if family == "anthropic":
+        status = _ANTHROPIC_STATUS.get(status, status)
+    headers = {}
+    if isinstance(error, Busy):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return web.Response(status=status, text=json.dumps(error_body(family, error)),
+                        content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    family = api_family(request.path)
+    try:
+        return await handler(request)
+    except GatewayError as error:
+        return error_response(family, error)
+    except web.HTTPException as error:
+        if error.status < 400 or request.path.startswith("/admin"):
+            raise
+        wrapped = GatewayError(error.text or error.reason)
+        wrapped.status = error.status
+        return error_response(family, wrapped)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(family, GatewayError("the gateway failed on this request; "
+                                                   "see its log"))

@@ -1,0 +1,143 @@
+"""`POST /v1/completions` (OpenAI legacy text completions), streaming and not.
+
+The prompt is a string (encoded as is, no chat template) or a list of token IDs
+(sent verbatim). The tree shares whatever prefix the prompt has with earlier calls;
+there is no message-level token truth here, since there are no messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from undertow.gateway.api.common import (
+    KEEPALIVE,
+    mark_retry,
+    read_json,
+    session_of,
+    sse,
+    start_sse,
+    with_keepalive,
+)
+from undertow.gateway.api.errors import openai_error
+from undertow.gateway.api.openai_chat import parse_sampling, usage
+from undertow.gateway.calls import CallRequest, Delta, Outcome
+from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.toolparsers import Content
+
+ACCEPTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
+            "seed", "stream", "stream_options", "logprobs", "user", "frequency_penalty",
+            "presence_penalty", "logit_bias", "echo", "best_of", "suffix"}
+
+
+def _prompt_ids(runner, prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("prompt must not be empty", param="prompt")
+        return runner.renderer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise BadRequest("prompt must be a string or a list of token IDs (one prompt per call)",
+                     param="prompt")
+
+
+def parse_request(runner, body: dict[str, Any], max_n: int) -> CallRequest:
+    unknown = sorted(set(body) - ACCEPTED)
+    if unknown:
+        raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
+                                   param=unknown[0])
+    for name in ("echo", "suffix"):
+        if body.get(name):
+            raise UnsupportedParameter(f"{name} is not supported; omit it", param=name)
+    if body.get("best_of") not in (None, 1):
+        raise UnsupportedParameter("best_of is not supported; use n", param="best_of")
+    if not isinstance(body.get("model"), str):
+        raise BadRequest("model must be a string", param="model")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= max_n:
+        raise BadRequest(f"n must be an integer in 1..{max_n}", param="n")
+    sampling = parse_sampling(body, ("max_tokens",))
+    if sampling.max_new_tokens is None:
+        # The legacy API's default is 16 tokens.
+        sampling = type(sampling)(**{**sampling.__dict__, "max_new_tokens": 16})
+    return CallRequest(api="completions", model=body["model"], sampling=sampling,
+                       prompt_ids=_prompt_ids(runner, body.get("prompt")), n=n)
+
+
+def _finish(choice) -> str:
+    return "length" if (choice.finish_reason or {}).get("type") == "length" else "stop"
+
+
+def _logprobs(runner, token_ids: list[int], logprobs: list[float]) -> dict:
+    tokens = [runner.renderer.decode([t], skip_special_tokens=False) for t in token_ids]
+    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
+            "text_offset": []}
+
+
+def completion_body(runner, call: CallRequest, outcome: Outcome, want_logprobs: bool) -> dict:
+    return {"id": f"cmpl-{outcome.choices[0].call_id}", "object": "text_completion",
+            "created": outcome.created_s, "model": call.model,
+            "choices": [{"index": c.index, "text": c.text, "finish_reason": _finish(c),
+                         "logprobs": _logprobs(runner, c.token_ids, c.logprobs)
+                         if want_logprobs else None} for c in outcome.choices],
+            "usage": usage(outcome)}
+
+
+def add_routes(app: web.Application, runner, sessions, config) -> None:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        session = session_of(request, sessions)
+        body, raw = await read_json(request, config.max_body_bytes)
+        call = mark_retry(parse_request(runner, body, config.max_n), request, session, raw)
+        want_logprobs = body.get("logprobs") is not None
+        if not body.get("stream"):
+            outcome = None
+            async for item in runner.stream(session, call):
+                outcome = item if isinstance(item, Outcome) else outcome
+            return web.json_response(completion_body(runner, call, outcome, want_logprobs))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await _stream(request, runner, session, call, config, want_logprobs,
+                             include_usage)
+
+    for prefix in ("", "/s/{session}"):
+        app.router.add_post(f"{prefix}/v1/completions", completions)
+
+
+async def _stream(request, runner, session, call, config, want_logprobs,
+                  include_usage) -> web.StreamResponse:
+    response = None
+
+    def chunk(call_id: str, choices: list[dict], **extra) -> bytes:
+        return sse({"id": f"cmpl-{call_id}", "object": "text_completion", "created": 0,
+                    "model": call.model, "choices": choices, **extra})
+
+    try:
+        async for item in with_keepalive(runner.stream(session, call), config.keepalive_s):
+            response = response or await start_sse(request)
+            if item is KEEPALIVE:
+                await response.write(b": keep-alive\n\n")
+            elif isinstance(item, Delta):
+                text = "".join(e.text for e in item.events if isinstance(e, Content))
+                if text or (want_logprobs and item.token_ids):
+                    await response.write(chunk(item.call_id, [{
+                        "index": item.index, "text": text, "finish_reason": None,
+                        "logprobs": _logprobs(runner, item.token_ids, item.logprobs)
+                        if want_logprobs else None}]))
+            else:
+                call_id = item.choices[0].call_id
+                for choice in item.choices:
+                    await response.write(chunk(call_id, [{
+                        "index": choice.index, "text": "", "logprobs": None,
+                        "finish_reason": _finish(choice)}]))
+                if include_usage:
+                    await response.write(chunk(call_id, [], usage=usage(item)))
+                await response.write(sse("[DONE]"))
+    except GatewayError as error:
+        if response is None:
+            raise
+        await response.write(sse(openai_error(error)))
+    await response.write_eof()
+    return response

@@ -1,0 +1,323 @@
+"""`POST /v1/responses` (OpenAI Responses API, which Codex speaks), streaming and not.
+
+Stateless: the scaffold sends its whole input each time (`store: false`, as Codex
+does); `previous_response_id` is refused with a 400. Hand-written translation for
+the same reasons as `anthropic_messages.py` (litellm's responses bridge costs an
+import of seconds and per-call work that grows with the history). Input items:
+messages (`input_text`/`output_text` parts) -> chat messages; consecutive
+`reasoning`, assistant `message` and `function_call` items -> one assistant
+message; `function_call_output` -> a tool message.
+
+Streaming: `response.created`, `response.in_progress`, per output item
+`response.output_item.added` ... `.done` with text, reasoning-summary and
+function-call-argument deltas, and finally `response.completed`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from undertow.gateway.api.common import (
+    KEEPALIVE,
+    mark_retry,
+    read_json,
+    session_of,
+    sse,
+    start_sse,
+    with_keepalive,
+)
+from undertow.gateway.api.errors import openai_error
+from undertow.gateway.api.openai_chat import parse_sampling
+from undertow.gateway.calls import CallRequest, Delta, Outcome
+from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
+
+ACCEPTED = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens",
+            "temperature", "top_p", "stream", "store", "reasoning", "include",
+            "parallel_tool_calls", "metadata", "text", "truncation", "user", "prompt_cache_key",
+            "service_tier", "previous_response_id", "stream_options"}
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}: content must be a string or a list of parts", param="input")
+    texts = []
+    for part in content:
+        if part.get("type") not in ("input_text", "output_text", "text", "summary_text",
+                                    "reasoning_text"):
+            raise UnsupportedParameter(f"{where}: part type {part.get('type')!r} is not "
+                                       "supported (text only)", param="input")
+        texts.append(part.get("text", ""))
+    return "".join(texts)
+
+
+def to_chat_messages(body: dict[str, Any]) -> list[dict]:
+    messages: list[dict] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise BadRequest("input must be a string or a non-empty list of items", param="input")
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and item.get("role") != "assistant":
+            role = "system" if item.get("role") == "developer" else item.get("role")
+            if role not in ("system", "user"):
+                raise BadRequest(f"{where}: unknown role {item.get('role')!r}", param="input")
+            messages.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output if isinstance(output, str)
+                             else _text(output, where)})
+        elif kind in ("message", "reasoning", "function_call"):
+            _add_to_assistant(messages, item, kind, where)
+        else:
+            raise UnsupportedParameter(f"{where}: item type {kind!r} is not supported",
+                                       param="input")
+    return messages
+
+
+def _add_to_assistant(messages: list[dict], item: dict, kind: str, where: str) -> None:
+    if not messages or messages[-1]["role"] != "assistant":
+        messages.append({"role": "assistant", "content": ""})
+    message = messages[-1]
+    if kind == "message":
+        message["content"] += _text(item.get("content"), where)
+    elif kind == "reasoning":
+        text = _text(item.get("summary") or [], where) or _text(item.get("content") or [], where)
+        message["reasoning_content"] = message.get("reasoning_content", "") + text
+    else:
+        message.setdefault("tool_calls", []).append({
+            "id": item.get("call_id"), "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}})
+
+
+def to_chat_tools(tools: Any) -> list[dict] | None:
+    result = []
+    for tool in tools or []:
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            raise UnsupportedParameter(f"tool type {kind!r} is not supported (function tools "
+                                       "only)", param="tools")
+        result.append({"type": "function", "function": {
+            "name": tool.get("name"), "description": tool.get("description", ""),
+            "parameters": tool.get("parameters") or {}}})
+    return result or None
+
+
+def parse_request(body: dict[str, Any]) -> CallRequest:
+    unknown = sorted(set(body) - ACCEPTED)
+    if unknown:
+        raise UnsupportedParameter(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
+    if body.get("previous_response_id"):
+        raise UnsupportedParameter("previous_response_id is not supported: send the whole "
+                                   "input with store=false", param="previous_response_id")
+    if not isinstance(body.get("model"), str):
+        raise BadRequest("model must be a string", param="model")
+    return CallRequest(api="responses", model=body["model"],
+                       sampling=parse_sampling(body, ("max_output_tokens",)),
+                       messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
+                       parse_tools=body.get("tool_choice") != "none")
+
+
+def _ids(call_id: str) -> str:
+    return call_id.removeprefix("call-")
+
+
+def output_items(outcome: Outcome) -> list[dict]:
+    choice = outcome.choices[0]
+    key = _ids(choice.call_id)
+    items: list[dict] = []
+    if choice.message.get("reasoning_content"):
+        items.append({"type": "reasoning", "id": f"rs_{key}", "summary": [
+            {"type": "summary_text", "text": choice.message["reasoning_content"]}]})
+    if choice.message.get("content"):
+        items.append(_message_item(key, choice.message["content"], "completed"))
+    for number, tool in enumerate(choice.tool_calls):
+        items.append(_call_item(key, number, tool["function"]["name"],
+                                tool["function"]["arguments"], "completed"))
+    return items
+
+
+def _message_item(key: str, text: str, status: str) -> dict:
+    return {"type": "message", "id": f"msg_{key}", "status": status, "role": "assistant",
+            "content": [] if status != "completed" else
+            [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _call_item(key: str, number: int, name: str, arguments: str, status: str) -> dict:
+    return {"type": "function_call", "id": f"fc_{key}_{number}", "call_id": f"call_{key}_{number}",
+            "name": name, "arguments": arguments, "status": status}
+
+
+def response_body(call: CallRequest, body: dict, outcome: Outcome | None, call_id: str) -> dict:
+    done = outcome is not None
+    incomplete = done and (outcome.choices[0].finish_reason or {}).get("type") == "length"
+    result = {"id": f"resp_{_ids(call_id)}", "object": "response", "created_at": 0,
+              "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
+              "model": call.model, "output": output_items(outcome) if done else [],
+              "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+              "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+              "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+              "max_output_tokens": body.get("max_output_tokens"),
+              "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
+              "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+              "error": None, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+              "store": False, "usage": None}
+    if done:
+        result["usage"] = {"input_tokens": outcome.num_prompt_tokens,
+                           "input_tokens_details": {"cached_tokens": outcome.num_cached_tokens},
+                           "output_tokens": outcome.num_completion_tokens,
+                           "output_tokens_details": {"reasoning_tokens": 0},
+                           "total_tokens": outcome.num_prompt_tokens
+                           + outcome.num_completion_tokens}
+    return result
+
+
+class ResponseStream:
+    """Responses API stream events, numbered by `sequence_number`."""
+
+    def __init__(self, call: CallRequest, body: dict):
+        self.call, self.body = call, body
+        self.sequence = 0
+        self.call_id: str | None = None
+        self.item: dict | None = None
+        self.text = ""
+        self.output_index = -1
+        self.num_tools = 0
+
+    def event(self, kind: str, **data) -> bytes:
+        payload = {"type": kind, "sequence_number": self.sequence, **data}
+        self.sequence += 1
+        return sse(payload, kind)
+
+    def start(self, call_id: str) -> list[bytes]:
+        self.call_id = call_id
+        response = response_body(self.call, self.body, None, call_id)
+        return [self.event("response.created", response=response),
+                self.event("response.in_progress", response=response)]
+
+    def _open(self, item: dict) -> list[bytes]:
+        out = self._close()
+        self.output_index += 1
+        self.item, self.text = item, ""
+        out.append(self.event("response.output_item.added", output_index=self.output_index,
+                              item=item))
+        if item["type"] == "message":
+            out.append(self.event("response.content_part.added", item_id=item["id"],
+                                  output_index=self.output_index, content_index=0,
+                                  part={"type": "output_text", "text": "", "annotations": []}))
+        elif item["type"] == "reasoning":
+            out.append(self.event("response.reasoning_summary_part.added", item_id=item["id"],
+                                  output_index=self.output_index, summary_index=0,
+                                  part={"type": "summary_text", "text": ""}))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.item is None:
+            return []
+        item, at = self.item, {"item_id": self.item["id"], "output_index": self.output_index}
+        out = []
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": []}
+            out += [self.event("response.output_text.done", **at, content_index=0,
+                               text=self.text),
+                    self.event("response.content_part.done", **at, content_index=0, part=part)]
+            item = {**_message_item(item["id"][4:], self.text, "completed")}
+        elif item["type"] == "reasoning":
+            part = {"type": "summary_text", "text": self.text}
+            out += [self.event("response.reasoning_summary_text.done", **at, summary_index=0,
+                               text=self.text),
+                    self.event("response.reasoning_summary_part.done", **at, summary_index=0,
+                               part=part)]
+            item = {**item, "summary": [part]}
+        else:
+            out.append(self.event("response.function_call_arguments.done", **at,
+                                  arguments=item["arguments"]))
+            item = {**item, "status": "completed"}
+        out.append(self.event("response.output_item.done", output_index=self.output_index,
+                              item=item))
+        self.item = None
+        return out
+
+    def delta(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = []
+        key = _ids(delta.call_id)
+        for event in delta.events:
+            if isinstance(event, Reasoning | Content):
+                kind = "reasoning" if isinstance(event, Reasoning) else "message"
+                if self.item is None or self.item["type"] != kind:
+                    out += self._open({"type": "reasoning", "id": f"rs_{key}", "summary": []}
+                                      if kind == "reasoning"
+                                      else _message_item(key, "", "in_progress"))
+                self.text += event.text
+                name = ("response.reasoning_summary_text.delta" if kind == "reasoning"
+                        else "response.output_text.delta")
+                index = {"summary_index": 0} if kind == "reasoning" else {"content_index": 0}
+                out.append(self.event(name, item_id=self.item["id"],
+                                      output_index=self.output_index, delta=event.text, **index))
+            elif isinstance(event, ToolCall):
+                item = _call_item(key, self.num_tools, event.name, "", "in_progress")
+                self.num_tools += 1
+                out += self._open(item)
+                item["arguments"] = event.arguments_json
+                out.append(self.event("response.function_call_arguments.delta",
+                                      item_id=item["id"], output_index=self.output_index,
+                                      delta=event.arguments_json))
+        return out
+
+    def finish(self, outcome: Outcome) -> list[bytes]:
+        response = response_body(self.call, self.body, outcome, self.call_id)
+        kind = "response.completed" if response["status"] == "completed" else \
+            "response.incomplete"
+        return self._close() + [self.event(kind, response=response)]
+
+
+def add_routes(app: web.Application, runner, sessions, config) -> None:
+    async def create_response(request: web.Request) -> web.StreamResponse:
+        session = session_of(request, sessions)
+        body, raw = await read_json(request, config.max_body_bytes)
+        call = mark_retry(parse_request(body), request, session, raw)
+        if not body.get("stream"):
+            outcome = None
+            async for item in runner.stream(session, call):
+                outcome = item if isinstance(item, Outcome) else outcome
+            return web.json_response(response_body(call, body, outcome,
+                                                   outcome.choices[0].call_id))
+        return await _stream(request, runner, session, call, body, config)
+
+    for prefix in ("", "/s/{session}"):
+        app.router.add_post(f"{prefix}/v1/responses", create_response)
+
+
+async def _stream(request, runner, session, call, body, config) -> web.StreamResponse:
+    formatter = ResponseStream(call, body)
+    response = None
+    try:
+        async for item in with_keepalive(runner.stream(session, call), config.keepalive_s):
+            response = response or await start_sse(request)
+            if item is KEEPALIVE:
+                await response.write(b": keep-alive\n\n")
+                continue
+            if formatter.call_id is None:
+                call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
+                for data in formatter.start(call_id):
+                    await response.write(data)
+            for data in (formatter.delta(item) if isinstance(item, Delta)
+                         else formatter.finish(item)):
+                await response.write(data)
+    except GatewayError as error:
+        if response is None:
+            raise
+        await response.write(formatter.event("error", code=openai_error(error)["error"]["code"],
+                                             message=error.message, param=error.param))
+    await response.write_eof()
+    return response

@@ -1,0 +1,164 @@
+"""The gateway's aiohttp application: the composition root of `gateway/`.
+
+`create_app(config)` wires, once per process: the metrics registry, the tree store
+(replayed from disk: trees and sessions), the renderer of the model directory, the
+engine pool, the call runner, and the routes:
+
+- scaffolds: `/v1/chat/completions`, `/v1/completions`, `/v1/messages`,
+  `/v1/messages/count_tokens`, `/v1/responses`, `/v1/models`, each also under
+  `/s/{session}`;
+- operator (admin token): `/admin/sessions...`, `/admin/groups...` (`api/admin.py`),
+  `/admin/engines...`, `/admin/pause|resume|update_weights` (`api/engines_admin.py`);
+- `/health`, `/metrics`.
+
+`serve(config)` runs it and prints the URL it listens on (port 0 picks one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from undertow.gateway.api import (
+    admin,
+    anthropic_messages,
+    models,
+    openai_chat,
+    openai_completions,
+    responses,
+)
+from undertow.gateway.api.errors import error_middleware
+from undertow.gateway.calls import CallRunner
+from undertow.gateway.config import GatewayConfig
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.render import Renderer
+from undertow.gateway.sessions import SessionRegistry
+from undertow.gateway.store import TreeStore
+
+_API_NAMES = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"),
+              ("/v1/messages/count_tokens", "count_tokens"), ("/v1/messages", "messages"),
+              ("/v1/responses", "responses"), ("/v1/models", "models"))
+
+METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
+STORE_KEY = web.AppKey("store", TreeStore)
+SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
+RUNNER_KEY = web.AppKey("runner", CallRunner)
+POOL_KEY = web.AppKey("pool", object)
+
+
+def context_length_of(model_dir: Path, renderer: Renderer, configured: int) -> int:
+    if configured:
+        return configured
+    limits = [renderer.max_length] if renderer.max_length else []
+    config_file = Path(model_dir) / "config.json"
+    if config_file.exists():
+        value = json.loads(config_file.read_text()).get("max_position_embeddings")
+        limits += [int(value)] if value else []
+    if not limits:
+        raise ValueError(f"{model_dir} states no context length; set context_length")
+    return min(limits)
+
+
+def _metrics_middleware(metrics: GatewayMetrics):
+    @web.middleware
+    async def record(request: web.Request, handler):
+        api = next((name for suffix, name in _API_NAMES if request.path.endswith(suffix)), None)
+        started_s = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as error:
+            status = error.status
+            raise
+        finally:
+            if api is not None:
+                metrics.calls.inc(api=api, status=str(status))
+                metrics.call_duration_s.observe(time.perf_counter() - started_s, api=api)
+    return record
+
+
+def create_app(config: GatewayConfig, pool=None) -> web.Application:
+    """The application; `pool` replaces the engine pool built from `config.engine_urls`
+    (tests give their own pool object with the same `generate`/`close_session`)."""
+    from undertow.gateway.api.engines_admin import add_engine_routes
+    from undertow.gateway.pool import EnginePool
+
+    metrics = GatewayMetrics.create()
+    renderer = Renderer(config.model_dir)
+    store = TreeStore(config.store_dir)
+    sessions = SessionRegistry(config.num_heads_per_session)
+    for event in store.replay():
+        sessions.restore(event)
+    metrics.open_sessions.set(sessions.num_open)
+    own_pool = pool is None
+    pool = EnginePool(config.engine_urls, metrics=metrics) if own_pool else pool
+    runner = CallRunner(pool=pool, store=store, renderer=renderer, sessions=sessions,
+                        metrics=metrics,
+                        context_length=context_length_of(config.model_dir, renderer,
+                                                         config.context_length),
+                        default_max_tokens=config.default_max_tokens,
+                        tool_parser=config.tool_parser)
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[_metrics_middleware(metrics), error_middleware])
+    app[METRICS_KEY], app[STORE_KEY], app[SESSIONS_KEY] = metrics, store, sessions
+    app[RUNNER_KEY], app[POOL_KEY] = runner, pool
+
+    admin_auth = admin.make_admin_auth(config.admin_token)
+    openai_chat.add_routes(app, runner, sessions, config)
+    openai_completions.add_routes(app, runner, sessions, config)
+    anthropic_messages.add_routes(app, runner, sessions, config)
+    responses.add_routes(app, runner, sessions, config)
+    models.add_routes(app, sessions, config)
+    admin.add_routes(app, sessions, store, pool, metrics, admin_auth)
+    add_engine_routes(app, pool, admin_auth)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "num_sessions": len(sessions)})
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.registry.render().encode(),
+                            headers={"Content-Type": metrics.registry.CONTENT_TYPE})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_page)
+
+    async def on_startup(app: web.Application) -> None:
+        await store.start()
+        if own_pool:
+            await pool.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        if own_pool:
+            await pool.close()
+        await store.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+async def _serve_forever(config: GatewayConfig) -> None:
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"undertow gateway listening on http://{config.host}:{port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(config: GatewayConfig) -> None:
+    """Runs the gateway until interrupted."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever(config))

@@ -1,0 +1,301 @@
+"""One scaffold call, whatever its API: prompt IDs -> engine pool -> parsed output ->
+recorded into the group's tree, written ahead, before the reply is finished.
+
+Each API module translates its request into a `CallRequest` (internal chat form or
+raw prompt IDs), iterates `CallRunner.stream`, and formats what it yields:
+`Delta`s while the engine samples, then exactly one `Outcome`, which is yielded
+only after every choice is in the tree and on disk. The API sends its last byte
+after it has the `Outcome`, so a delivered reply is always recorded.
+
+A retry of a call whose reply was produced (same request fingerprint, SDK retry
+header > 0) is answered again from memory and not recorded twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
+from undertow.gateway.render import Detokenizer, Renderer
+from undertow.gateway.sessions import Session, SessionRegistry
+from undertow.gateway.store import TreeStore
+from undertow.gateway.tokentruth import Head, Prompt, build_prompt
+from undertow.gateway.toolparsers import Content, Event, Reasoning, ToolCall, create_parser
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters in SGLang's names; `max_new_tokens=None` fills the context."""
+
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def to_engine(self, max_new_tokens: int, index: int) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_new_tokens": max_new_tokens,
+                                  "temperature": self.temperature, "top_p": self.top_p,
+                                  "top_k": self.top_k}
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed + index
+        return params
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """A call in internal form: chat `messages` (OpenAI-style dicts, with
+    `reasoning_content`) and `tools`, or raw `prompt_ids` (text completions)."""
+
+    api: str
+    model: str
+    sampling: Sampling
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+    parse_tools: bool = True
+    prompt_ids: list[int] | None = None
+    n: int = 1
+    fingerprint: str = ""
+    is_retry: bool = False
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of choice `index`: its parsed events and the tokens behind them."""
+
+    index: int
+    call_id: str
+    events: list[Event]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    call_id: str
+    message: dict
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    finish_reason: dict
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return self.message.get("tool_calls") or []
+
+
+@dataclass(frozen=True)
+class Outcome:
+    choices: list[Choice]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    prompt: Prompt
+    created_s: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(choice.token_ids) for choice in self.choices)
+
+
+class CallRunner:
+    """Runs calls for every API against one pool, store, renderer and session registry."""
+
+    def __init__(self, *, pool, store: TreeStore, renderer: Renderer, sessions: SessionRegistry,
+                 metrics, context_length: int, default_max_tokens: int, tool_parser: str):
+        self.pool, self.store, self.renderer, self.sessions = pool, store, renderer, sessions
+        self.metrics = metrics
+        self.context_length = context_length
+        self.default_max_tokens = default_max_tokens
+        self.tool_parser = tool_parser
+        create_parser(tool_parser)
+
+    def prompt(self, session: Session, request: CallRequest) -> Prompt:
+        if request.prompt_ids is not None:
+            return Prompt(list(request.prompt_ids), None, None, 0, (), "")
+        tree = self.store.tree(session.group)
+        prompt = build_prompt(self.renderer, request.messages, request.tools, session.heads,
+                              tree.path_token_ids)
+        self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
+        if prompt.branch:
+            self.metrics.branches.inc(reason=prompt.branch)
+        return prompt
+
+    def max_new_tokens(self, prompt: Prompt, sampling: Sampling) -> int:
+        num_prompt = len(prompt.token_ids)
+        room = self.context_length - num_prompt
+        wanted = sampling.max_new_tokens
+        if room <= 0 or (wanted is not None and wanted > room):
+            raise ContextTooLong(
+                f"This model's maximum context length is {self.context_length} tokens. However, "
+                f"you requested {num_prompt + (wanted or 0)} tokens ({num_prompt} in the "
+                f"messages, {wanted or 0} in the completion). Please reduce the length of the "
+                "messages or completion.", param="messages")
+        return min(wanted if wanted is not None else self.default_max_tokens, room)
+
+    async def stream(self, session: Session, request: CallRequest
+                     ) -> AsyncIterator[Delta | Outcome]:
+        """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
+        if request.is_retry and request.fingerprint in session.replies:
+            for item in session.replies[request.fingerprint]:
+                yield item
+            return
+        self._check_prompt_ids(request)
+        prompt = self.prompt(session, request)
+        max_new_tokens = self.max_new_tokens(prompt, request.sampling)
+        started_s = time.time()
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._run_choice(session, request, prompt, index,
+                                                      max_new_tokens, queue))
+                 for index in range(request.n)]
+        replay: list[Delta | Outcome] = []
+        results: list[dict] = []
+        try:
+            while len(results) < request.n:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, dict):
+                    results.append(item)
+                    continue
+                replay.append(item)
+                yield item
+            outcome = await self._record(session, request, prompt, results, started_s)
+        finally:
+            for task in tasks:
+                task.cancel()
+        replay.append(outcome)
+        if request.fingerprint:
+            session.remember_reply(request.fingerprint, replay)
+        yield outcome
+
+    def _check_prompt_ids(self, request: CallRequest) -> None:
+        if request.prompt_ids is None:
+            return
+        vocab_size = self.renderer.tokenizer.get_vocab_size(with_added_tokens=True)
+        if not request.prompt_ids or not all(
+                isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
+            raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
+                             f"[0, {vocab_size})", param="prompt")
+
+    async def _run_choice(self, session: Session, request: CallRequest, prompt: Prompt,
+                          index: int, max_new_tokens: int, queue: asyncio.Queue) -> None:
+        """Samples one choice; its deltas, then its result (or its error) go to `queue`."""
+        try:
+            result = await self._sample(session, request, prompt, index,
+                                        f"call-{secrets.token_hex(8)}", max_new_tokens, queue)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            queue.put_nowait(_translate_pool_error(error))
+        else:
+            queue.put_nowait(result)
+
+    async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
+                      call_id: str, max_new_tokens: int, queue: asyncio.Queue) -> dict:
+        parser = create_parser(self.tool_parser, parse_tools=request.parse_tools
+                               and bool(request.tools)) if request.messages is not None else None
+        detokenizer = Detokenizer(self.renderer)
+        token_ids, logprobs, versions = [], [], []
+        finish_reason, cached, first_token_s = None, 0, None
+        params = request.sampling.to_engine(max_new_tokens, index)
+        async for chunk in self.pool.generate(session.session_id, prompt.token_ids, params,
+                                              call_id):
+            first_token_s = first_token_s or time.time()
+            token_ids += chunk.token_ids
+            logprobs += chunk.logprobs
+            versions += chunk.weight_versions
+            finish_reason = chunk.finish_reason or finish_reason
+            cached = max(cached, chunk.cached_tokens)
+            text = detokenizer.push(chunk.token_ids)
+            events = (parser.feed(text) if parser else [Content(text)]) if text else []
+            queue.put_nowait(Delta(index, call_id, events, list(chunk.token_ids),
+                                  list(chunk.logprobs)))
+        text = detokenizer.flush()
+        events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
+        events += parser.finish() if parser else []
+        queue.put_nowait(Delta(index, call_id, events, [], []))
+        return {"index": index, "call_id": call_id, "token_ids": token_ids,
+                "logprobs": logprobs, "weight_versions": versions, "text": detokenizer.text,
+                "finish_reason": finish_reason or {"type": "stop", "matched": None},
+                "cached_tokens": cached, "first_token_s": first_token_s,
+                "sampling": params}
+
+    async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
+                      results: list[dict], started_s: float) -> Outcome:
+        tree = self.store.tree(session.group)
+        futures, choices = [], []
+        for result in sorted(results, key=lambda item: item["index"]):
+            branch = prompt.branch if result["index"] == 0 else "sample"
+            meta = {"api": request.api, "model": request.model,
+                    "finish_reason": result["finish_reason"], "sampling": result["sampling"],
+                    "cached_tokens": result["cached_tokens"], "extends": prompt.extends,
+                    "token_truth": prompt.token_truth,
+                    "timings": {"start_s": started_s, "first_token_s": result["first_token_s"],
+                                "end_s": time.time()}}
+            record = tree.add_call(result["call_id"], session.session_id, prompt.token_ids,
+                                   result["token_ids"], result["logprobs"],
+                                   result["weight_versions"], branch=branch, meta=meta,
+                                   extends_leaf=prompt.extends_leaf)
+            futures.append(self.store.submit(session.group, record.to_json()))
+            choice = self._choice(result, request)
+            choices.append(choice)
+            if request.messages is not None:
+                session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
+                                      choice.message, tree.calls[-1].leaf,
+                                      len(prompt.token_ids),
+                                      self.renderer.closing_text(choice.token_ids)),
+                                 self.sessions.num_heads)
+        session.num_calls += 1
+        await asyncio.gather(*futures)
+        self.metrics.prompt_tokens.inc(len(prompt.token_ids), api=request.api)
+        self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
+                                           api=request.api)
+        first = [r["first_token_s"] for r in results if r["first_token_s"]]
+        if first:
+            self.metrics.time_to_first_token_s.observe(min(first) - started_s, api=request.api)
+        return Outcome(choices, len(prompt.token_ids),
+                       max(result["cached_tokens"] for result in results), prompt)
+
+    def _choice(self, result: dict, request: CallRequest) -> Choice:
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if request.messages is not None:
+            parser = create_parser(self.tool_parser, parse_tools=request.parse_tools
+                                   and bool(request.tools))
+            events = parser.feed(result["text"]) + parser.finish()
+            content = "".join(e.text for e in events if isinstance(e, Content))
+            reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+            calls = [e for e in events if isinstance(e, ToolCall)]
+            message["content"] = content if content or not calls else None
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = [
+                    {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments_json}}
+                    for call in calls]
+        return Choice(result["index"], result["call_id"], message, result["text"],
+                      result["token_ids"], result["logprobs"], result["weight_versions"],
+                      result["finish_reason"])
+
+
+def _translate_pool_error(error: BaseException) -> BaseException:
+    """Pool errors as gateway errors (429 with Retry-After, 503); others unchanged."""
+    name = type(error).__name__
+    if name == "EngineRejected":
+        return BadRequest(f"the engine refused the request: {error}")
+    if name == "PoolBusy":
+        return Busy(str(error) or "all engines are at their admission limit; retry later",
+                    retry_after_s=float(getattr(error, "retry_after_s", 1.0)))
+    if name == "PoolUnavailable":
+        return Unavailable(str(error) or "no engine is available; retry later")
+    return error

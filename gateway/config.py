@@ -1,0 +1,46 @@
+"""The gateway's configuration: one frozen dataclass, built by the command line
+(`undertow gateway serve`) or by tests, and validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway process needs. `admin_token` guards `/admin/...`;
+    an empty token refuses every admin call (the CLI reads it from the environment).
+
+    `context_length` of 0 means: take the model directory's limit.
+    `keepalive_s` is the longest silence on a streaming reply before a keep-alive.
+    """
+
+    model_dir: Path
+    store_dir: Path
+    engine_urls: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 0
+    admin_token: str = ""
+    model_name: str = "undertow"
+    tool_parser: str = "undertow"
+    max_body_bytes: int = 32 * 2**20
+    context_length: int = 0
+    default_max_tokens: int = 4096
+    max_n: int = 16
+    keepalive_s: float = 10.0
+    num_heads_per_session: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes={self.max_body_bytes} must be positive")
+        if self.context_length < 0:
+            raise ValueError(f"context_length={self.context_length} must be >= 0 (0 = model's)")
+        if self.keepalive_s <= 0:
+            raise ValueError(f"keepalive_s={self.keepalive_s} must be positive")
+        if not 1 <= self.max_n <= 128:
+            raise ValueError(f"max_n={self.max_n} must be in 1..128")
+        if self.num_heads_per_session < 1:
+            raise ValueError(f"num_heads_per_session={self.num_heads_per_session} must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port} is not a TCP port")

@@ -1,0 +1,216 @@
+"""Chat templates and token IDs: the model directory's template rendered with jinja2,
+text encoded and decoded with `tokenizers` (never `transformers`, which would import
+torch into the gateway).
+
+`Renderer` is loaded once from a Hugging Face model directory (`tokenizer.json`,
+`tokenizer_config.json` with `chat_template`, `generation_config.json`). Token truth,
+which decides when a prompt reuses a session's earlier token IDs, is in
+`tokentruth.py`; this module only renders and codes.
+
+`Detokenizer` turns a growing list of sampled IDs into text deltas without decoding
+the whole completion at every token, and holds back a trailing partial UTF-8
+character until its last byte arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from undertow.gateway.errors import BadRequest
+
+_MARK = "\u2063UNDERTOW_MARK\u2063"
+
+
+class TemplateError(BadRequest):
+    """The messages cannot be rendered by the model's chat template."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"the chat template refused the messages: {message}")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+class Renderer:
+    """The chat template, tokenizer and stop tokens of one model directory.
+
+    Invariant: `encode(decode(ids)) == ids` is NOT assumed anywhere; sampled IDs are
+    only ever reused verbatim (token truth), never recovered from text."""
+
+    def __init__(self, model_dir: Path):
+        model_dir = Path(model_dir)
+        tokenizer_file = model_dir / "tokenizer.json"
+        if not tokenizer_file.exists():
+            raise FileNotFoundError(f"{tokenizer_file} is missing; pass a Hugging Face model "
+                                    "directory (undertow model init --out DIR builds one)")
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = config.get("chat_template")
+        if isinstance(template, list):
+            template = next(item["template"] for item in template if item["name"] == "default")
+        if not template:
+            raise FileNotFoundError(f"{model_dir}/tokenizer_config.json has no chat_template")
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    undefined=jinja2.Undefined)
+        environment.filters["tojson"] = _tojson
+        environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = environment.from_string(template)
+        self._special = {name: config.get(name) for name in ("bos_token", "eos_token")}
+        self.max_length = int(config.get("model_max_length") or 0)
+        self.stop_token_ids = self._read_stop_token_ids(model_dir, config)
+        self.turn_end = self._probe_turn_end()
+        self.suffix_is_local = self._probe_local_suffix()
+
+    def _read_stop_token_ids(self, model_dir: Path, config: dict) -> frozenset[int]:
+        ids: set[int] = set()
+        eos = config.get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        if isinstance(eos, str) and self.tokenizer.token_to_id(eos) is not None:
+            ids.add(self.tokenizer.token_to_id(eos))
+        generation = model_dir / "generation_config.json"
+        if generation.exists():
+            value = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+        return frozenset(ids)
+
+    def _probe_turn_end(self) -> str:
+        """The text the template writes after an assistant message's content (e.g.
+        `<|im_end|>\\n`): what closes a turn whose completion the engine cut."""
+        text = self.render([{"role": "user", "content": "u"},
+                            {"role": "assistant", "content": _MARK}])
+        return text[text.rindex(_MARK) + len(_MARK):]
+
+    def render_suffix(self, messages: Sequence[Mapping], num_history: int,
+                      tools: Sequence[Mapping] | None = None) -> str | None:
+        """The text the template adds after `messages[:num_history]` for the rest and
+        the generation prompt, or None when it rewrites the history's text.
+
+        With a template whose turns render locally (`suffix_is_local`), only a window is
+        rendered: the first message when it is a system message, the turn before the
+        history's last, that last turn, and the new messages. So the cost of a call
+        follows its new messages, not its history."""
+        start = 0
+        if self.suffix_is_local:
+            start = max(0, num_history - 2)
+        if start > 0 and messages[0].get("role") == "system":
+            window = [messages[0], *messages[max(1, start):]]
+            num_history = num_history - max(1, start) + 1
+        else:
+            window = list(messages[start:])
+            num_history -= start
+        history = self.render(window[:num_history], tools)
+        full = self.render(window, tools, add_generation_prompt=True)
+        return full[len(history):] if full.startswith(history) else None
+
+    def _probe_local_suffix(self) -> bool:
+        """Whether rendering a window gives the same suffix as rendering everything, on
+        conversations that exercise what templates look back at (system prompts, tools,
+        tool results after tool calls, reasoning, repeated turns). Templates that look
+        further back (e.g. at the last user turn for reasoning) fail here and are then
+        always rendered in full: slower, never wrong."""
+        call = {"id": "c", "type": "function",
+                "function": {"name": "f", "arguments": '{"x": 1}'}}
+        turns = [{"role": "user", "content": "u1"},
+                 {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+                 {"role": "user", "content": "u2"},
+                 {"role": "assistant", "content": "", "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "c", "content": "t1"},
+                 {"role": "tool", "tool_call_id": "c", "content": "t2"},
+                 {"role": "assistant", "content": "a2", "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "c", "content": "t3"},
+                 {"role": "assistant", "content": "a3"},
+                 {"role": "user", "content": "u3"},
+                 {"role": "assistant", "content": "a4"},
+                 {"role": "user", "content": "u4"}]
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        self.suffix_is_local = False
+        try:
+            for messages in (turns, [{"role": "system", "content": "s"}, *turns]):
+                for tool_list in (None, tools):
+                    for num_history, message in enumerate(messages, start=1):
+                        if message["role"] != "assistant":
+                            continue
+                        everything = self.render_suffix(messages, num_history, tool_list)
+                        self.suffix_is_local = True
+                        window = self.render_suffix(messages, num_history, tool_list)
+                        self.suffix_is_local = False
+                        if window != everything:
+                            return False
+        except TemplateError:
+            return False
+        return True
+
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
+               add_generation_prompt: bool = False) -> str:
+        try:
+            return self._template.render(messages=list(messages),
+                                         tools=list(tools) if tools else None,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **self._special)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as error:
+            raise TemplateError(f"the chat template failed on these messages: {error}") from error
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        return self.tokenizer.id_to_token(token_id) or ""
+
+    def closing_text(self, completion_ids: Sequence[int]) -> str:
+        """Text to append after a completion to close the assistant turn: the turn end,
+        less the part its last sampled token already wrote (e.g. a sampled `<|im_end|>`)."""
+        if completion_ids and completion_ids[-1] in self.stop_token_ids:
+            last = self.decode([completion_ids[-1]], skip_special_tokens=False)
+            if last and self.turn_end.startswith(last):
+                return self.turn_end[len(last):]
+        return self.turn_end
+
+
+class Detokenizer:
+    """Incremental decoding of one completion. `push(ids)` returns the new text.
+
+    Only a window of recent IDs is decoded at each step (vLLM's scheme), so the cost
+    per token does not grow with the completion's length."""
+
+    def __init__(self, renderer: Renderer):
+        self._renderer = renderer
+        self.token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        self.token_ids.extend(token_ids)
+        decode = self._renderer.decode
+        prefix_text = decode(self.token_ids[self._prefix_offset:self._read_offset])
+        window_text = decode(self.token_ids[self._prefix_offset:])
+        if len(window_text) <= len(prefix_text) or window_text.endswith("\ufffd"):
+            return ""
+        delta = window_text[len(prefix_text):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Whatever was held back (a trailing partial character), at the end."""
+        full = self._renderer.decode(self.token_ids)
+        delta = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text += delta
+        return delta

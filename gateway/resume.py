@@ -1,0 +1,95 @@
+"""Token-truth state across restarts: what each chat call stores of its `Head`, and how
+replaying the store rebuilds every session's heads.
+
+A head needs the request's canonical message keys, its tools key, the assistant
+message the gateway returned, its tree leaf, its prompt length and its closing text.
+Only the first two are not in the tree already, and they are stored as a delta, the
+way the tree stores tokens: a call's record carries `meta["head"]` =
+`{"base": call ID of the head it extended or null, "keys": the message keys after
+that head's, "tools": tools key, "parse_tools": bool}` (tens of bytes per call, not
+the history). The rest is derived on replay from the call's tokens: the leaf and the
+prompt length from the tree, the closing text and the assistant message (re-parsed
+from the completion's text exactly as `CallRunner` parsed it, tool-call IDs aside,
+which token truth ignores) from the completion IDs.
+
+So after a restart, a session's next call extends its last call by token truth, as
+if the gateway had never stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from undertow.gateway.render import Renderer
+from undertow.gateway.sessions import SessionRegistry
+from undertow.gateway.tokentruth import Head, Prompt
+from undertow.gateway.toolparsers import Content, Reasoning, ToolCall, create_parser
+from undertow.gateway.tree import Tree
+
+
+def assistant_message(text: str, tool_parser: str, parse_tools: bool,
+                      tool_call_id) -> dict[str, Any]:
+    """The assistant message (internal chat form) of a completion's text.
+    `tool_call_id()` names each tool call."""
+    parser = create_parser(tool_parser, parse_tools=parse_tools)
+    events = parser.feed(text) + parser.finish()
+    content = "".join(e.text for e in events if isinstance(e, Content))
+    reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"id": tool_call_id(), "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments_json}}
+            for call in calls]
+    return message
+
+
+def head_record(prompt: Prompt, heads: list[Head], parse_tools: bool) -> dict[str, Any]:
+    """What a call stores of its head: its message keys as a delta from the head it
+    extended (all of them when that head is gone or there is none)."""
+    base = next((head for head in reversed(heads) if head.call_id == prompt.extends), None)
+    keys = prompt.message_keys
+    if base is not None and keys[:len(base.message_keys)] == base.message_keys:
+        return {"base": base.call_id, "keys": list(keys[len(base.message_keys):]),
+                "tools": prompt.tools_key, "parse_tools": parse_tools}
+    return {"base": None, "keys": list(keys), "tools": prompt.tools_key,
+            "parse_tools": parse_tools}
+
+
+class HeadReplay:
+    """Rebuilds heads from replayed call events, in store order. Keeps every replayed
+    call's message keys until `finish` (a later call may extend any earlier one)."""
+
+    def __init__(self, renderer: Renderer, sessions: SessionRegistry, tool_parser: str):
+        self.renderer, self.sessions, self.tool_parser = renderer, sessions, tool_parser
+        self._keys: dict[str, tuple[str, ...]] = {}
+
+    def apply(self, event: dict[str, Any], tree: Tree) -> None:
+        """`event` is a call record just applied to `tree` (so its call is the last)."""
+        stored = (event.get("meta") or {}).get("head")
+        session = self.sessions.find(event["session_id"])
+        if stored is None or session is None:
+            return
+        base_keys = self._keys.get(stored["base"], ()) if stored["base"] else ()
+        if stored["base"] and stored["base"] not in self._keys:
+            return
+        keys = base_keys + tuple(stored["keys"])
+        self._keys[event["call_id"]] = keys
+        call = tree.calls[-1]
+        token_ids = tree.path_token_ids(call.leaf)
+        completion_ids = token_ids[len(token_ids) - call.num_completion_tokens:]
+        text = self.renderer.decode(completion_ids)
+        message = assistant_message(text, self.tool_parser, stored["parse_tools"],
+                                    lambda: "call_restored")
+        session.add_head(Head(event["call_id"], keys, stored["tools"], message, call.leaf,
+                              len(token_ids) - len(completion_ids),
+                              self.renderer.closing_text(completion_ids)),
+                         self.sessions.num_heads)
+        session.num_calls += 1
+
+    def finish(self) -> None:
+        self._keys.clear()

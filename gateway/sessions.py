@@ -1,0 +1,134 @@
+"""Sessions: one scaffold run on one task, as the gateway knows it.
+
+A session has an ID, a secret key (only its SHA-256 is kept and stored), its task
+group, its token-truth heads (`tokentruth.Head`, newest last, at most
+`num_heads` kept) and its recent replies by request fingerprint (so that an SDK's
+retry of a reply it never received is answered again, not recorded twice).
+
+Heads and replies live in memory only: after a restart a session's next call is
+rendered in full (the tree still shares its prefix) and token truth resumes from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from undertow.gateway.errors import BadRequest, NotFound, Unauthorized
+from undertow.gateway.tokentruth import Head
+
+NUM_REMEMBERED_REPLIES = 4
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Session:
+    """Invariant: `key_sha256` never changes; `closed` sessions refuse new calls."""
+
+    session_id: str
+    group: str
+    key_sha256: str
+    created_s: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    heads: list[Head] = field(default_factory=list)
+    replies: OrderedDict[str, Any] = field(default_factory=OrderedDict)
+    closed: bool = False
+    reward: float | None = None
+    num_calls: int = 0
+
+    def add_head(self, head: Head, num_heads: int) -> None:
+        self.heads.append(head)
+        del self.heads[:-num_heads]
+
+    def remember_reply(self, fingerprint: str, reply: Any) -> None:
+        self.replies[fingerprint] = reply
+        while len(self.replies) > NUM_REMEMBERED_REPLIES:
+            self.replies.popitem(last=False)
+
+    def summary(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "group": self.group, "closed": self.closed,
+                "reward": self.reward, "num_calls": self.num_calls, "meta": self.meta,
+                "created_s": self.created_s}
+
+
+class SessionRegistry:
+    """Sessions by ID and by key hash."""
+
+    def __init__(self, num_heads: int = 16):
+        self.num_heads = num_heads
+        self._by_id: dict[str, Session] = {}
+        self._by_key: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    @property
+    def num_open(self) -> int:
+        return sum(not session.closed for session in self._by_id.values())
+
+    def create(self, group: str, session_id: str | None = None,
+               meta: dict[str, Any] | None = None) -> tuple[Session, str]:
+        """A new session and its key (returned once, never stored)."""
+        session_id = session_id or f"s-{secrets.token_hex(8)}"
+        if not isinstance(session_id, str) or not session_id.replace("-", "").replace(
+                "_", "").isalnum() or len(session_id) > 128:
+            raise BadRequest(f"session_id {session_id!r} must be 1-128 letters, digits, '-' "
+                             "or '_'", param="session_id")
+        if session_id in self._by_id:
+            raise BadRequest(f"session {session_id} exists; pick another ID or omit it",
+                             param="session_id")
+        key = f"sk-undertow-{secrets.token_urlsafe(24)}"
+        session = Session(session_id, group, hash_key(key), time.time(), dict(meta or {}))
+        self.add(session)
+        return session, key
+
+    def add(self, session: Session) -> None:
+        self._by_id[session.session_id] = session
+        self._by_key[session.key_sha256] = session
+
+    def restore(self, event: dict[str, Any]) -> None:
+        """Applies a stored session event (on replay)."""
+        if event["kind"] == "session_open":
+            self.add(Session(event["session_id"], event["group"], event["key_sha256"],
+                             event.get("created_s", 0.0), dict(event.get("meta") or {})))
+        elif event["kind"] == "session_close" and event["session_id"] in self._by_id:
+            session = self._by_id[event["session_id"]]
+            session.closed, session.reward = True, event["reward"]
+
+    def get(self, session_id: str) -> Session:
+        session = self._by_id.get(session_id)
+        if session is None:
+            raise NotFound(f"session {session_id} does not exist; open one through the admin "
+                           "API (POST /admin/sessions)")
+        return session
+
+    def authenticate(self, session_id: str | None, key: str | None) -> Session:
+        """The session a request reaches: by path ID (and then its key must match) or
+        by key alone. Any mismatch is the same 401, so keys cannot be probed."""
+        if not key:
+            raise Unauthorized("no API key: send the session key as 'Authorization: Bearer "
+                               "KEY' or 'x-api-key: KEY'")
+        session = self._by_key.get(hash_key(key))
+        if session is None or (session_id is not None and session.session_id != session_id):
+            raise Unauthorized("invalid API key for this session: use the key returned when "
+                               "the session was opened")
+        if session.closed:
+            raise Unauthorized(f"session {session.session_id} is closed; open a new session")
+        return session
+
+    def sessions(self, group: str | None = None) -> list[Session]:
+        return [session for session in self._by_id.values()
+                if group is None or session.group == group]
+
+    @staticmethod
+    def open_event(session: Session) -> dict[str, Any]:
+        return {"kind": "session_open", "session_id": session.session_id,
+                "group": session.group, "key_sha256": session.key_sha256,
+                "created_s": session.created_s, "meta": session.meta}

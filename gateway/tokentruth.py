@@ -1,0 +1,175 @@
+"""Token truth: the prompt token IDs of a call, reusing a session's earlier IDs verbatim.
+
+A session remembers a few `Head`s: for each recent call, the messages it was sent,
+the assistant message the gateway returned, and the tree leaf that ends its prompt
+and completion IDs. When a new request's messages are one head's messages, then that
+head's assistant message, then new messages, the prompt is
+
+    head's prompt + completion IDs (verbatim) + encode(closing text + rendered suffix)
+
+where the closing text ends the assistant turn the way the template would (e.g.
+`<|im_end|>\\n`, minus a sampled `<|im_end|>`), and the rendered suffix is the text the
+template adds for the new messages (it must extend the rendered history, which holds
+for templates that never rewrite earlier turns; otherwise we render in full). The
+history is never re-tokenized, so no retokenization drift can reach training.
+
+Messages are compared in a canonical form, not as text, so that scaffolds that
+re-send history with re-serialized tool arguments, dropped tool-call IDs, dropped
+reasoning or whitespace-stripped content still extend their session.
+
+Otherwise the prompt is rendered in full and labelled with why the session branched:
+`retry` (the same messages again), `rewrite` (earlier history changed, e.g. context
+condensation), `subagent` (a conversation that shares no first message with the
+session's earlier ones, or that continues an older parallel conversation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from undertow.gateway.render import Renderer
+
+RETRY, REWRITE, SUBAGENT = "retry", "rewrite", "subagent"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A conversation state a session may extend: the request's canonical message keys,
+    its tools' key, the returned assistant message (internal chat form), and the
+    tree leaf ending that call's prompt + completion (its IDs are read from the tree)."""
+
+    call_id: str
+    message_keys: tuple[str, ...]
+    tools_key: str
+    assistant: dict
+    leaf: int
+    num_prompt_tokens: int
+    closing_text: str
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The token IDs to send, where they came from and the branch they start (if any).
+    `extends_leaf` is the tree leaf whose path is exactly the first `num_reused_tokens`."""
+
+    token_ids: list[int]
+    branch: str | None
+    extends: str | None
+    num_reused_tokens: int
+    message_keys: tuple[str, ...]
+    tools_key: str
+    extends_leaf: int | None = None
+
+    @property
+    def token_truth(self) -> bool:
+        return self.extends is not None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, dict) else str(part)
+                       for part in content)
+    return str(content)
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value.strip()
+    return value
+
+
+def _tool_calls(message: dict) -> list:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        calls.append([function.get("name"), _arguments(function.get("arguments"))])
+    return calls
+
+
+def message_key(message: dict) -> str:
+    """The canonical form of a message, as a short digest: role, stripped text, tool
+    calls as (name, parsed arguments), reasoning; IDs of tool calls are left out.
+    Digests keep comparing (and storing) a long history cheap."""
+    digest = hashlib.blake2b(digest_size=8)
+    calls = _tool_calls(message) if message.get("tool_calls") else None
+    for part in (str(message.get("role")), _text(message.get("content")).strip(),
+                 json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else "",
+                 _text(message.get("reasoning_content")).strip()):
+        data = part.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def tools_key(tools: Sequence[dict] | None) -> str:
+    return _digest(json.dumps(list(tools or []), sort_keys=True, ensure_ascii=False))
+
+
+def same_assistant(sent: dict, returned: dict) -> bool:
+    """Whether a message the scaffold sends back is the assistant message we returned.
+    A scaffold may drop the reasoning we returned; it may not change anything else."""
+    if sent.get("role") != "assistant":
+        return False
+    if _text(sent.get("content")).strip() != _text(returned.get("content")).strip():
+        return False
+    if _tool_calls(sent) != _tool_calls(returned):
+        return False
+    reasoning = _text(sent.get("reasoning_content")).strip()
+    return not reasoning or reasoning == _text(returned.get("reasoning_content")).strip()
+
+
+def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
+                 heads: Sequence[Head], path_token_ids: Callable[[int], list[int]]) -> Prompt:
+    """The prompt for `messages`, by token truth from the newest head it extends,
+    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree."""
+    keys = tuple(message_key(message) for message in messages)
+    tkey = tools_key(tools)
+    for position, head in enumerate(reversed(heads)):
+        num_head = len(head.message_keys)
+        if (tkey != head.tools_key or len(keys) <= num_head + 1
+                or keys[:num_head] != head.message_keys
+                or not same_assistant(messages[num_head], head.assistant)):
+            continue
+        suffix = renderer.render_suffix(messages, num_head + 1, tools)
+        if suffix is None:
+            break
+        reused = path_token_ids(head.leaf)
+        token_ids = reused + renderer.encode(head.closing_text + suffix)
+        branch = None if position == 0 else _older_head_reason(head, heads[-1])
+        return Prompt(token_ids, branch, head.call_id, len(reused), keys, tkey, head.leaf)
+    for head in reversed(heads):
+        if head.message_keys == keys and head.tools_key == tkey:
+            reused = path_token_ids(head.leaf)[:head.num_prompt_tokens]
+            return Prompt(reused, RETRY, head.call_id, len(reused), keys, tkey)
+    token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
+    return Prompt(token_ids, _full_render_reason(keys, heads), None, 0, keys, tkey)
+
+
+def _older_head_reason(head: Head, newest: Head) -> str:
+    """Continuing an older conversation: a rewrite if the newest one grew out of it,
+    otherwise a parallel (sub-agent) conversation."""
+    grew_from = newest.message_keys[:len(head.message_keys)] == head.message_keys
+    return REWRITE if grew_from else SUBAGENT
+
+
+def _full_render_reason(keys: tuple[str, ...], heads: Sequence[Head]) -> str | None:
+    if not heads:
+        return None
+    if keys and all(not head.message_keys or head.message_keys[0] != keys[0] for head in heads):
+        return SUBAGENT
+    return REWRITE

@@ -1,0 +1,116 @@
+"""The learner's configuration sections: one frozen dataclass per section of the run config.
+
+A run config (`undertow train -c CONFIG`) has, for the learner, the sections `learner`
+(`TrainConfig`: the loop, optimiser, checkpoints), `loss` (`losses.LossConfig`),
+`advantages` (`advantages.AdvantageConfig`) and, for `undertow sft`, `sft`
+(`SFTConfig`). `undertow/config.py`'s `build_section` builds each from its own
+section; every bad value is a `ValueError` that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+def _check_positive(owner: str, **values: float) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{owner}.{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop (`train.py`).
+
+    Steps and groups: step k (1-based) trains `groups_per_step` finished groups of
+    `group_size` sessions each and publishes weight version k (version 0 is the
+    initial model). Staleness: a group is launched only while the newest published
+    version is at least (the step it is for) - `max_staleness`, so with 0 the loop
+    is synchronous and with 1 rollouts for step k+1 run while step k trains. A group
+    whose oldest sampled token is more than `max_staleness` versions older than the
+    weights it would train is dropped and replaced when `drop_stale`, else trained.
+
+    `max_tokens` bounds a packed micro-batch. Checkpoints are written every
+    `checkpoint_every` steps and after the last one; the last `keep_checkpoints`
+    are kept (the weights of every step are written anyway, to push them).
+    """
+
+    num_steps: int = 2
+    groups_per_step: int = 1
+    group_size: int = 2
+    max_staleness: int = 1
+    drop_stale: bool = True
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    max_tokens: int = 8192
+    seed: int = 0
+    dtype: str = "float32"
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    push_mode: str = "drain"
+    group_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        owner = "learner"
+        for name in ("num_steps", "groups_per_step", "group_size", "max_tokens",
+                     "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{owner}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0:
+            raise ValueError(f"{owner}.max_staleness must be >= 0, got {self.max_staleness}")
+        _check_positive(owner, lr=self.lr, adam_eps=self.adam_eps,
+                        max_grad_norm=self.max_grad_norm, group_timeout_s=self.group_timeout_s)
+        if self.weight_decay < 0:
+            raise ValueError(f"{owner}.weight_decay must be >= 0, got {self.weight_decay}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"{owner}.beta1 and beta2 must be in [0, 1), got "
+                             f"{self.beta1}, {self.beta2}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.push_mode not in ("drain", "abort_resume"):
+            raise ValueError(f"{owner}.push_mode must be 'drain' or 'abort_resume', "
+                             f"got {self.push_mode!r}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """`undertow sft`: cross-entropy on the trainable tokens of stored trees.
+
+    Each epoch visits every group once, `groups_per_step` groups per optimiser step,
+    in an order shuffled from `seed`; the loss is the mean over the step's trainable
+    tokens (token mean), so long trajectories weigh by their tokens.
+    """
+
+    num_epochs: int = 1
+    groups_per_step: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_tokens: int = 8192
+    seed: int = 0
+    dtype: str = "float32"
+    min_reward: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_epochs", "groups_per_step", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        _check_positive("sft", lr=self.lr, max_grad_norm=self.max_grad_norm)
+        if self.weight_decay < 0:
+            raise ValueError(f"sft.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"sft.dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+def torch_dtype(name: str):
+    """The torch dtype named by a config's `dtype`."""
+    import torch
+
+    return {"float32": torch.float32, "float64": torch.float64,
+            "bfloat16": torch.bfloat16}[name]

@@ -1,0 +1,93 @@
+"""The learner's side of the gateway: its admin API over HTTP, synchronous (stdlib only).
+
+The learner never imports gateway internals; it reads finished group trees
+(`GET /admin/groups/{group}/tree`) and publishes new weights
+(`POST /admin/update_weights {model_path, weight_version, mode}`: the pool pauses,
+every engine loads the directory with `update_weights_from_disk`, the pool resumes).
+`EngineWeightSink` pushes straight to engines (SGLang's `POST /update_weights_from_disk`)
+where no gateway pool stands in between.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from undertow.gateway.tree import Tree
+from undertow.learner.errors import LearnerError
+from undertow.learner.trees import tree_from_json
+
+
+class GatewayLinkError(LearnerError):
+    """The gateway's admin API refused or failed a request."""
+
+
+class GatewayAdmin:
+    """Admin calls to one gateway at `url` with the admin `token`."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 600.0,
+                 push_mode: str = "drain"):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self.push_mode = push_mode
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+        return _request(self.url, method, path, body, self.timeout_s,
+                        {"Authorization": f"Bearer {self.token}"})
+
+    def group_tree(self, group: str) -> Tree:
+        return tree_from_json(self.request("GET", f"/admin/groups/{group}/tree"))
+
+    def update_weights(self, model_dir: Path, weight_version: int, mode: str = "drain"
+                       ) -> dict[str, Any]:
+        """Pushes `model_dir` to every engine as `weight_version`; raises when any failed."""
+        result = self.request("POST", "/admin/update_weights",
+                              {"model_path": str(Path(model_dir).resolve()),
+                               "weight_version": int(weight_version), "mode": mode})
+        if result.get("failed"):
+            raise GatewayLinkError(f"engines failed to load {model_dir}: {result['failed']}")
+        return result
+
+    def push(self, model_dir: Path, weight_version: int) -> None:
+        """`WeightSink` of the training loop: through the gateway's pool."""
+        self.update_weights(model_dir, weight_version, self.push_mode)
+
+
+class EngineWeightSink:
+    """`WeightSink` straight to engines (no gateway): `update_weights_from_disk` on each."""
+
+    def __init__(self, engine_urls: list[str], timeout_s: float = 600.0):
+        self.engine_urls = [url.rstrip("/") for url in engine_urls]
+        self.timeout_s = timeout_s
+
+    def push(self, model_dir: Path, weight_version: int) -> None:
+        for url in self.engine_urls:
+            result = _request(url, "POST", "/update_weights_from_disk",
+                              {"model_path": str(Path(model_dir).resolve()),
+                               "weight_version": str(weight_version)}, self.timeout_s)
+            if not result.get("success"):
+                raise GatewayLinkError(f"engine {url} did not load {model_dir}: "
+                                       f"{result.get('message')}")
+
+
+def _request(base_url: str, method: str, path: str, body: dict[str, Any] | None,
+             timeout_s: float, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")[:500]
+        raise GatewayLinkError(f"{method} {base_url}{path} answered {error.code}: "
+                               f"{detail}") from None
+    except urllib.error.URLError as error:
+        raise GatewayLinkError(f"{method} {base_url}{path}: not reachable ({error.reason}); "
+                               "is the server running?") from None

@@ -1,0 +1,72 @@
+"""Per-step metrics of a training run, one JSON object per line in `RUN/metrics.jsonl`.
+
+A line holds the step, its weight version and the fields of `STEP_FIELDS` (absent
+ones are omitted): reward and pass rate of the groups trained, the loss and its
+parts (`kl`: mean k3 estimate of KL(behaviour || policy) over the trained tokens, i.e.
+how far the weights trained have moved from those that sampled; `kl_ref`: to the
+reference model, when the loss has a KL term; `entropy`: mean policy entropy at the
+trained tokens; `clip_fraction`), token counts (unique tokens packed once versus
+the tokens a per-call log holds, and their ratio), staleness, and the step's wall
+time split into rollout (waiting for groups), train and sync (saving and pushing
+weights). `undertow plot RUN` draws them (`plot.py`). Lines are flushed and
+fsync'ed as they are written, so a crash loses at most the step in progress; after
+a resume the log goes on from the checkpoint's step (lines past it, written by the
+interrupted run after its last checkpoint, are cut first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+STEP_FIELDS = (
+    "reward_mean", "pass_rate", "loss", "kl", "kl_ref", "entropy", "clip_fraction", "grad_norm",
+    "num_groups", "num_sessions", "num_dropped_groups", "num_trained_tokens",
+    "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",
+    "staleness_max", "rollout_s", "train_s", "sync_s", "step_s",
+)
+
+
+class MetricsLog:
+    """Appends step records to `RUN/metrics.jsonl`."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def truncate_after(self, step: int) -> None:
+        """Drops records of steps after `step` (written after the checkpoint resumed from)."""
+        kept = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+
+    def append(self, step: int, weight_version: int, values: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(values) - set(STEP_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; add them to STEP_FIELDS")
+        record = {"step": step, "weight_version": weight_version,
+                  **{k: values[k] for k in STEP_FIELDS if values.get(k) is not None}}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return record
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run, in order; a torn last line is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,247 @@
+"""The local backend of the cell pool: carries out the policy's decisions on this machine.
+
+A CPU cell is one slot that, at any time, either serves one engine (rollout) or runs one
+member of the elastic learner (training, `learner/elastic.py`). `LocalPool` keeps the
+cells' roles with the transition table of `cell.py` and, for each decision of the policy
+(`policy.py`, the same code the simulator runs), drives two small interfaces:
+
+- `EngineSlots`, the rollout side: `drain(cell_id)` stops new calls to the cell's engine,
+  hands its sessions to other engines and stops it; `serve(cell_id, weight_version)`
+  starts it again with the newest weights. The gateway provides this in `undertow train`.
+- `MemberSlots`, the training side: `start(cell_id)` starts the cell's learner member,
+  `join(cell_id, step)` sends it into an elastic step (it waits there until the learner
+  opens the step through its `elastic.Coordinator`), `stop(cell_id)` ends it once it has
+  finished its step. `ProcessMembers` runs each member in its own spawned process (a
+  cell as a process); `ThreadMembers` runs them as threads of this process (a cell as a
+  thread, cheap enough for tests and tiny models).
+
+Carrying out a decision:
+    MoveToTraining(c)  rollout -> switching: drain c's engine; switching -> training:
+                       start c's member and, if a step is open, send it in (it joins
+                       between micro-steps).
+    MoveToRollout(c)   training -> switching: stop c's member; switching -> rollout:
+                       serve the newest weights on c.
+    StartTraining(s)   the step is open: every training cell joins s now, later
+                       arrivals join on arrival.
+    DispatchBatch(s)   handed to the caller's `dispatch` callback (the rollout runner).
+`step_published(s)` closes the step and advances the weight version.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from undertow.learner.pool.cell import Cell, Role, change_role, finish_switch
+from undertow.learner.pool.errors import PoolError
+from undertow.learner.pool.state import (
+    BatchProgress,
+    Decision,
+    DispatchBatch,
+    MoveToRollout,
+    MoveToTraining,
+    PoolState,
+    StartTraining,
+)
+
+
+class EngineSlots(Protocol):
+    def drain(self, cell_id: int) -> None: ...
+
+    def serve(self, cell_id: int, weight_version: int) -> None: ...
+
+
+class MemberSlots(Protocol):
+    def start(self, cell_id: int) -> None: ...
+
+    def join(self, cell_id: int, step: int) -> None: ...
+
+    def stop(self, cell_id: int) -> None: ...
+
+
+def member_name(cell_id: int) -> str:
+    """The name a cell's member takes on the elastic step's roster."""
+    return f"cell-{cell_id}"
+
+
+class LocalPool:
+    """The cells of this machine and what they are doing.
+
+    Invariants: `cells` follow `cell.TRANSITIONS` only; a cell has a running member
+    exactly while it is in training; `open_step` is the step being trained (None
+    between steps), and every training cell has been sent into it.
+    """
+
+    def __init__(self, cells: list[Cell], engines: EngineSlots, members: MemberSlots,
+                 dispatch: Callable[[int], None] = lambda step: None, weight_version: int = 0):
+        self.cells = {cell.cell_id: cell for cell in cells}
+        self.engines, self.members, self.dispatch = engines, members, dispatch
+        self.weight_version = weight_version
+        self.open_step: int | None = None
+        for cell in cells:
+            if cell.role is not Role.ROLLOUT:
+                raise PoolError(f"cell {cell.cell_id} starts in {cell.role.value}; "
+                                "the local pool starts every cell in rollout")
+
+    def update_sessions(self, num_sessions: dict[int, int]) -> None:
+        """The gateway's count of live sessions on each rollout cell's engine."""
+        for cell_id, num in num_sessions.items():
+            cell = self.cells[cell_id]
+            if cell.role is not Role.ROLLOUT and num:
+                raise PoolError(f"cell {cell_id} is in {cell.role.value}; it holds no sessions")
+            self._set(Cell(cell_id, cell.role, cell.num_session_slots, num, cell.heading))
+
+    def snapshot(self, batches: tuple[BatchProgress, ...], num_steps: int) -> PoolState:
+        """The state the policy reads, with the rollout runner's batch progress."""
+        return PoolState(tuple(self.cells[i] for i in sorted(self.cells)), batches,
+                         self.weight_version, num_steps)
+
+    def carry_out(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            if isinstance(decision, MoveToTraining):
+                self._move_to_training(decision.cell_id)
+            elif isinstance(decision, MoveToRollout):
+                self._move_to_rollout(decision.cell_id)
+            elif isinstance(decision, StartTraining):
+                self._start_training(decision.step)
+            elif isinstance(decision, DispatchBatch):
+                self.dispatch(decision.step)
+            else:
+                raise PoolError(f"unknown decision {decision!r}")
+
+    def step_published(self, step: int) -> None:
+        """The learner published the weights of `step`; its members are free again."""
+        if self.open_step != step:
+            raise PoolError(f"step {step} is not the open step ({self.open_step})")
+        self.open_step, self.weight_version = None, step + 1
+
+    def _move_to_training(self, cell_id: int) -> None:
+        self._set(change_role(self.cells[cell_id], Role.SWITCHING, heading=Role.TRAINING))
+        self.engines.drain(cell_id)
+        self._set(finish_switch(self.cells[cell_id]))
+        self.members.start(cell_id)
+        if self.open_step is not None:
+            self.members.join(cell_id, self.open_step)
+
+    def _move_to_rollout(self, cell_id: int) -> None:
+        self._set(change_role(self.cells[cell_id], Role.SWITCHING, heading=Role.ROLLOUT))
+        self.members.stop(cell_id)
+        self.engines.serve(cell_id, self.weight_version)
+        self._set(finish_switch(self.cells[cell_id]))
+
+    def _start_training(self, step: int) -> None:
+        if self.open_step is not None:
+            raise PoolError(f"step {self.open_step} is still open; cannot start step {step}")
+        self.open_step = step
+        for cell in self.cells.values():
+            if cell.role is Role.TRAINING:
+                self.members.join(cell.cell_id, step)
+
+    def _set(self, cell: Cell) -> None:
+        self.cells[cell.cell_id] = cell
+
+
+class ProcessMembers:
+    """Each cell's member in its own process ("spawn"), fed step numbers by a queue."""
+
+    def __init__(self, address: tuple[str, int], model_dir: str | Path,
+                 timeout_s: float = 300.0, **member_options: Any):
+        import torch.multiprocessing
+
+        self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
+        self.member_options = member_options
+        self.context = torch.multiprocessing.get_context("spawn")
+        self.running: dict[int, tuple[Any, Any]] = {}
+
+    def start(self, cell_id: int) -> None:
+        from undertow.learner.elastic import member_main
+
+        inbox = self.context.Queue()
+        process = self.context.Process(
+            target=member_main, name=member_name(cell_id), daemon=True,
+            args=(self.address, member_name(cell_id), self.model_dir, inbox),
+            kwargs={"timeout_s": self.timeout_s, **self.member_options})
+        process.start()
+        self.running[cell_id] = (process, inbox)
+
+    def join(self, cell_id: int, step: int) -> None:
+        self.running[cell_id][1].put(step)
+
+    def stop(self, cell_id: int) -> None:
+        """Waits for the member to finish its step and exit; kills it after timeout_s."""
+        process, inbox = self.running.pop(cell_id)
+        inbox.put(None)
+        process.join(timeout=self.timeout_s)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=10)
+            raise PoolError(f"the member of cell {cell_id} did not exit within "
+                            f"{self.timeout_s} s and was terminated")
+        if process.exitcode != 0:
+            raise PoolError(f"the member of cell {cell_id} exited with {process.exitcode}; "
+                            "see its output above")
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Ends every member without raising: asks, waits up to `timeout_s`, terminates."""
+        running, self.running = self.running, {}
+        for _process, inbox in running.values():
+            inbox.put(None)
+        for process, _inbox in running.values():
+            process.join(timeout=timeout_s)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+
+
+class ThreadMembers:
+    """Each cell's member as a thread of this process (same protocol as ProcessMembers)."""
+
+    def __init__(self, address: tuple[str, int], model_dir: str | Path,
+                 timeout_s: float = 300.0, **member_options: Any):
+        self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
+        self.member_options = member_options
+        self.running: dict[int, tuple[threading.Thread, queue.Queue]] = {}
+        self.errors: dict[int, BaseException] = {}
+
+    def start(self, cell_id: int) -> None:
+        inbox: queue.Queue = queue.Queue()
+        thread = threading.Thread(target=self._run, args=(cell_id, inbox),
+                                  name=member_name(cell_id), daemon=True)
+        thread.start()
+        self.running[cell_id] = (thread, inbox)
+
+    def join(self, cell_id: int, step: int) -> None:
+        self.running[cell_id][1].put(step)
+
+    def stop(self, cell_id: int) -> None:
+        thread, inbox = self.running.pop(cell_id)
+        inbox.put(None)
+        thread.join(timeout=self.timeout_s)
+        if thread.is_alive():
+            raise PoolError(f"the member of cell {cell_id} did not finish within "
+                            f"{self.timeout_s} s")
+        if cell_id in self.errors:
+            raise PoolError(f"the member of cell {cell_id} failed") from self.errors.pop(cell_id)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Asks every member to end and waits up to `timeout_s` each (threads cannot be
+        killed: a member stuck in a step ends when its store times out)."""
+        running, self.running = self.running, {}
+        for _thread, inbox in running.values():
+            inbox.put(None)
+        for thread, _inbox in running.values():
+            thread.join(timeout=timeout_s)
+
+    def _run(self, cell_id: int, inbox: queue.Queue) -> None:
+        from undertow.learner.elastic import Member
+
+        try:
+            member = Member(self.address, member_name(cell_id), self.model_dir,
+                            timeout_s=self.timeout_s, **self.member_options)
+            while (step := inbox.get()) is not None:
+                member.join(step)
+        except BaseException as error:  # reported by stop(), in the pool's thread
+            self.errors[cell_id] = error

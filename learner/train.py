@@ -1,0 +1,309 @@
+"""The training loop: finished groups in, new weight versions out (sync; DESIGN.md step 6).
+
+One step: take `groups_per_step` finished groups -> advantages per group
+(`advantages.py`) -> pack the trees (`packing.py`) -> per micro-batch forward, loss
+share and backward (`model.py`, `losses.py`) -> clip the gradient norm -> AdamW step
+-> write the weights as a model directory (a checkpoint every `checkpoint_every`
+steps, `checkpoint.py`) -> push them to the engines as the next weight version ->
+one metrics line (`metrics_log.py`).
+
+Where groups come from and where weights go are two small protocols, so the loop is
+the same for the embedded run of `undertow train`, a remote gateway, and tests:
+- `GroupSource.launch(request)` starts a group (the rollouts of one task) and
+  returns at once; `GroupSource.wait(timeout_s)` returns the groups finished since;
+- `WeightSink.push(model_dir, weight_version)` returns once the engines serve it.
+
+Asynchrony with bounded staleness: groups keep running while a step trains, but a
+group is launched only if it will be trained by weights at most `max_staleness`
+versions newer than those it samples with (launches happen after each push, and
+while at most `(max_staleness + 1) * groups_per_step` groups are launched and not
+yet trained). A group whose oldest sampled token is still older than that when it is
+taken is dropped and replaced (`drop_stale`), e.g. a long session that straddled
+several updates.
+
+Stopping and resuming: `stop` (set by SIGTERM in the command line) is checked while
+waiting for groups and between steps; the loop then writes a checkpoint holding the
+finished groups not yet trained and returns. `Learner.restore` continues from the
+latest checkpoint: pending groups are trained first, groups that were in flight are
+launched again (same launch index, so a deterministic source repeats them; new
+group ID, so the gateway's store keeps both).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from undertow.gateway.tree import Tree
+from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.checkpoint import (
+    PendingGroup,
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+)
+from undertow.learner.config import TrainConfig, torch_dtype
+from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
+from undertow.learner.metrics_log import MetricsLog
+from undertow.learner.model import PolicyModel
+from undertow.learner.packing import PackedStep, pack_step
+from undertow.learner.trees import group_staleness
+
+PASS_REWARD = 1.0
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """Run `group_size` sessions of task number `index` (the source maps it to a task
+    and derives any seeds from it) in gateway group `group_id`."""
+
+    index: int
+    group_id: str
+    group_size: int
+    weight_version: int
+
+
+@dataclass
+class FinishedGroup:
+    """A group whose sessions are all closed with rewards."""
+
+    index: int
+    tree: Tree
+    rollout_s: float = 0.0
+
+
+class GroupSource(Protocol):
+    def launch(self, request: GroupRequest) -> None: ...
+
+    def wait(self, timeout_s: float) -> list[FinishedGroup]: ...
+
+
+class WeightSink(Protocol):
+    def push(self, model_dir: Path, weight_version: int) -> None: ...
+
+
+def group_id_of(index: int, num_resumes: int) -> str:
+    return f"g{index:06d}-r{num_resumes}"
+
+
+class Learner:
+    """The policy, its optimizer and the run's state; `run` is the loop."""
+
+    def __init__(self, config: TrainConfig, loss: LossConfig, advantages: AdvantageConfig,
+                 base_model_dir: Path, run_dir: Path, resolved_config: dict[str, Any] | None = None,
+                 model_dir: Path | None = None):
+        self.config, self.loss, self.advantage_config = config, loss, advantages
+        self.base_model_dir, self.run_dir = Path(base_model_dir), Path(run_dir)
+        self.resolved_config = resolved_config or {}
+        torch.manual_seed(config.seed)
+        self.policy = PolicyModel.load(model_dir or base_model_dir, dtype=torch_dtype(config.dtype))
+        self.policy.model.train()
+        self.reference = (PolicyModel.load(base_model_dir, dtype=torch_dtype(config.dtype))
+                          if loss.kl_coef else None)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay)
+        self.state = TrainState()
+        self.pending: list[PendingGroup] = []
+        self.metrics = MetricsLog(self.run_dir)
+
+    @classmethod
+    def restore(cls, config: TrainConfig, loss: LossConfig, advantages: AdvantageConfig,
+                base_model_dir: Path, run_dir: Path,
+                resolved_config: dict[str, Any] | None = None) -> Learner:
+        """The learner of the latest checkpoint of `run_dir` (a fresh one if none)."""
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            return cls(config, loss, advantages, base_model_dir, run_dir, resolved_config)
+        learner = cls(config, loss, advantages, base_model_dir, run_dir, resolved_config,
+                      model_dir=path / "model")
+        checkpoint = load_checkpoint(path, learner.optimizer)
+        learner.state, learner.pending = checkpoint.state, checkpoint.pending
+        learner.state.num_resumes += 1
+        learner.metrics.truncate_after(learner.state.step)
+        return learner
+
+    @property
+    def weight_version(self) -> int:
+        return self.state.step
+
+    def train_step(self, trees: list[Tree]) -> dict[str, float]:
+        """One optimizer step on the groups' trees; returns the step's metrics."""
+        advantages = {}
+        for tree in trees:
+            for session_id, value in group_advantages(tree, self.advantage_config).items():
+                advantages[(tree.group_id, session_id)] = value
+        step = pack_step(trees, advantages, self.config.max_tokens, self.loss.paths_per_session)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = self._backward(step)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+                                                   self.config.max_grad_norm)
+        self.optimizer.step()
+        self.state.step += 1
+        rewards = [p.reward for t in trees for p in t.sessions.values() if p.closed]
+        num_terms = max(totals["num_terms"], 1.0)
+        num_unique = sum(t.num_unique_tokens for t in trees)
+        num_flat = sum(t.num_flat_tokens for t in trees)
+        values = {
+            "loss": totals["loss"], "kl": totals["kl_sum"] / num_terms,
+            "entropy": totals["entropy_sum"] / num_terms,
+            "clip_fraction": totals["num_clipped"] / num_terms, "grad_norm": float(grad_norm),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "pass_rate": (sum(r >= PASS_REWARD for r in rewards) / len(rewards)
+                          if rewards else None),
+            "num_groups": len(trees), "num_sessions": len(rewards),
+            "num_trained_tokens": int(totals["num_terms"]), "num_unique_tokens": num_unique,
+            "num_flat_tokens": num_flat,
+            "unique_flat_ratio": num_unique / num_flat if num_flat else None}
+        if self.reference is not None:
+            values["kl_ref"] = totals["kl_ref_sum"] / num_terms
+        return values
+
+    def _backward(self, step: PackedStep) -> dict[str, float]:
+        """objective.backward_step, plus the entropy and behaviour-KL sums for metrics
+        (computed here always, not only when the loss has an entropy or KL term)."""
+        weights = step_weights(self.loss, step)
+        totals = dict.fromkeys(("loss", "num_terms", "num_clipped", "kl_sum", "entropy_sum",
+                                "kl_ref_sum"), 0.0)
+        for micro_batch in step.micro_batches:
+            scores = self.policy.score(micro_batch, with_entropy=True)
+            ref_logprobs = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logprobs = self.reference.score(micro_batch).logprobs
+            entropy = scores.entropy if self.loss.entropy_coef else None
+            loss, stats = micro_batch_loss(self.loss, step, micro_batch, weights,
+                                           scores.logprobs, entropy, ref_logprobs)
+            loss.backward()
+            with torch.no_grad():
+                behaviour = step.behaviour_logprobs[micro_batch.term_ids].to(scores.logprobs)
+                log_ratio = behaviour - scores.logprobs
+                totals["kl_sum"] += float((torch.exp(log_ratio) - log_ratio - 1).sum())
+                totals["entropy_sum"] += float(scores.entropy.sum())
+            for name in ("loss", "num_terms", "num_clipped"):
+                totals[name] += stats[name]
+            totals["kl_ref_sum"] += stats.get("kl_sum", 0.0)
+        return totals
+
+    def save(self, checkpoint: bool) -> Path:
+        """Writes the current weights (in a checkpoint, with `pending`); returns the
+        model directory to push."""
+        if checkpoint:
+            path = save_checkpoint(self.run_dir, self.state, self.policy.model, self.optimizer,
+                                   self.base_model_dir, self.resolved_config, self.pending,
+                                   keep=self.config.keep_checkpoints)
+            return path / "model"
+        return save_weights(self.run_dir, self.state.step, self.policy.model,
+                            self.base_model_dir)
+
+    def run(self, source: GroupSource, sink: WeightSink,
+            stop: threading.Event | None = None) -> str:
+        """Trains until `num_steps` steps are done ("done") or `stop` is set ("stopped")."""
+        return _Loop(self, source, sink, stop or threading.Event()).run()
+
+
+class _Loop:
+    """The bookkeeping of `Learner.run`: launches, waits, staleness, timing."""
+
+    def __init__(self, learner: Learner, source: GroupSource, sink: WeightSink,
+                 stop: threading.Event):
+        self.learner, self.source, self.sink, self.stop = learner, source, sink, stop
+        self.config, self.state = learner.config, learner.state
+        self.ready: list[PendingGroup] = list(learner.pending)
+        self.num_dropped = 0
+
+    def run(self) -> str:
+        self._relaunch_in_flight()
+        while self.state.step < self.config.num_steps:
+            started_s = time.perf_counter()
+            groups = self._collect()
+            if groups is None:
+                self._save_pending()
+                return "stopped"
+            rollout_s = time.perf_counter() - started_s
+            staleness = [group_staleness(g.tree, self.state.step) for g in groups]
+            train_started_s = time.perf_counter()
+            values = self.learner.train_step([g.tree for g in groups])
+            train_s = time.perf_counter() - train_started_s
+            values.update(rollout_s=rollout_s, train_s=train_s,
+                          staleness_mean=sum(staleness) / len(staleness),
+                          staleness_max=max(staleness), num_dropped_groups=self.num_dropped)
+            self.num_dropped = 0
+            sync_started_s = time.perf_counter()
+            self.learner.pending = list(self.ready)
+            model_dir = self.learner.save(self._is_checkpoint_step())
+            self.sink.push(model_dir, self.state.step)
+            values["sync_s"] = time.perf_counter() - sync_started_s
+            values["step_s"] = time.perf_counter() - started_s
+            self.learner.metrics.append(self.state.step, self.state.step, values)
+            if self.stop.is_set() and self.state.step < self.config.num_steps:
+                self._save_pending()
+                return "stopped"
+        return "done"
+
+    def _is_checkpoint_step(self) -> bool:
+        step = self.state.step
+        return step % self.config.checkpoint_every == 0 or step == self.config.num_steps
+
+    def _save_pending(self) -> None:
+        self.learner.pending = list(self.ready)
+        self.learner.save(checkpoint=True)
+
+    def _relaunch_in_flight(self) -> None:
+        known = set(self.state.consumed) | {g.index for g in self.ready}
+        for index in range(self.state.num_launched):
+            if index not in known:
+                self._launch(index)
+
+    def _launch(self, index: int) -> None:
+        self.source.launch(GroupRequest(
+            index=index, group_id=group_id_of(index, self.state.num_resumes),
+            group_size=self.config.group_size, weight_version=self.state.step))
+
+    def _launch_allowed(self) -> None:
+        """Launches new groups while the staleness bound and the run's need allow."""
+        gps = self.config.groups_per_step
+        live = self.state.num_launched - len(self.state.consumed)
+        needed = (self.config.num_steps - self.state.step) * gps
+        while live < min((self.config.max_staleness + 1) * gps, needed):
+            self._launch(self.state.num_launched)
+            self.state.num_launched += 1
+            live += 1
+
+    def _collect(self) -> list[PendingGroup] | None:
+        """The next step's groups (launching as allowed); None when stopped first."""
+        gps = self.config.groups_per_step
+        deadline_s = time.monotonic() + self.config.group_timeout_s
+        while not self.stop.is_set():
+            self._drop_stale()
+            if len(self.ready) >= gps:
+                groups, self.ready = self.ready[:gps], self.ready[gps:]
+                self.state.consumed.extend(g.index for g in groups)
+                return groups
+            if time.monotonic() > deadline_s:
+                raise TimeoutError(f"no group finished within learner.group_timeout_s="
+                                   f"{self.config.group_timeout_s}; are the rollouts running?")
+            self._launch_allowed()
+            for group in self.source.wait(timeout_s=0.5):
+                self.ready.append(PendingGroup(group.index, group.tree, group.rollout_s))
+        return None
+
+    def _drop_stale(self) -> None:
+        """Drops (and counts) ready groups over the staleness bound, if configured."""
+        if not self.config.drop_stale:
+            return
+        kept = []
+        for group in self.ready:
+            if group_staleness(group.tree, self.state.step) > self.config.max_staleness:
+                self.num_dropped += 1
+                self.state.consumed.append(group.index)
+            else:
+                kept.append(group)
+        self.ready = kept

@@ -1,0 +1,145 @@
+"""The rollout runner against a gateway (scripted engine) and real Docker sandboxes.
+
+Scaffolds here are tiny shell scripts through the `command` adapter: one crashes, one
+hangs, one floods its output; one leaves half a fix and hangs (partial credit at the
+cut-off); and an interrupted run (SIGINT) must close its sessions and remove its
+containers.
+"""
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from undertow.adapters.command import CommandScaffold
+from undertow.adapters.rollout import Rollout, RolloutConfig
+
+from .conftest import BUNDLED, run_containers
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")  # the fixtures' loop
+
+CALL_GATEWAY = (
+    "python3 -c \"import json, os, urllib.request as u; r = u.Request("
+    "os.environ['OPENAI_BASE_URL'] + '/chat/completions', json.dumps({'model': 'm', "
+    "'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 8}).encode(), "
+    "{'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], "
+    "'Content-Type': 'application/json'}); print(u.urlopen(r).read()[:80])\"")
+
+
+@pytest.mark.docker
+async def test_crash_hang_and_flood_do_not_stop_the_run(scripted_gateway, bundled_tasks,
+                                                        connection, tmp_path):
+    crash, hang, flood = sorted(bundled_tasks)[:3]
+    command = (f"case {{instance_id}} in\n"
+               f"  {crash}) {CALL_GATEWAY}; echo about to crash; exit 3 ;;\n"
+               f"  {hang}) sleep 600 ;;\n"
+               f"  *) yes flood ;;\nesac")
+    scaffold = CommandScaffold(command, max_output_bytes=2**20)
+    tasks = [bundled_tasks[name] for name in (crash, hang, flood)]
+    config = RolloutConfig(group_size=1, concurrency=3, timeout_s=5, out_dir=tmp_path,
+                           progress_interval_s=0)
+    rollout = Rollout(tasks, scaffold, scripted_gateway.admin, connection, config)
+    summary = await rollout.run()
+
+    causes = {r.instance_id: r.cause for r in summary.sessions}
+    assert causes == {crash: "crashed", hang: "timeout", flood: "output_flood"}
+    by_task = {r.instance_id: r for r in summary.sessions}
+    assert by_task[crash].exit_code == 3 and "about to crash" in by_task[crash].log_tail
+    assert by_task[crash].num_calls == 1
+    assert summary.failures() == {"crashed": 1, "output_flood": 1}
+    for result in summary.sessions:
+        session = await scripted_gateway.admin.session(result.session_id)
+        assert session["closed"] and session["reward"] == 0.0
+        assert session["meta"]["cause"] == result.cause
+        assert session["meta"]["grade_reason"]  # graded despite the failure
+    assert run_containers(rollout.run_id) == []
+    assert (tmp_path / rollout.run_id / "summary.json").exists()
+
+
+# Makes `**` right-associative only: one FAIL_TO_PASS test of calclang-2's two.
+HALF_FIX = (
+    "python3 - <<'PY'\n"
+    "import pathlib\n"
+    "path = pathlib.Path('calclang/parser.py')\n"
+    "old = '        while token := self.match(\"**\"):\\n"
+    "            left = ast.Binary(token.line, \"**\", left, self.call())'\n"
+    "new = '        if token := self.match(\"**\"):\\n"
+    "            return ast.Binary(token.line, \"**\", left, self.power())'\n"
+    "assert old in path.read_text()\n"
+    "path.write_text(path.read_text().replace(old, new))\n"
+    "PY\n")
+
+
+@pytest.mark.docker
+async def test_timeout_is_graded_on_the_sandbox_at_the_cut_off(scripted_gateway, bundled_tasks,
+                                                               connection, tmp_path):
+    # The rest of the fix would come after the cut-off and must not count.
+    task = bundled_tasks["calclang__calclang-2"]
+    rest = "git checkout -q -- . && git apply <<'P'\n" + task.patch + "P\n"
+    scaffold = CommandScaffold(f"cd {{repo_dir}}\n{HALF_FIX}sleep 600\n{rest}",
+                               where="sandbox")
+    config = RolloutConfig(timeout_s=15, out_dir=tmp_path, progress_interval_s=0)
+    rollout = Rollout([task], scaffold, scripted_gateway.admin, connection, config)
+    [result] = (await rollout.run()).sessions
+
+    assert result.cause == "timeout" and result.reward_source == "partial_credit"
+    assert result.tests["tests/test_issue_2.py::test_power_is_right_associative"] == "passed"
+    assert result.tests["tests/test_issue_2.py::test_negative_exponent"] == "failed"
+    assert result.reward == result.partial_credit == 0.5
+    assert "self.power())" in result.details["diff"]
+    assert "self.unary())" not in result.details["diff"]
+    session = await scripted_gateway.admin.session(result.session_id)
+    assert session["closed"] and session["reward"] == 0.5
+    assert run_containers(rollout.run_id) == []
+
+
+@pytest.mark.docker
+async def test_tree_estimate_for_a_timed_out_session(scripted_gateway, bundled_tasks,
+                                                     connection, tmp_path):
+    # Both sessions make the same call (so they share its tree nodes); the first to
+    # claim the lock applies the gold patch and exits, the other hangs.
+    task = bundled_tasks["calclang__calclang-2"]
+    patch_file = tmp_path / "gold.diff"
+    patch_file.write_text(task.patch)
+    command = (f"{CALL_GATEWAY}\nif mkdir {tmp_path}/first 2>/dev/null; then docker exec -i "
+               f"-w {{repo_dir}} {{container}} git apply < {patch_file}; else sleep 600; fi")
+    config = RolloutConfig(group_size=2, concurrency=2, timeout_s=10, out_dir=tmp_path,
+                           timeout_value="tree_estimate", progress_interval_s=0)
+    rollout = Rollout([task], CommandScaffold(command), scripted_gateway.admin, connection,
+                      config)
+    finished, cut_off = sorted((await rollout.run()).sessions, key=lambda r: r.cause)
+    assert (finished.cause, finished.reward) == ("exited", 1.0)
+    assert cut_off.cause == "timeout" and cut_off.partial_credit == 0.0
+    assert cut_off.reward_source == "tree_estimate" and cut_off.reward == 1.0
+    assert cut_off.tree_value["num_sessions"] == 1
+    session = await scripted_gateway.admin.session(cut_off.session_id)
+    assert session["closed"] and session["reward"] == 1.0
+
+
+@pytest.mark.docker
+async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, tmp_path):
+    token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(BUNDLED),
+        "--num-tasks", "1", "--scaffold", "command", "-o", "command=sleep 600",
+        "--group-size", "2", "--concurrency", "2", "--timeout-s", "600",
+        "--gateway", scripted_gateway.url, "--out", str(tmp_path), "--progress-interval-s", "1",
+        env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output = b""
+    while b"2 running" not in output:  # both scaffolds launched
+        line = await asyncio.wait_for(process.stdout.readline(), 120)
+        assert line, output.decode()
+        output += line
+    await asyncio.sleep(1)
+    process.send_signal(signal.SIGINT)
+    output += await asyncio.wait_for(process.stdout.read(), 120)
+    assert await process.wait() == 130, output.decode()
+
+    sessions = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]
+    assert len(sessions) == 2
+    assert all(s["closed"] and s["meta"]["cause"] == "interrupted" for s in sessions), (
+        [(s["meta"].get("cause"), s["meta"].get("error")) for s in sessions], output.decode())
+    assert run_containers(sessions[0]["meta"]["run"]) == []

@@ -1,0 +1,111 @@
+"""Bad input gets the status and error body each SDK parses, and does not disturb
+a call in flight; the admin API guards sessions and trees."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anthropic
+import openai
+import pytest
+
+from tests.gateway.capture import calls_of
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def post(gateway, path: str, session: dict, data, **headers):
+    headers = {"Authorization": f"Bearer {session['api_key']}", **headers}
+    kwargs = {"data": data} if isinstance(data, bytes | str) else {"json": data}
+    async with gateway.http.post(f"{gateway.url}{path}", headers=headers, **kwargs) as reply:
+        return reply.status, await reply.json(), reply.headers
+
+
+async def test_openai_shaped_errors(make_gateway, scripted):
+    gateway = await make_gateway([scripted.url], max_body_bytes=50_000, context_length=300)
+    session = await gateway.open_session()
+    chat = "/v1/chat/completions"
+    status, body, _ = await post(gateway, chat, session, b"{not json")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body, _ = await post(gateway, chat, session, {"model": "m", "messages": [
+        {"role": "user", "content": "x" * 60_000}]})
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    status, body, _ = await post(gateway, chat, session, {"model": "m", "messages": [
+        {"role": "user", "content": "word " * 400}]})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    status, body, _ = await post(gateway, chat, session, {"model": "m", "messages": [
+        {"role": "user", "content": "hi"}], "frobnicate": 1})
+    assert status == 400 and body["error"]["param"] == "frobnicate"
+    status, body, _ = await post(gateway, chat, {"api_key": "sk-wrong"}, {"model": "m"})
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"],
+                                max_retries=0)
+    try:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "word " * 400}])
+        assert caught.value.code == "context_length_exceeded"
+    finally:
+        await client.close()
+    assert calls_of(gateway.tree(), session["session_id"]) == []
+
+
+async def test_a_key_reaches_only_its_own_session(gateway):
+    mine, other = await gateway.open_session(), await gateway.open_session()
+    path = f"/s/{other['session_id']}/v1/chat/completions"
+    status, body, _ = await post(gateway, path, mine, {"model": "m", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert status == 401 and "invalid API key" in body["error"]["message"]
+
+
+async def test_anthropic_shaped_errors(gateway):
+    session = await gateway.open_session()
+    client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key="sk-wrong", max_retries=0)
+    try:
+        with pytest.raises(anthropic.AuthenticationError):
+            await client.messages.create(model="c", max_tokens=5,
+                                         messages=[{"role": "user", "content": "hi"}])
+    finally:
+        await client.close()
+    status, body, _ = await post(gateway, "/v1/messages", session, {"model": "c", "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert status == 400 and body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "max_tokens: Field required"}}
+
+
+async def test_bad_requests_do_not_disturb_a_call_in_flight(gateway, scripted, renderer):
+    scripted.delay_s = 0.02
+    session = await gateway.open_session()
+    good = asyncio.create_task(post(gateway, "/v1/chat/completions", session, {
+        "model": "m", "messages": [{"role": "user", "content": "slow one"}]}))
+    await asyncio.sleep(0.05)
+    for bad in (b"\xff\xfe", b"[]", b'{"model": 5}'):
+        status, _, _ = await post(gateway, "/v1/chat/completions", session, bad)
+        assert status == 400
+    status, body, _ = await good
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Hello from the script."
+    assert len(calls_of(gateway.tree(), session["session_id"])) == 1
+
+
+async def test_admin_sessions_close_and_trees(gateway):
+    async with gateway.http.post(f"{gateway.url}/admin/sessions", json={"group": "g"}) as reply:
+        assert reply.status == 401
+    session = await gateway.open_session(group="g", meta={"task": "t1"})
+    status, _, _ = await post(gateway, "/v1/chat/completions", session, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200
+    url = f"{gateway.url}/admin/sessions/{session['session_id']}/close"
+    async with gateway.http.post(url, json={"reward": 0.5, "meta": {"passed": 1}},
+                                 headers=gateway.admin) as reply:
+        assert reply.status == 200 and (await reply.json())["reward"] == 0.5
+    tree = await gateway.session_tree(session["session_id"])
+    assert tree["sessions"][session["session_id"]]["reward"] == 0.5
+    assert len(tree["calls"]) == 1 and any(node["trainable"] for node in tree["nodes"])
+    async with gateway.http.get(f"{gateway.url}/admin/sessions?group=g",
+                                headers=gateway.admin) as reply:
+        listed = (await reply.json())["sessions"]
+    assert [s["session_id"] for s in listed] == [session["session_id"]]
+    status, _, _ = await post(gateway, "/v1/chat/completions", session, {
+        "model": "m", "messages": [{"role": "user", "content": "after close"}]})
+    assert status == 401

@@ -1,0 +1,441 @@
+"""The engine pool against real built-in engine processes (tiny model): sticky
+routing, admission, resume after an engine is killed, pause modes around a weight
+update, draining, adding and removing engines, the operator routes and metrics.
+
+Greedy decoding (temperature 0) makes exactness checkable: a resumed stream must
+equal what the engine produces uninterrupted from the same prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from undertow.gateway.api.engines_admin import add_engine_routes
+from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.pool import (
+    EnginePool,
+    GenerationChunk,
+    PoolBusy,
+    PoolConfig,
+    PoolUnavailable,
+    UnknownEngine,
+)
+from undertow.gateway.router import EngineState, RouterConfig
+
+PROMPT = [5, 17, 42, 99, 123, 7, 64, 300]
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+@dataclass
+class EngineProcess:
+    """A built-in engine server started for a test; `kill()` is SIGKILL."""
+
+    process: subprocess.Popen
+    url: str
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def _die_with_parent() -> None:
+    """Linux: the engine gets SIGKILL if the test process dies without its teardown."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start_engine(model_dir: Path, log_path: Path, port: int = 0) -> EngineProcess:
+    """Starts `undertow engine serve` and reads its URL from the line it prints."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "undertow.cli", "engine", "serve", "--model", str(model_dir),
+             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
+            preexec_fn=_die_with_parent)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        for line in log_path.read_text().splitlines():
+            if "listening on" in line:
+                return EngineProcess(process, line.split("listening on", 1)[1].strip())
+        time.sleep(0.1)
+    EngineProcess(process, "").kill()
+    raise RuntimeError(f"engine did not start: {log_path.read_text()[-2000:]}")
+
+
+@pytest.fixture
+def engines(tiny_model_dir, tmp_path):
+    """Starts engines on demand (`engines(n)`) and kills them all at teardown."""
+    started: list[EngineProcess] = []
+
+    def launch(num: int = 1, model_dir: Path = tiny_model_dir, port: int = 0):
+        fresh = [start_engine(model_dir, tmp_path / f"engine{len(started) + n}.log", port)
+                 for n in range(num)]
+        started.extend(fresh)
+        return fresh
+
+    yield launch
+    for engine in started:
+        engine.kill()
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory) -> Path:
+    from undertow.learner.modeldir import init_model_dir
+
+    return init_model_dir(tmp_path_factory.mktemp("models") / "tiny-seed1", size="tiny", seed=1)
+
+
+@contextlib.asynccontextmanager
+async def running_pool(urls, **config):
+    router = RouterConfig(**config.pop("router", {}))
+    pool = EnginePool(urls, PoolConfig(router=router, health_interval_s=0.2, **config),
+                      metrics=GatewayMetrics.create())
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def collect(stream) -> list[GenerationChunk]:
+    return [chunk async for chunk in stream]
+
+
+def tokens_of(chunks):
+    return [t for c in chunks for t in c.token_ids]
+
+
+def versions_of(chunks):
+    return [v for c in chunks for v in c.weight_versions]
+
+
+async def direct_greedy(pool, engine_id, input_ids, num_tokens, rid):
+    """An uninterrupted greedy run on one engine, bypassing routing."""
+    request = GenerateRequest(input_ids=tuple(input_ids), rid=rid, sampling_params=SamplingParams(
+        max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True))
+    result = await pool.engine(engine_id).client.generate(request)
+    return result.output_ids
+
+
+def check_chunks(chunks, num_tokens):
+    assert all(len(c.token_ids) == len(c.logprobs) == len(c.weight_versions) for c in chunks)
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason["type"] == "length"
+    assert len(tokens_of(chunks)) == num_tokens
+
+
+async def test_sessions_stick_and_new_sessions_spread(engines):
+    urls = [e.url for e in engines(2)]
+    async with running_pool(urls) as pool:
+        first = await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 4}, "r1"))
+        home = pool.router.pinned("s1")
+        await collect(pool.generate("s1", PROMPT + tokens_of(first) + [9],
+                                    {**GREEDY, "max_new_tokens": 4}, "r2"))
+        await collect(pool.generate("s2", [8, 8, 8], {**GREEDY, "max_new_tokens": 4}, "r3"))
+        assert pool.router.pinned("s1") == home
+        assert pool.router.pinned("s2") not in (None, home)
+        counts = {e.engine_id: pool.metrics.engine_generations.value(engine=e.engine_id)
+                  for e in pool.engines}
+        assert counts[home] == 2 and sum(counts.values()) == 3
+        await pool.close_session("s1")
+        assert pool.router.pinned("s1") is None
+
+
+async def test_admission_refuses_past_the_limit(engines):
+    urls = [e.url for e in engines(2)]
+    async with running_pool(urls, router={"max_in_flight_per_engine": 1,
+                                          "retry_after_s": 2.5}) as pool:
+        params = {**GREEDY, "max_new_tokens": 30}
+        streams = [pool.generate(f"s{n}", PROMPT, params, f"r{n}") for n in range(2)]
+        firsts = [await anext(stream) for stream in streams]
+        with pytest.raises(PoolBusy) as refused:
+            await anext(pool.generate("s9", PROMPT, params, "r9"))
+        assert refused.value.retry_after_s == 2.5
+        assert pool.metrics.admission_refusals.value() == 1
+        rests = [await collect(stream) for stream in streams]
+        for first, rest in zip(firsts, rests, strict=True):
+            check_chunks([first, *rest], 30)
+        assert len(tokens_of(await collect(pool.generate("s9", PROMPT, params, "r9b")))) == 30
+
+
+async def test_engine_killed_mid_stream_resumes_exactly_elsewhere(engines):
+    victim, survivor = engines(2)
+    async with running_pool([victim.url, survivor.url]) as pool:
+        victim_id, survivor_id = (e.engine_id for e in pool.engines)
+        expected = await direct_greedy(pool, survivor_id, PROMPT, 60, "reference")
+        pool.router.assign("s1", victim_id, PROMPT)
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 60}, "r1")
+        chunks = [await anext(stream)]
+        while len(tokens_of(chunks)) < 3:
+            chunks.append(await anext(stream))
+        victim.kill()
+        chunks += await collect(stream)
+        check_chunks(chunks, 60)
+        assert tokens_of(chunks) == expected
+        assert pool.metrics.resumes.value(cause="engine_died") == 1
+        assert pool.engine(victim_id).state is EngineState.DEAD
+        assert pool.router.pinned("s1") == survivor_id
+        assert not pool.engine(survivor_id).attempts
+
+
+async def test_dead_engine_returns_with_the_pools_weights(engines, other_model_dir):
+    (engine,) = engines(1)
+    port = int(engine.url.rsplit(":", 1)[1])
+    async with running_pool([engine.url]) as pool:
+        await pool.update_weights(str(other_model_dir), 4)
+        engine.kill()
+        with pytest.raises(PoolUnavailable):
+            await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r1"))
+        assert pool.engines[0].state is EngineState.DEAD
+        engines(1, port=port)  # restarted from the original weights, version 0
+        for _ in range(300):
+            if pool.engines[0].state is EngineState.HEALTHY:
+                break
+            await asyncio.sleep(0.1)
+        chunks = await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r2"))
+        assert versions_of(chunks) == [4, 4]
+
+
+async def test_drain_pause_past_its_timeout_aborts_and_resumes(engines):
+    (engine,) = engines(1)
+    async with running_pool([engine.url], drain_timeout_s=0.05) as pool:
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 60}, "r1")
+        chunks = [await anext(stream)]
+        await pool.pause("drain")
+        assert not pool.engines[0].attempts
+        await pool.resume()
+        chunks += await collect(stream)
+        check_chunks(chunks, 60)
+        assert pool.metrics.resumes.value(cause="pause") == 1
+
+
+async def test_abort_resume_update_keeps_one_stream_with_versions(engines, other_model_dir):
+    (engine,) = engines(1)
+    async with running_pool([engine.url]) as pool:
+        (engine_id,) = (e.engine_id for e in pool.engines)
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 60}, "r1")
+        chunks = [await anext(stream)]
+        while len(tokens_of(chunks)) < 3:
+            chunks.append(await anext(stream))
+        update = asyncio.create_task(
+            pool.update_weights(str(other_model_dir), 1, mode="abort_resume"))
+        chunks += await collect(stream)
+        result = await update
+        assert result["failed"] == {} and result["updated"] == [engine_id]
+        check_chunks(chunks, 60)
+        versions = versions_of(chunks)
+        num_old = versions.count(0)
+        assert 3 <= num_old < 60 and versions == [0] * num_old + [1] * (60 - num_old)
+        assert pool.metrics.resumes.value(cause="pause") == 1
+        tokens = tokens_of(chunks)
+        after = await direct_greedy(pool, engine_id, PROMPT + tokens[:num_old], 60 - num_old,
+                                    "reference")
+        assert tokens[num_old:] == after
+
+
+async def test_drain_pause_lets_in_flight_finish_on_old_weights(engines, other_model_dir):
+    (engine,) = engines(1)
+    async with running_pool([engine.url]) as pool:
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 40}, "r1")
+        chunks = [await anext(stream)]
+        update = asyncio.create_task(pool.update_weights(str(other_model_dir), 7, mode="drain"))
+        while not pool.paused:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(
+            collect(pool.generate("s2", PROMPT, {**GREEDY, "max_new_tokens": 5}, "r2")))
+        chunks += await collect(stream)
+        await update
+        later = await waiting
+        check_chunks(chunks, 40)
+        assert set(versions_of(chunks)) == {0}
+        assert versions_of(later) == [7] * 5
+        assert pool.metrics.resumes.value(cause="pause") == 0
+
+
+async def test_draining_an_engine_moves_its_sessions(engines):
+    urls = [e.url for e in engines(2)]
+    async with running_pool(urls) as pool:
+        first, second = (e.engine_id for e in pool.engines)
+        params = {**GREEDY, "max_new_tokens": 30}
+        for session in ("s1", "s2"):
+            pool.router.assign(session, first, PROMPT)
+        streams = [pool.generate(session, PROMPT, params, f"r-{session}")
+                   for session in ("s1", "s2")]
+        heads = [await anext(stream) for stream in streams]
+        await pool.drain_engine(first)
+        assert pool.engine(first).state is EngineState.DRAINING
+        assert pool.router.sessions_on(first) == []
+        for head, stream in zip(heads, streams, strict=True):
+            check_chunks([head, *await collect(stream)], 30)
+        assert pool.metrics.engine_generations.value(engine=second) == 0
+        assert pool.metrics.resumes.value(cause="migrate") == 0
+        for session in ("s1", "s2"):
+            await collect(pool.generate(session, PROMPT, {**GREEDY, "max_new_tokens": 2},
+                                        f"next-{session}"))
+            assert pool.router.pinned(session) == second
+        assert pool.metrics.engine_generations.value(engine=first) == 2
+
+
+async def test_drain_with_migrate_resumes_in_flight_exactly(engines):
+    urls = [e.url for e in engines(2)]
+    async with running_pool(urls) as pool:
+        first, second = (e.engine_id for e in pool.engines)
+        expected = await direct_greedy(pool, second, PROMPT, 50, "reference")
+        pool.router.assign("s1", first, PROMPT)
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 50}, "r1")
+        chunks = [await anext(stream)]
+        await pool.drain_engine(first, migrate=True)
+        chunks += await collect(stream)
+        check_chunks(chunks, 50)
+        assert tokens_of(chunks) == expected
+        assert pool.metrics.resumes.value(cause="migrate") == 1
+        assert pool.router.pinned("s1") == second
+
+
+async def test_engines_added_and_removed_at_run_time(engines, tiny_model_dir):
+    (one,) = engines(1)
+    async with running_pool([one.url]) as pool:
+        (first,) = (e.engine_id for e in pool.engines)
+        await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r1"))
+        (two,) = engines(1)
+        await pool.update_weights(str(tiny_model_dir), 2)
+        added = await pool.add_engine(two.url)
+        assert added.weight_version == "2"
+        await collect(pool.generate("s2", [1, 2, 3], {**GREEDY, "max_new_tokens": 2}, "r2"))
+        assert pool.router.pinned("s2") == added.engine_id
+        await pool.remove_engine(first)
+        assert [e.engine_id for e in pool.engines] == [added.engine_id]
+        await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r3"))
+        assert pool.router.pinned("s1") == added.engine_id
+        with pytest.raises(UnknownEngine):
+            await pool.drain_engine(first)
+        with pytest.raises(PoolUnavailable):
+            await pool.add_engine(one.url.rsplit(":", 1)[0] + ":1")
+
+
+async def test_consumer_leaving_mid_stream_aborts_on_the_engine(engines):
+    (engine,) = engines(1)
+    async with running_pool([engine.url]) as pool:
+        stream = pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 400}, "r1")
+        await anext(stream)
+        await stream.aclose()
+        assert not pool.engines[0].attempts
+        client = pool.engines[0].client
+        for _ in range(100):
+            if (await client.server_info())["num_running_reqs"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (await client.server_info())["num_running_reqs"] == 0
+        assert pool.metrics.engine_in_flight.value(engine=pool.engines[0].engine_id) == 0
+
+
+async def test_failed_weight_update_drains_the_engine(engines, tmp_path):
+    (engine,) = engines(1)
+    async with running_pool([engine.url]) as pool:
+        result = await pool.update_weights(str(tmp_path / "missing"), 5)
+        (engine_id,) = result["failed"]
+        assert result["updated"] == [] and pool.fleet.weights is None
+        assert pool.engine(engine_id).state is EngineState.DRAINING
+        assert (await pool.add_engine(engine.url)).state is EngineState.HEALTHY
+        chunks = await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r"))
+        assert versions_of(chunks) == [0, 0]
+
+
+async def test_no_engine_means_unavailable():
+    async with running_pool([]) as pool:
+        with pytest.raises(PoolUnavailable):
+            await collect(pool.generate("s1", PROMPT, {"max_new_tokens": 2}, "r1"))
+
+
+@contextlib.asynccontextmanager
+async def admin_server(pool, token="secret"):
+    def admin_auth(request):
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            raise web.HTTPUnauthorized(text="admin token missing or wrong")
+
+    app = web.Application()
+    add_engine_routes(app, pool, admin_auth)
+
+    async def metrics_page(request):
+        return web.Response(body=pool.metrics.registry.render().encode(),
+                            headers={"Content-Type": pool.metrics.registry.CONTENT_TYPE})
+
+    app.router.add_get("/metrics", metrics_page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}",
+                                     headers={"Authorization": f"Bearer {token}"}) as http:
+        try:
+            yield http
+        finally:
+            await runner.cleanup()
+
+
+def metric_value(text, name, **labels):
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+async def test_operator_routes_and_metrics(engines, other_model_dir):
+    one, two = engines(2)
+    async with running_pool([one.url]) as pool, admin_server(pool) as http:
+        async with http.get("/admin/engines", headers={"Authorization": "Bearer nope"}) as reply:
+            assert reply.status == 401
+        async with http.post("/admin/engines", json={"url": two.url}) as reply:
+            assert reply.status == 201
+            added = (await reply.json())["id"]
+        async with http.post("/admin/engines", json={"url": "not a url"}) as reply:
+            assert reply.status == 400
+        await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 3}, "r1"))
+        async with http.get("/admin/engines") as reply:
+            listed = await reply.json()
+        assert [e["state"] for e in listed["engines"]] == ["healthy", "healthy"]
+        async with http.post("/admin/pause", json={"mode": "sideways"}) as reply:
+            assert reply.status == 400
+        async with http.post("/admin/pause", json={"mode": "drain"}) as reply:
+            assert (await reply.json())["paused"] is True
+        async with http.post("/admin/resume") as reply:
+            assert (await reply.json())["paused"] is False
+        async with http.post("/admin/update_weights", json={
+                "model_path": str(other_model_dir), "weight_version": 3}) as reply:
+            assert reply.status == 200 and (await reply.json())["failed"] == {}
+        chunks = await collect(pool.generate("s2", PROMPT, {**GREEDY, "max_new_tokens": 3}, "r2"))
+        assert versions_of(chunks) == [3, 3, 3]
+        async with http.post(f"/admin/engines/{added}/drain", json={}) as reply:
+            assert (await reply.json())["state"] == "draining"
+        async with http.post("/admin/engines/e99/drain", json={}) as reply:
+            assert reply.status == 404
+        async with http.get("/metrics") as reply:
+            text = await reply.text()
+        assert metric_value(text, "undertow_engine_state", engine=added, state="draining") == 1
+        generations = [metric_value(text, "undertow_engine_generations_total", engine=e["id"])
+                       for e in listed["engines"]]
+        assert sum(value or 0 for value in generations) == 2
+        async with http.delete(f"/admin/engines/{added}") as reply:
+            assert (await reply.json())["removed"] == added
+        async with http.get("/metrics") as reply:
+            text = await reply.text()
+        assert metric_value(text, "undertow_engine_state", engine=added, state="draining") is None
+        assert len(pool.engines) == 1

@@ -1,0 +1,121 @@
+"""Rendering and token truth on the tiny model's real tokenizer and chat template."""
+
+import pytest
+
+from undertow.gateway.render import Detokenizer, Renderer
+from undertow.gateway.tokentruth import RETRY, REWRITE, SUBAGENT, Head, build_prompt
+from undertow.gateway.tree import Tree
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
+                                           "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    return Renderer(tiny_model_dir)
+
+
+def record(renderer, tree, heads, messages, completion_text, assistant, tools=None):
+    """Builds the prompt like the runner does, 'samples' `completion_text`, records it."""
+    prompt = build_prompt(renderer, messages, tools, heads, tree.path_token_ids)
+    completion = renderer.encode(completion_text) + [renderer.tokenizer.token_to_id("<|im_end|>")]
+    tree.add_call(f"c{len(tree.calls)}", "s", prompt.token_ids, completion,
+                  [-0.5] * len(completion), [0] * len(completion), branch=prompt.branch)
+    heads.append(Head(f"c{len(tree.calls) - 1}", prompt.message_keys, prompt.tools_key,
+                      assistant, tree.calls[-1].leaf, len(prompt.token_ids),
+                      renderer.closing_text(completion)))
+    return prompt, completion
+
+
+def test_template_matches_full_render_and_turn_end(renderer):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    text = renderer.render(messages, TOOLS, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nbe brief")
+    assert "<tools>" in text and text.endswith("<|im_start|>assistant\n")
+    assert renderer.turn_end == "<|im_end|>\n"
+
+
+def test_second_call_extends_first_prompt_and_completion_verbatim(renderer):
+    tree, heads = Tree("g"), []
+    first = [{"role": "user", "content": "list files"}]
+    # A completion whose re-tokenization differs from the sampled IDs would be lost
+    # by a full render; sample an unusual split on purpose.
+    odd = renderer.encode("I wi") + renderer.encode("ll run ls.")
+    p1 = build_prompt(renderer, first, TOOLS, heads, tree.path_token_ids)
+    completion = odd + [renderer.tokenizer.token_to_id("<|im_end|>")]
+    tree.add_call("c0", "s", p1.token_ids, completion, [-1.0] * len(completion),
+                  [0] * len(completion))
+    assistant = {"role": "assistant", "content": "I will run ls."}
+    heads.append(Head("c0", p1.message_keys, p1.tools_key, assistant, tree.calls[-1].leaf,
+                      len(p1.token_ids), renderer.closing_text(completion)))
+    second = [*first, {"role": "assistant", "content": "I will run ls."},
+              {"role": "user", "content": "go on"}]
+    p2 = build_prompt(renderer, second, TOOLS, heads, tree.path_token_ids)
+    assert p2.token_truth and p2.branch is None
+    assert p2.token_ids[:len(p1.token_ids) + len(completion)] == p1.token_ids + completion
+    suffix = renderer.decode(p2.token_ids[len(p1.token_ids) + len(completion):],
+                             skip_special_tokens=False)
+    assert suffix == "\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
+    full = renderer.encode(renderer.render(second, TOOLS, add_generation_prompt=True))
+    assert full != p2.token_ids  # the full render would have re-tokenized the completion
+
+
+def test_tool_calls_resent_with_reserialized_arguments_still_extend(renderer):
+    tree, heads = Tree("g"), []
+    first = [{"role": "user", "content": "go"}]
+    text = '<tool_call>\n{"name": "bash", "arguments": {"cmd":"ls"}}\n</tool_call>'
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]}
+    p1, completion = record(renderer, tree, heads, first, text, assistant, TOOLS)
+    resent = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "other", "type": "function", "function": {"name": "bash",
+                                                         "arguments": '{ "cmd" : "ls" }'}}]}
+    second = [*first, resent, {"role": "tool", "tool_call_id": "other", "content": "a.py"}]
+    p2 = build_prompt(renderer, second, TOOLS, heads, tree.path_token_ids)
+    assert p2.token_truth
+    assert p2.token_ids[:len(p1.token_ids) + len(completion)] == p1.token_ids + completion
+    assert "<tool_response>\na.py\n</tool_response>" in renderer.decode(
+        p2.token_ids[len(p1.token_ids):], skip_special_tokens=False)
+
+
+def test_rewrite_retry_and_subagent_are_labelled(renderer):
+    tree, heads = Tree("g"), []
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    record(renderer, tree, heads, first, "ok", {"role": "assistant", "content": "ok"})
+    retried = build_prompt(renderer, first, None, heads, tree.path_token_ids)
+    assert retried.branch == RETRY
+    assert retried.token_ids == tree.path_token_ids(heads[0].leaf)[:heads[0].num_prompt_tokens]
+    edited = [*first, {"role": "assistant", "content": "changed"}, {"role": "user", "content": "x"}]
+    assert build_prompt(renderer, edited, None, heads, tree.path_token_ids).branch == REWRITE
+    other = [{"role": "system", "content": "you are a sub-agent"}, {"role": "user", "content": "y"}]
+    assert build_prompt(renderer, other, None, heads, tree.path_token_ids).branch == SUBAGENT
+    assert build_prompt(renderer, first, None, [], tree.path_token_ids).branch is None
+
+
+def test_truncated_completion_is_closed_with_turn_end(renderer):
+    tree, heads = Tree("g"), []
+    first = [{"role": "user", "content": "a"}]
+    prompt = build_prompt(renderer, first, None, heads, tree.path_token_ids)
+    completion = renderer.encode("cut off mid")  # finish_reason length: no <|im_end|>
+    tree.add_call("c0", "s", prompt.token_ids, completion, [0.0] * len(completion),
+                  [0] * len(completion))
+    heads.append(Head("c0", prompt.message_keys, prompt.tools_key,
+                      {"role": "assistant", "content": "cut off mid"}, tree.calls[-1].leaf,
+                      len(prompt.token_ids), renderer.closing_text(completion)))
+    second = [*first, {"role": "assistant", "content": "cut off mid"},
+              {"role": "user", "content": "b"}]
+    p2 = build_prompt(renderer, second, None, heads, tree.path_token_ids)
+    tail = renderer.decode(p2.token_ids[len(prompt.token_ids) + len(completion):],
+                           skip_special_tokens=False)
+    assert tail.startswith("<|im_end|>\n<|im_start|>user\nb")
+
+
+def test_detokenizer_streams_the_same_text_as_a_full_decode(renderer):
+    text = "héllo wörld — ünïcode ✓ and <tool_call> tags 你好"
+    token_ids = renderer.encode(text)
+    detokenizer = Detokenizer(renderer)
+    pieces = [detokenizer.push([token_id]) for token_id in token_ids]
+    pieces.append(detokenizer.flush())
+    assert "".join(pieces) == renderer.decode(token_ids) == text
+    assert all("\ufffd" not in piece for piece in pieces)

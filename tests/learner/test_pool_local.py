@@ -1,0 +1,146 @@
+"""The local pool carries out the elastic policy's decisions on a hand-made trace.
+
+Three CPU cells with two session slots each roll out one step of six sessions. As
+sessions finish, the policy moves cell 2 and then cell 1 to training; the pool drains
+their engines (a recording engine side: the gateway is outside the learner) and sends
+their real learner members (threads, `ThreadMembers`) into the open elastic step, cell
+1 joining mid-step. The step's gradient equals the single-process one; after the step
+is published both cells serve the new weights and the next batch is dispatched.
+"""
+
+import time
+
+import pytest
+import torch
+
+from tests.learner.test_losses import _advantages, _assert_gradients_close, _gradients
+from undertow.learner.elastic import Coordinator
+from undertow.learner.losses import LossConfig
+from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_step
+from undertow.learner.packing import pack_step
+from undertow.learner.pool import (
+    BatchProgress,
+    Cell,
+    IllegalTransition,
+    MoveToRollout,
+    MoveToTraining,
+    PoolError,
+    Role,
+    StartTraining,
+    make_policy,
+)
+from undertow.learner.pool.local import LocalPool, ThreadMembers, member_name
+
+TIMEOUT_S = 120.0
+
+
+class RecordingEngines:
+    """The rollout side of the cells: serves or drains, and refuses a double drain."""
+
+    def __init__(self, cell_ids):
+        self.serving = set(cell_ids)
+        self.log: list[tuple] = []
+
+    def drain(self, cell_id):
+        if cell_id not in self.serving:
+            raise AssertionError(f"cell {cell_id} drained while not serving")
+        self.serving.remove(cell_id)
+        self.log.append(("drain", cell_id))
+
+    def serve(self, cell_id, weight_version):
+        self.serving.add(cell_id)
+        self.log.append(("serve", cell_id, weight_version))
+
+
+def _until(predicate, what):
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The members run one thread each; so does this process's reference computation
+    (several intra-op threads on a shared, loaded CPU are many times slower)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+@pytest.fixture
+def pool_parts(tiny_model_dir, tmp_path):
+    policy = PolicyModel.load(tiny_model_dir, dtype=torch.float32)
+    coordinator = Coordinator(policy, tmp_path, timeout_s=TIMEOUT_S)
+    members = ThreadMembers(coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
+    engines = RecordingEngines(range(3))
+    dispatched: list[int] = []
+    pool = LocalPool([Cell(i, Role.ROLLOUT, 2) for i in range(3)], engines, members,
+                     dispatch=dispatched.append)
+    try:
+        yield pool, coordinator, engines, dispatched
+    finally:
+        members.close()
+        coordinator.close()
+
+
+@pytest.mark.slow
+def test_elastic_trace_moves_cells_into_a_running_step(pool_parts, random_trees):
+    pool, coordinator, engines, dispatched = pool_parts
+    policy, config = make_policy("elastic"), LossConfig()
+    packed = pack_step(random_trees, _advantages(random_trees), 40)
+    coordinator.policy.model.zero_grad(set_to_none=True)
+    expected_stats = backward_step(coordinator.policy, packed, config)
+    expected = _gradients(coordinator.policy)
+
+    pool.update_sessions({0: 2, 1: 2, 2: 2})
+    batch = BatchProgress(0, num_sessions=6, num_dispatched=6, num_finished=0)
+    assert policy.decide(pool.snapshot((batch,), num_steps=2)) == []
+
+    # Two sessions finished, both on cell 2: 4 outstanding fit in cells 0 and 1.
+    pool.update_sessions({2: 0})
+    batch = BatchProgress(0, 6, 6, num_finished=2)
+    decisions = policy.decide(pool.snapshot((batch,), num_steps=2))
+    assert decisions == [MoveToTraining(2), StartTraining(0)]
+    pool.carry_out(decisions)
+    assert engines.log == [("drain", 2)] and pool.cells[2].role is Role.TRAINING
+    coordinator.open_step(0, packed, config, num_released=0)
+    _until(lambda: coordinator.num_claimed() >= 1, "cell 2 holds the first ticket")
+
+    pool.update_sessions({0: 1, 1: 1})
+    batch = BatchProgress(0, 6, 6, num_finished=4, training_started=True)
+    decisions = policy.decide(pool.snapshot((batch,), num_steps=2))
+    assert decisions == [MoveToTraining(1)]
+    pool.carry_out(decisions)
+    _until(lambda: coordinator.num_claimed() >= 2, "cell 1 joined and holds a ticket")
+    assert coordinator.members() == [member_name(2), member_name(1)]
+
+    result = coordinator.finish_step()
+    _assert_gradients_close(_gradients(coordinator.policy), expected)
+    assert result.stats["loss"] == pytest.approx(expected_stats["loss"], rel=1e-5)
+    assert all(result.claims[member_name(i)] for i in (1, 2))
+    pool.step_published(0)
+
+    decisions = policy.decide(pool.snapshot((), num_steps=2))
+    assert decisions[:2] == [MoveToRollout(1), MoveToRollout(2)]
+    pool.carry_out(decisions)
+    assert engines.log[1:] == [("drain", 1), ("serve", 1, 1), ("serve", 2, 1)]
+    assert dispatched == [1]
+    assert all(cell.role is Role.ROLLOUT for cell in pool.cells.values())
+    assert pool.weight_version == 1 and pool.open_step is None
+
+
+def test_the_pool_refuses_what_the_table_forbids(pool_parts):
+    pool, _coordinator, engines, _dispatched = pool_parts
+    with pytest.raises(IllegalTransition, match="must head to training"):
+        pool.carry_out([MoveToRollout(0)])
+    with pytest.raises(PoolError, match="not the open step"):
+        pool.step_published(0)
+    pool.carry_out([StartTraining(0)])
+    with pytest.raises(PoolError, match="still open"):
+        pool.carry_out([StartTraining(1)])
+    with pytest.raises(PoolError, match="starts in training"):
+        LocalPool([Cell(0, Role.TRAINING)], engines, pool.members)
+    assert engines.log == [] and pool.cells[0].role is Role.ROLLOUT

@@ -1,0 +1,60 @@
+"""Engine and gateway started for one run: the rollout command's default ("embedded").
+
+`embedded_gateway(model_dir, store_dir)` starts the built-in engine on the model (unless
+engine URLs are given), serves the gateway in this process on a free port with a fresh
+admin token, and yields its URL and token; on exit both stop. This is composition-root
+wiring, so it lives in `undertow/` and may import every part.
+"""
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EmbeddedGateway:
+    url: str
+    admin_token: str
+    engine_urls: tuple[str, ...]
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(model_dir: Path, store_dir: Path, engine_urls: Sequence[str],
+                        **config) -> AsyncIterator[EmbeddedGateway]:
+    """The gateway, in this process, in front of `engine_urls`."""
+    from aiohttp import web
+
+    from undertow.gateway.app import create_app
+    from undertow.gateway.config import GatewayConfig
+
+    token = secrets.token_hex(16)
+    app = create_app(GatewayConfig(model_dir=Path(model_dir), store_dir=Path(store_dir),
+                                   engine_urls=tuple(engine_urls), admin_token=token, **config))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield EmbeddedGateway(url, token, tuple(engine_urls))
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def embedded_gateway(model_dir: Path, store_dir: Path,
+                           engine_urls: Sequence[str] = (), **config
+                           ) -> AsyncIterator[EmbeddedGateway]:
+    """The gateway, and the built-in engine on `model_dir` when no engine URL is given."""
+    from undertow.gateway.engines.launch import launch_engine
+
+    async with contextlib.AsyncExitStack() as stack:
+        if not engine_urls:
+            engine = await stack.enter_async_context(
+                launch_engine("builtin", model_dir, log_path=Path(store_dir).parent /
+                              "engine.log"))
+            engine_urls = (engine.url,)
+        yield await stack.enter_async_context(
+            serve_gateway(model_dir, store_dir, engine_urls, **config))

@@ -1,0 +1,107 @@
+"""`undertow rollout`: load tasks, pick the scaffold, reach or start a gateway, run.
+
+Against a running gateway (`--gateway URL`, admin token from the command line's
+environment) or an embedded one (built-in engine + gateway for this run; the model
+directory is `--model`, or the tiny model built once under the output folder).
+Prints progress while it runs, then the summary table; `summary.json` is written next
+to the sessions' folders. Ctrl-C stops cleanly (sessions closed, containers removed).
+"""
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RolloutCommand:
+    """Everything `undertow rollout` was given."""
+
+    tasks: Path
+    scaffold: str
+    group_size: int = 1
+    concurrency: int = 1
+    timeout_s: float = 600.0
+    gateway_url: str | None = None
+    admin_token: str = ""
+    model_dir: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    out_dir: Path = Path("runs/rollouts")
+    instance_ids: tuple[str, ...] = ()
+    num_tasks: int | None = None
+    scaffold_options: dict[str, Any] = field(default_factory=dict)
+    timeout_value: str = "partial_credit"
+    docker_url: str | None = None
+    progress_interval_s: float = 5.0
+
+
+def select_tasks(command: RolloutCommand) -> list:
+    from undertow.sandboxes.task import load_tasks
+
+    tasks = load_tasks(command.tasks)
+    if command.instance_ids:
+        known = {task.instance_id for task in tasks}
+        missing = sorted(set(command.instance_ids) - known)
+        if missing:
+            raise ValueError(f"no task {missing} in {command.tasks}")
+        tasks = [task for task in tasks if task.instance_id in command.instance_ids]
+    return tasks[:command.num_tasks] if command.num_tasks else tasks
+
+
+def _model_dir(command: RolloutCommand) -> Path:
+    if command.model_dir is not None:
+        return command.model_dir
+    from undertow.learner.modeldir import init_model_dir
+
+    model_dir = command.out_dir / "model-tiny"
+    if not (model_dir / "config.json").exists():
+        print(f"building the tiny model in {model_dir} (once)", flush=True)
+        init_model_dir(model_dir, size="tiny", seed=0)
+    return model_dir
+
+
+@contextlib.asynccontextmanager
+async def _gateway(command: RolloutCommand, run_dir: Path):
+    if command.gateway_url:
+        yield command.gateway_url, command.admin_token
+        return
+    from undertow.embedded import embedded_gateway
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    async with embedded_gateway(_model_dir(command), run_dir / "store",
+                                command.engine_urls) as gateway:
+        print(f"embedded gateway at {gateway.url} (engines {', '.join(gateway.engine_urls)})",
+              flush=True)
+        yield gateway.url, gateway.admin_token
+
+
+async def run_rollout(command: RolloutCommand):
+    """Runs the rollout; returns its `RolloutSummary`."""
+    from undertow.adapters.gateway_client import GatewayAdmin
+    from undertow.adapters.registry import create_scaffold
+    from undertow.adapters.rollout import Rollout, RolloutConfig, new_run_id
+    from undertow.sandboxes.connection import connect
+
+    tasks = select_tasks(command)
+    scaffold = create_scaffold(command.scaffold, command.scaffold_options)
+    config = RolloutConfig(group_size=command.group_size, concurrency=command.concurrency,
+                           timeout_s=command.timeout_s, out_dir=command.out_dir,
+                           run_id=new_run_id(), timeout_value=command.timeout_value,
+                           progress_interval_s=command.progress_interval_s)
+    async with _gateway(command, command.out_dir / config.run_id / "gateway") as (url, token):
+        with connect(command.docker_url) as connection:
+            async with GatewayAdmin(url, token) as admin:
+                await admin.health()
+                return await Rollout(tasks, scaffold, admin, connection, config).run()
+
+
+def main(command: RolloutCommand) -> int:
+    try:
+        summary = asyncio.run(run_rollout(command))
+    except KeyboardInterrupt:
+        print("rollout interrupted: sessions closed, containers removed", flush=True)
+        return 130
+    print(summary.table())
+    print(f"summary: {command.out_dir / summary.run_id / 'summary.json'}")
+    return 0

@@ -1,0 +1,267 @@
+"""`undertow train`: engine(s), gateway, rollouts and the learner of one run, wired.
+
+Threads: the learner (sync, `learner/train.py`) runs in the main thread; the engine,
+the gateway (`embedded.py`) and the rollouts (`adapters/rollout.py`) run on an
+asyncio loop in one background thread. `ThreadedGroupSource` joins the two: `launch`
+schedules a group's rollout on the loop, `wait` reads the finished groups' trees from
+the gateway's admin API. The learner pushes weights through the gateway's pool
+(`POST /admin/update_weights`).
+
+Sections of the run config: `run` (`RunConfig`, below), `rollout` (`RolloutSection`),
+`learner`, `loss`, `advantages` (see `learner/config.py`). With no config the default
+on this machine: the tiny model (built once into the run directory), one built-in
+engine, the embedded gateway, Docker sandboxes, mini-swe-agent on the bundled tasks.
+
+`rollout.source` plugs in another rollout: `"module:factory"`, where
+`factory(context: RolloutContext)` returns `async run_group(request) -> group name`
+(the group at the gateway whose sessions it ran and closed with rewards).
+
+Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engine
+restarts and loads the checkpoint's weights as their version before any rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import importlib
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from undertow.config import build_section, read_config
+
+SECTIONS = ("run", "rollout", "learner", "loss", "advantages")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where the run lives and what it serves. `model_dir` None: the tiny model, built
+    once into `run_dir/model-base`; `engine_urls` empty: one built-in engine."""
+
+    run_dir: Path = Path("runs/train")
+    model_dir: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    docker_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
+    bundled set), group index i running task i mod the number of tasks."""
+
+    tasks: Path | None = None
+    num_tasks: int | None = None
+    instance_ids: tuple[str, ...] = ()
+    scaffold: str = "mini-swe-agent"
+    scaffold_options: dict = field(default_factory=dict)
+    concurrency: int = 2
+    timeout_s: float = 600.0
+    timeout_value: str = "partial_credit"
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a rollout source is given: the gateway, the tasks, where to write."""
+
+    gateway_url: str
+    admin_token: str
+    run_dir: Path
+    rollout: RolloutSection
+    docker_url: str | None
+
+
+RunGroup = Callable[[Any], Awaitable[str]]
+
+
+class ThreadedGroupSource:
+    """`GroupSource` over an asyncio loop in another thread (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run_group: RunGroup, admin):
+        self.loop, self.run_group, self.admin = loop, run_group, admin
+        self.done: queue.Queue = queue.Queue()
+        self.futures: set[concurrent.futures.Future] = set()
+
+    def launch(self, request) -> None:
+        started_s = time.perf_counter()
+        future = asyncio.run_coroutine_threadsafe(self.run_group(request), self.loop)
+        self.futures.add(future)
+        future.add_done_callback(
+            lambda f: self.done.put((request, f, time.perf_counter() - started_s)))
+
+    def wait(self, timeout_s: float) -> list:
+        from undertow.learner.train import FinishedGroup
+
+        finished = []
+        with contextlib.suppress(queue.Empty):
+            finished.append(self.done.get(timeout=timeout_s))
+            while True:
+                finished.append(self.done.get_nowait())
+        groups = []
+        for request, future, rollout_s in finished:
+            self.futures.discard(future)
+            group = future.result()  # a failed rollout stops the run with its error
+            groups.append(FinishedGroup(request.index, self.admin.group_tree(group), rollout_s))
+        return groups
+
+    def cancel(self) -> None:
+        for future in list(self.futures):
+            future.cancel()
+        for future in list(self.futures):
+            with contextlib.suppress(BaseException):
+                future.result(timeout=120)
+
+
+def scaffold_rollouts(context: RolloutContext) -> RunGroup:
+    """The default source: `adapters.rollout.Rollout` of one task per group."""
+    from undertow.adapters.gateway_client import GatewayAdmin
+    from undertow.adapters.registry import create_scaffold
+    from undertow.adapters.rollout import Rollout, RolloutConfig
+    from undertow.sandboxes.connection import connect
+    from undertow.sandboxes.task import load_tasks
+    from undertow.sandboxes.taskset import BUNDLED_DIR
+
+    section = context.rollout
+    tasks = load_tasks(section.tasks or BUNDLED_DIR / "tasks.jsonl")
+    if section.instance_ids:
+        tasks = [t for t in tasks if t.instance_id in section.instance_ids]
+    tasks = tasks[:section.num_tasks] if section.num_tasks else tasks
+    if not tasks:
+        raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
+    scaffold = create_scaffold(section.scaffold, section.scaffold_options)
+
+    async def run_group(request) -> str:
+        config = RolloutConfig(group_size=request.group_size, concurrency=section.concurrency,
+                               timeout_s=section.timeout_s, out_dir=context.run_dir / "rollouts",
+                               run_id=request.group_id, timeout_value=section.timeout_value,
+                               progress_interval_s=0)
+        task = tasks[request.index % len(tasks)]
+        with connect(context.docker_url) as connection:
+            async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
+                summary = await Rollout([task], scaffold, admin, connection, config).run()
+                opened = [r.session_id for r in summary.sessions if r.session_id]
+                if not opened:
+                    raise RuntimeError(f"group {request.group_id}: no session opened: "
+                                       f"{[r.error for r in summary.sessions]}")
+                return (await admin.session(opened[0]))["group"]
+    return run_group
+
+
+def load_source(context: RolloutContext) -> RunGroup:
+    if not context.rollout.source:
+        return scaffold_rollouts(context)
+    module_name, sep, attribute = context.rollout.source.partition(":")
+    if not sep:
+        raise ValueError(f"rollout.source {context.rollout.source!r} must be 'module:factory'")
+    return getattr(importlib.import_module(module_name), attribute)(context)
+
+
+@contextlib.contextmanager
+def background_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An asyncio loop running in a daemon thread until the block ends."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="undertow-rollouts", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+@contextlib.contextmanager
+def embedded_services(loop, model_dir: Path, store_dir: Path, engine_urls) -> Iterator[Any]:
+    """Engine (unless given) and gateway, started on `loop`; stopped on exit."""
+    from undertow.embedded import embedded_gateway
+
+    manager = embedded_gateway(model_dir, store_dir, tuple(engine_urls))
+    gateway = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
+    try:
+        yield gateway
+    finally:
+        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result()
+
+
+def resolve_config(config_path: Path | None, overrides: list[str], run_dir: Path | None,
+                   resume: bool) -> dict[str, Any]:
+    """The run config: the file (or, on resume without one, the checkpoint's), overrides."""
+    from undertow.learner.checkpoint import latest_checkpoint
+
+    if run_dir is not None:
+        overrides = [*overrides, f"run.run_dir={run_dir}"]
+    tree = read_config(config_path, overrides)
+    unknown = sorted(set(tree) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; known: {list(SECTIONS)}")
+    if resume and config_path is None:
+        run = build_section(RunConfig, tree.get("run"), "run")
+        latest = latest_checkpoint(run.run_dir)
+        if latest is not None:
+            tree = read_config(latest / "config.yaml", overrides)
+    return tree
+
+
+def base_model_dir(run: RunConfig) -> Path:
+    if run.model_dir is not None:
+        return run.model_dir
+    from undertow.learner.modeldir import init_model_dir
+
+    model_dir = run.run_dir / "model-base"
+    if not (model_dir / "model.safetensors").exists():
+        print(f"building the tiny model in {model_dir} (once)", flush=True)
+        init_model_dir(model_dir, size="tiny", seed=0)
+    return model_dir
+
+
+def _plain(tree: dict[str, Any]) -> dict[str, Any]:
+    """The config as YAML-safe data (paths as strings) for the checkpoint."""
+    import json
+
+    return json.loads(json.dumps(tree, default=str))
+
+
+def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
+    """Runs (or resumes) the training run described by `tree`; returns "done"/"stopped"."""
+    from undertow.learner.advantages import AdvantageConfig
+    from undertow.learner.checkpoint import latest_checkpoint
+    from undertow.learner.config import TrainConfig
+    from undertow.learner.gateway_link import GatewayAdmin
+    from undertow.learner.losses import LossConfig
+    from undertow.learner.train import Learner
+
+    run = build_section(RunConfig, tree.get("run"), "run")
+    rollout = build_section(RolloutSection, tree.get("rollout"), "rollout")
+    config = build_section(TrainConfig, tree.get("learner"), "learner")
+    loss = build_section(LossConfig, tree.get("loss"), "loss")
+    advantages = build_section(AdvantageConfig, tree.get("advantages"), "advantages")
+    if not resume and (run.run_dir / "checkpoints").exists():
+        raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
+                         "it, or choose another run.run_dir")
+    model_dir = base_model_dir(run)
+    resolved = _plain({"run": asdict(run), "rollout": asdict(rollout), "learner": asdict(config),
+                       "loss": asdict(loss), "advantages": asdict(advantages)})
+    learner = (Learner.restore if resume else Learner)(
+        config, loss, advantages, model_dir, run.run_dir, resolved)
+    with background_loop() as loop, \
+            embedded_services(loop, model_dir, run.run_dir / "store", run.engine_urls) as gateway:
+        admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+        if learner.state.step > 0:
+            admin.push(latest_checkpoint(run.run_dir) / "model", learner.state.step)
+        print(f"undertow train: gateway {gateway.url}, engines {list(gateway.engine_urls)}, "
+              f"run {run.run_dir}, from step {learner.state.step}", flush=True)
+        context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir, rollout,
+                                 run.docker_url)
+        source = ThreadedGroupSource(loop, load_source(context), admin)
+        try:
+            outcome = learner.run(source, admin, stop)
+        finally:
+            source.cancel()
+    print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
+    return outcome

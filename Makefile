@@ -8,7 +8,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm docker-daemon run test lint bench
+.PHONY: setup setup-vllm setup-agents docker-daemon run test lint bench
 
 # The CPU build of torch is pinned and installed first, so that no later
 # requirement resolves a CUDA build.
@@ -34,6 +34,14 @@ $(VLLM_VENV)/.installed:
 
 setup-vllm: $(VLLM_VENV)/.installed
 
+# Claude Code and Codex CLI, from the npm registry, for the adapter tests.
+AGENTS := .cache/agents
+$(AGENTS)/.installed:
+	npm install --silent --prefix $(AGENTS) @anthropic-ai/claude-code @openai/codex
+	touch $@
+
+setup-agents: $(AGENTS)/.installed
+
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
@@ -42,7 +50,7 @@ docker-daemon: setup
 run: setup docker-daemon
 	$(PY) -m undertow.cli train
 
-test: setup setup-vllm docker-daemon
+test: setup setup-vllm setup-agents docker-daemon
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 

@@ -31,12 +31,15 @@ from undertow.adapters.command import CommandScaffold
 
 
 def claude_code(where: str = "sandbox", program: str = "claude", max_turns: int = 30,
-                extra_args: str = "") -> CommandScaffold:
+                max_output_tokens: int = 4096, extra_args: str = "") -> CommandScaffold:
     command = (f'{program} -p "$(cat {{problem_file}})" --model {{model}} '
                f"--max-turns {max_turns} --output-format stream-json --verbose {extra_args}")
     env = {"ANTHROPIC_MODEL": "{model}", "ANTHROPIC_SMALL_FAST_MODEL": "{model}",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_TELEMETRY": "1"}
+           "DISABLE_TELEMETRY": "1",
+           # Claude Code asks for 32k output tokens by default, more than a small model's
+           # context leaves after its long system prompt.
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens)}
     if where == "sandbox":
         # Tools without prompts, which Claude Code allows as root only when told
         # (`IS_SANDBOX=1`) that it runs in a sandbox; on the host it keeps its prompts.

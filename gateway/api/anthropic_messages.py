@@ -38,9 +38,11 @@ from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
+# Fields that do not change what the model sees (metadata, serving hints such as Claude
+# Code's `output_config`) are accepted and ignored; anything else is refused by name.
 ACCEPTED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
             "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "metadata",
-            "service_tier", "context_management", "container", "mcp_servers"}
+            "service_tier", "context_management", "container", "mcp_servers", "output_config"}
 SIGNATURE = "undertow"
 
 
@@ -120,10 +122,15 @@ def to_chat_messages(body: dict[str, Any]) -> list[dict]:
         raise BadRequest("messages: must be a non-empty list", param="messages")
     for index, turn in enumerate(turns):
         where = f"messages.{index}"
-        if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"{where}: role must be 'user' or 'assistant'", param="messages")
+        # Claude Code also sends `system` turns between the others (agent listings).
+        if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"{where}: role must be 'user', 'assistant' or 'system'",
+                             param="messages")
         blocks = _blocks(turn.get("content"), where)
-        if turn["role"] == "assistant":
+        if turn["role"] == "system":
+            messages.append({"role": "system",
+                             "content": "".join(block.get("text", "") for block in blocks)})
+        elif turn["role"] == "assistant":
             messages.append(_assistant(blocks, where))
         else:
             messages.extend(_user(blocks, where))

@@ -37,7 +37,7 @@ from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 ACCEPTED = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens",
             "temperature", "top_p", "stream", "store", "reasoning", "include",
             "parallel_tool_calls", "metadata", "text", "truncation", "user", "prompt_cache_key",
-            "service_tier", "previous_response_id", "stream_options"}
+            "service_tier", "previous_response_id", "stream_options", "client_metadata"}
 
 
 def _text(content: Any, where: str) -> str:
@@ -103,10 +103,13 @@ def _add_to_assistant(messages: list[dict], item: dict, kind: str, where: str) -
 def to_chat_tools(tools: Any) -> list[dict] | None:
     result = []
     for tool in tools or []:
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else tool
-            raise UnsupportedParameter(f"tool type {kind!r} is not supported (function tools "
-                                       "only)", param="tools")
+        if not isinstance(tool, dict):
+            raise BadRequest(f"tools: each tool must be an object, got {tool!r}", param="tools")
+        # Tools that the API provider runs itself or that take free-form input (Codex sends
+        # `web_search`, `custom` and `namespace` tools) have no function-call form for the
+        # model: they are not offered to it, rather than failing the scaffold's request.
+        if tool.get("type") != "function":
+            continue
         result.append({"type": "function", "function": {
             "name": tool.get("name"), "description": tool.get("description", ""),
             "parameters": tool.get("parameters") or {}}})

@@ -28,14 +28,7 @@ def find_cli(name: str) -> str | None:
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("preset,program", [
-    pytest.param(claude_code, "claude", marks=pytest.mark.xfail(
-        reason="claude-code 2.1 sends `output_config` in /v1/messages, which the gateway "
-               "refuses (400 'Extra inputs are not permitted'); the gateway must accept it")),
-    pytest.param(codex, "codex", marks=pytest.mark.xfail(
-        reason="codex 0.171 sends `client_metadata` in /v1/responses, which the gateway "
-               "refuses as an unsupported parameter (400); the gateway must accept it")),
-])
+@pytest.mark.parametrize("preset,program", [(claude_code, "claude"), (codex, "codex")])
 async def test_cli_talks_to_the_gateway(preset, program, scripted_gateway, bundled_tasks,
                                         connection, tmp_path):
     path = find_cli(program)

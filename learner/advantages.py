@@ -1,0 +1,94 @@
+"""Advantages: one number per session of a group, from the group's rewards.
+
+Group-relative (GRPO) by default: A_s = (r_s - mean) / (std + eps) over the group's
+closed sessions, with the population standard deviation (ddof 0); `scale="none"`
+gives the mean-only form A_s = r_s - mean (Dr.GRPO).
+
+A session that hit its time limit (`SessionPaths.meta["timed_out"]`) enters the
+group with the reward chosen by `timeout_reward`:
+- "partial_credit": the reward it was closed with (the grader's partial credit for
+  what it had done so far);
+- "tree_value": the mean reward of the sessions that did not time out and share
+  the longest token prefix with it (the value of the deepest tree node it shares);
+  its own recorded reward when no such session exists.
+The learner calls `group_advantages(tree, config)` per finished group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from undertow.gateway.tree import Tree
+
+SCALES = ("std", "none")
+TIMEOUT_REWARDS = ("partial_credit", "tree_value")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages (see the module docstring)."""
+
+    scale: str = "std"
+    eps: float = 1e-6
+    timeout_reward: str = "partial_credit"
+
+    def __post_init__(self):
+        if self.scale not in SCALES:
+            raise ValueError(f"AdvantageConfig.scale must be one of {SCALES}, got {self.scale!r}")
+        if self.timeout_reward not in TIMEOUT_REWARDS:
+            raise ValueError(f"AdvantageConfig.timeout_reward must be one of {TIMEOUT_REWARDS}, "
+                             f"got {self.timeout_reward!r}")
+        if self.eps < 0:
+            raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps}")
+
+
+def is_timed_out(tree: Tree, session_id: str) -> bool:
+    return bool(tree.sessions[session_id].meta.get("timed_out", False))
+
+
+def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
+    """The reward each closed session enters its group with."""
+    closed = {s: p.reward for s, p in tree.sessions.items()
+              if p.closed and p.reward is not None}
+    if config.timeout_reward == "partial_credit":
+        return dict(closed)
+    finished = {s: r for s, r in closed.items() if not is_timed_out(tree, s)}
+    rewards = {}
+    for session_id, reward in closed.items():
+        if session_id in finished or not finished:
+            rewards[session_id] = reward
+            continue
+        shared = {other: _shared_tokens(tree, session_id, other) for other in finished}
+        deepest = max(shared.values())
+        peers = [finished[other] for other, depth in shared.items() if depth == deepest]
+        rewards[session_id] = sum(peers) / len(peers)
+    return rewards
+
+
+def group_advantages(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
+    """Group-relative advantage per closed session of `tree`."""
+    rewards = session_rewards(tree, config)
+    if not rewards:
+        return {}
+    mean = sum(rewards.values()) / len(rewards)
+    if config.scale == "none":
+        return {s: r - mean for s, r in rewards.items()}
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards.values()) / len(rewards))
+    return {s: (r - mean) / (std + config.eps) for s, r in rewards.items()}
+
+
+def _shared_tokens(tree: Tree, session_a: str, session_b: str) -> int:
+    """Length in tokens of the longest prefix a path of `session_a` shares with one of
+    `session_b` (the token depth at which their deepest common node ends)."""
+    def node_ends(session_id: str) -> dict[int, int]:
+        ends = {}
+        for leaf in tree.sessions[session_id].leaves:
+            depth = 0
+            for node_id in tree.path(leaf):
+                depth += len(tree.nodes[node_id].token_ids)
+                ends[node_id] = depth
+        return ends
+
+    ends_a, ends_b = node_ends(session_a), node_ends(session_b)
+    return max((ends_a[n] for n in ends_a.keys() & ends_b.keys()), default=0)

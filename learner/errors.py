@@ -1,0 +1,19 @@
+"""Errors of the learner's training path (packing, losses, advantages, model).
+
+    LearnerError             base of everything the training path raises
+    ├── EmptyStepError       a step (or a session set) has no trainable token
+    └── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
+"""
+
+
+class LearnerError(Exception):
+    """Base of the training path's errors."""
+
+
+class EmptyStepError(LearnerError):
+    """A step has no trainable token: the loss mask would be all zero, which would
+    train nothing while looking like a normal step."""
+
+
+class LossConfigError(LearnerError, ValueError):
+    """A loss configuration that names no known loss or correction, or a bad parameter."""

@@ -1,0 +1,212 @@
+"""Policy losses over the terms of a packed step, chosen by name.
+
+The objective, defined on the FLAT per-session computation (which the tree-packed
+computation equals exactly; tests/learner/test_losses.py checks loss and every
+gradient):
+
+For each session s of the step, run the model on each of its paths (root to leaf)
+alone and take the tokens s sampled on them: T_s. A token on several paths of s
+(branches that share it, from history rewrites) is counted ONCE: T_s is a set of
+tree tokens (node, offset), which is well defined because a token's context is its
+path prefix, the same on every path through it. For a token t of T_s:
+
+    l_t   = log pi_theta(t | prefix)              (the current policy)
+    mu_t  = the behaviour logprob the gateway recorded
+    f_t   = -w_t * min(rho_t * A_s, clip(rho_t, 1 - clip_low, 1 + clip_high) * A_s)
+            + kl_coef * k3_t - entropy_coef * H_t
+
+where A_s is the session's advantage (advantages.py), H_t the entropy of the policy
+at t's position, k3_t = exp(r_t - l_t) - (r_t - l_t) - 1 with r_t the reference
+model's logprob, and (rho_t, w_t) come from the off-policy correction, by name:
+
+    "none"           rho = exp(l - mu), w = 1 (PPO with the behaviour policy as old)
+    "decoupled_ppo"  rho = exp(l - sg(l)), w = exp(sg(l) - mu), and w = 0 (token
+                     dropped) where w > max_importance_weight (AReaL's decoupled PPO,
+                     the proximal policy being the current weights before the step)
+    "tis"            rho = exp(l - sg(l)), w = min(exp(sg(l) - mu), max_importance_weight)
+                     (truncated importance sampling)
+
+sg() stops the gradient. Clipping is non-linear, so f is evaluated per (token,
+session) pair: a token trained by several sessions would contribute one term per
+session, each with its own advantage and normaliser (the tree model gives each
+sampled token one owner, so each has one term). The loss aggregates the terms by
+name, with normalisers counted over the WHOLE step (never per micro-batch):
+
+    "token_mean" (DAPO)   L = sum_s sum_{t in T_s} f_t / sum_s |T_s|
+    "grpo"                L = 1/|S| sum_s 1/|T_s| sum_{t in T_s} f_t
+    "dr_grpo"             L = 1/(|S| C) sum_s sum_{t in T_s} f_t, C = dr_grpo_num_tokens
+    "gyre" (QwenGyre)     only the last max_paths_per_session paths of each session
+                          count; a token belongs to the first of them containing it
+                          (T_{s,p}); L = 1/|S| sum_s 1/P_s sum_p 1/|T_{s,p}| sum f_t
+
+S is the set of sessions with at least one token; P_s the number of s's paths with
+at least one token. Each aggregation is a fixed weight per term, so the step's loss
+is the sum of its micro-batches' losses and gradients add up exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from undertow.learner.errors import LossConfigError
+from undertow.learner.packing import MicroBatch, PackedStep
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss of a step; `name` picks the aggregation, `correction` the off-policy
+    correction (see the module docstring). `max_paths_per_session` is used by "gyre"."""
+
+    name: str = "grpo"
+    correction: str = "none"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    max_importance_weight: float = 2.0
+    dr_grpo_num_tokens: int = 4096
+    max_paths_per_session: int = 2
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+
+    def __post_init__(self):
+        if self.name not in LOSSES:
+            raise LossConfigError(f"unknown loss {self.name!r}; choose one of {sorted(LOSSES)}")
+        if self.correction not in CORRECTIONS:
+            raise LossConfigError(f"unknown off-policy correction {self.correction!r}; "
+                                  f"choose one of {sorted(CORRECTIONS)}")
+        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise LossConfigError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_importance_weight <= 0 or self.dr_grpo_num_tokens < 1:
+            raise LossConfigError("LossConfig.max_importance_weight and dr_grpo_num_tokens "
+                                  "must be positive")
+        if self.max_paths_per_session < 1:
+            raise LossConfigError(f"LossConfig.max_paths_per_session must be >= 1, "
+                                  f"got {self.max_paths_per_session}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LossConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise LossConfigError(f"unknown loss setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    @property
+    def paths_per_session(self) -> int | None:
+        """What `pack_step` must be given as `max_paths_per_session`."""
+        return self.max_paths_per_session if self.name == "gyre" else None
+
+
+def _count(index: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.bincount(index, minlength=size).to(torch.float64)
+
+
+def _token_mean(session, path, config):
+    return torch.full(session.shape, 1.0 / session.numel(), dtype=torch.float64)
+
+
+def _grpo(session, path, config):
+    per_session = _count(session, int(session.max()) + 1)
+    num_sessions = int((per_session > 0).sum())
+    return 1.0 / (num_sessions * per_session[session])
+
+
+def _dr_grpo(session, path, config):
+    num_sessions = int(torch.unique(session).numel())
+    return torch.full(session.shape, 1.0 / (num_sessions * config.dr_grpo_num_tokens),
+                      dtype=torch.float64)
+
+
+def _gyre(session, path, config):
+    num_paths = int(path.max()) + 1
+    pair = session * num_paths + path
+    per_pair = _count(pair, int(pair.max()) + 1)
+    pairs_of_session = _count(torch.unique(pair) // num_paths, int(session.max()) + 1)
+    num_sessions = int((pairs_of_session > 0).sum())
+    return 1.0 / (num_sessions * pairs_of_session[session] * per_pair[pair])
+
+
+LOSSES = {"token_mean": _token_mean, "grpo": _grpo, "dr_grpo": _dr_grpo, "gyre": _gyre}
+
+
+def term_weights(config: LossConfig, term_session: torch.Tensor,
+                 term_path: torch.Tensor) -> torch.Tensor:
+    """(N,) float64 normaliser weight of each term of the whole step."""
+    return LOSSES[config.name](term_session, term_path, config)
+
+
+def step_weights(config: LossConfig, step: PackedStep) -> torch.Tensor:
+    return term_weights(config, step.term_session, step.term_path)
+
+
+def _no_correction(logprobs, behaviour, config):
+    return torch.exp(logprobs - behaviour), torch.ones_like(logprobs)
+
+
+def _decoupled_ppo(logprobs, behaviour, config):
+    proximal = logprobs.detach()
+    weight = torch.exp(proximal - behaviour)
+    weight = torch.where(weight > config.max_importance_weight, 0.0, weight)
+    return torch.exp(logprobs - proximal), weight
+
+
+def _tis(logprobs, behaviour, config):
+    proximal = logprobs.detach()
+    weight = torch.exp(proximal - behaviour).clamp(max=config.max_importance_weight)
+    return torch.exp(logprobs - proximal), weight
+
+
+CORRECTIONS = {"none": _no_correction, "decoupled_ppo": _decoupled_ppo, "tis": _tis}
+
+
+def token_terms(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Tensor,
+                advantages: torch.Tensor, ref_logprobs: torch.Tensor | None = None,
+                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N,) per-term f_t (module docstring) and unweighted sums for metrics."""
+    behaviour = behaviour.to(logprobs.dtype)
+    advantages = advantages.to(logprobs.dtype)
+    ratio, weight = CORRECTIONS[config.correction](logprobs, behaviour, config)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * advantages
+    terms = -weight * torch.minimum(unclipped, clipped)
+    stats = {"num_terms": float(logprobs.numel()),
+             "num_clipped": float((clipped < unclipped).sum()),
+             "importance_weight_sum": float(weight.sum()),
+             "num_dropped": float((weight == 0).sum())}
+    if config.kl_coef:
+        if ref_logprobs is None:
+            raise LossConfigError("kl_coef > 0 needs the reference model's logprobs")
+        log_ratio = ref_logprobs.to(logprobs.dtype) - logprobs
+        k3 = torch.exp(log_ratio) - log_ratio - 1
+        terms = terms + config.kl_coef * k3
+        stats["kl_sum"] = float(k3.detach().sum())
+    if config.entropy_coef:
+        if entropy is None:
+            raise LossConfigError("entropy_coef > 0 needs the policy's entropy")
+        terms = terms - config.entropy_coef * entropy
+        stats["entropy_sum"] = float(entropy.detach().sum())
+    return terms, stats
+
+
+def micro_batch_loss(config: LossConfig, step: PackedStep, micro_batch: MicroBatch,
+                     weights: torch.Tensor, logprobs: torch.Tensor,
+                     entropy: torch.Tensor | None = None,
+                     ref_logprobs: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step's loss (the shares sum to the step loss).
+
+    `logprobs`/`entropy`/`ref_logprobs` are (N,) over `micro_batch.term_ids`;
+    `weights` is `step_weights(config, step)`.
+    """
+    ids = micro_batch.term_ids
+    terms, stats = token_terms(config, logprobs, step.behaviour_logprobs[ids],
+                               step.advantages[ids], ref_logprobs, entropy)
+    weighted = weights[ids].to(terms.dtype) * terms
+    loss = weighted.sum()
+    stats["loss"] = float(loss.detach())
+    # The scale of the sum: the loss itself may cancel to near zero across sessions.
+    stats["loss_abs_sum"] = float(weighted.detach().abs().sum())
+    return loss, stats

@@ -1,0 +1,44 @@
+"""The step's objective on the packed trees: forward, loss and backward per micro-batch.
+
+`backward_step` is what the training loop calls between zeroing the gradients and
+stepping the optimizer: it computes the normaliser weights over the whole step once,
+then for each micro-batch scores its terms (`model.py`), takes its share of the loss
+(`losses.py`) and backpropagates it at once, so that only one micro-batch's
+activations are alive at a time. The shares sum to the step's loss, and the
+accumulated gradients to the step's gradient.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
+from undertow.learner.model import PolicyModel
+from undertow.learner.packing import PackedStep
+
+
+def backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
+                  reference: PolicyModel | None = None, backward: bool = True
+                  ) -> dict[str, float]:
+    """Accumulates the step's gradient into the parameters' `.grad` (unless
+    `backward` is False); returns the summed stats ("loss", "num_terms",
+    "num_clipped", ... see `losses.token_terms`)."""
+    weights = step_weights(config, step)
+    totals: dict[str, float] = defaultdict(float)
+    for micro_batch in step.micro_batches:
+        scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
+        ref_logprobs = None
+        if config.kl_coef:
+            if reference is None:
+                raise ValueError("LossConfig.kl_coef > 0 needs a reference model")
+            with torch.no_grad():
+                ref_logprobs = reference.score(micro_batch).logprobs
+        loss, stats = micro_batch_loss(config, step, micro_batch, weights, scores.logprobs,
+                                       scores.entropy, ref_logprobs)
+        if backward:
+            loss.backward()
+        for name, value in stats.items():
+            totals[name] += value
+    return dict(totals)

@@ -1,0 +1,140 @@
+"""The flat reference: the loss of losses.py computed one sample at a time, untreed.
+
+A sample is one sequence run alone through the model (causal mask, positions
+0..L-1). `mode="session"`: one sample per selected path of each session (the flat
+per-session computation that defines the objective); `mode="call"`: one sample per
+recorded call (its prompt plus completion; Agent Lightning's transition mode). In
+both, a sample scores the tokens of its session that no earlier sample of that
+session scored (dedupe by tree node and offset), so each trainable token counts once.
+
+The normalisers are computed here from the samples' own counts, independently of
+the packer and of `losses.term_weights`; only the per-token term f_t
+(`losses.token_terms`) is shared, and tests check it by hand. Used by the tests
+(tree = flat, loss and every gradient) and by benchmarks/learner.py as baselines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from undertow.gateway.tree import Tree
+from undertow.learner.losses import LossConfig, token_terms
+from undertow.learner.model import PolicyModel
+from undertow.learner.packing import SessionKey, selected_leaves
+
+
+@dataclass
+class FlatSample:
+    """One sequence and the tokens it trains: `scored` are positions (> 0) into
+    `token_ids`; `path_index[k]` is the first selected path of the session holding
+    scored token k."""
+
+    session: SessionKey
+    token_ids: torch.Tensor     # (L,) long
+    scored: torch.Tensor        # (n,) long
+    behaviour: torch.Tensor     # (n,) float64
+    path_index: list[int]
+    advantage: float
+
+
+def _path_positions(tree: Tree, leaf: int) -> list[tuple[int, int]]:
+    return [(node_id, offset) for node_id in tree.path(leaf)
+            for offset in range(len(tree.nodes[node_id].token_ids))]
+
+
+def flat_samples(trees: list[Tree], advantages: dict[SessionKey, float], mode: str = "session",
+                 max_paths_per_session: int | None = None) -> list[FlatSample]:
+    """The step's samples, in session order (see the module docstring)."""
+    if mode not in ("session", "call"):
+        raise ValueError(f"mode must be 'session' or 'call', got {mode!r}")
+    samples = []
+    for tree in trees:
+        for session_id in tree.sessions:
+            key = (tree.group_id, session_id)
+            if key not in advantages:
+                continue
+            leaves = selected_leaves(tree, session_id, max_paths_per_session)
+            first_path: dict[int, int] = {}
+            for path_index, leaf in enumerate(leaves):
+                for node_id in tree.path(leaf):
+                    first_path.setdefault(node_id, path_index)
+            if mode == "session":
+                sequences = [(leaf, 0) for leaf in leaves]
+            else:
+                sequences = [(call.leaf, call.num_completion_tokens) for call in tree.calls
+                             if call.session_id == session_id]
+            seen: set[tuple[int, int]] = set()
+            for leaf, num_completion in sequences:
+                positions = _path_positions(tree, leaf)
+                start = len(positions) - num_completion if mode == "call" else 1
+                scored, behaviour, path_index = [], [], []
+                for index in range(max(start, 1), len(positions)):
+                    node_id, offset = positions[index]
+                    node = tree.nodes[node_id]
+                    if (node.sampled_by != session_id or node_id not in first_path
+                            or (node_id, offset) in seen):
+                        continue
+                    seen.add((node_id, offset))
+                    scored.append(index)
+                    behaviour.append(node.logprobs[offset])
+                    path_index.append(first_path[node_id])
+                if scored:
+                    samples.append(FlatSample(
+                        key, torch.tensor(tree.path_token_ids(leaf)), torch.tensor(scored),
+                        torch.tensor(behaviour, dtype=torch.float64), path_index,
+                        advantages[key]))
+    return samples
+
+
+def flat_weights(samples: list[FlatSample], config: LossConfig) -> list[torch.Tensor]:
+    """Per sample, the (n,) normaliser weight of each scored token (losses.py's table)."""
+    per_session: dict[SessionKey, int] = defaultdict(int)
+    per_path: dict[tuple[SessionKey, int], int] = defaultdict(int)
+    for sample in samples:
+        per_session[sample.session] += len(sample.path_index)
+        for path in sample.path_index:
+            per_path[(sample.session, path)] += 1
+    num_sessions = len(per_session)
+    num_tokens = sum(per_session.values())
+    paths_of = defaultdict(int)
+    for session, _ in per_path:
+        paths_of[session] += 1
+    weights = []
+    for sample in samples:
+        s = sample.session
+        if config.name == "token_mean":
+            values = [1.0 / num_tokens] * len(sample.path_index)
+        elif config.name == "grpo":
+            values = [1.0 / (num_sessions * per_session[s])] * len(sample.path_index)
+        elif config.name == "dr_grpo":
+            values = [1.0 / (num_sessions * config.dr_grpo_num_tokens)] * len(sample.path_index)
+        else:
+            values = [1.0 / (num_sessions * paths_of[s] * per_path[(s, p)])
+                      for p in sample.path_index]
+        weights.append(torch.tensor(values, dtype=torch.float64))
+    return weights
+
+
+def flat_loss(policy: PolicyModel, samples: list[FlatSample], config: LossConfig,
+              reference: PolicyModel | None = None, backward: bool = True) -> float:
+    """The step's loss, one sample at a time; with `backward`, each sample's share is
+    backpropagated at once (gradients accumulate in the parameters' `.grad`)."""
+    total = 0.0
+    for sample, weights in zip(samples, flat_weights(samples, config), strict=True):
+        scores = policy.score_path(sample.token_ids, sample.scored,
+                                   with_entropy=bool(config.entropy_coef))
+        ref_logprobs = None
+        if config.kl_coef and reference is not None:
+            with torch.no_grad():
+                ref_logprobs = reference.score_path(sample.token_ids, sample.scored).logprobs
+        advantages = torch.full_like(sample.behaviour, sample.advantage)
+        terms, _ = token_terms(config, scores.logprobs, sample.behaviour, advantages,
+                               ref_logprobs, scores.entropy)
+        loss = (weights.to(terms.dtype) * terms).sum()
+        if backward:
+            loss.backward()
+        total += float(loss.detach())
+    return total

@@ -1,0 +1,75 @@
+"""Advantages by hand: group-relative with std or mean-only, and timed-out sessions."""
+
+import math
+
+import pytest
+
+from undertow.gateway.tree import Tree
+from undertow.learner.advantages import AdvantageConfig, group_advantages, session_rewards
+
+
+def _group(rewards: dict[str, float], prompts: dict[str, list[int]] | None = None,
+           timed_out: tuple[str, ...] = ()) -> Tree:
+    tree = Tree("g")
+    for index, (session_id, reward) in enumerate(rewards.items()):
+        prompt = (prompts or {}).get(session_id, [1, 2, 3])
+        tree.add_call(f"c{index}", session_id, prompt, [50 + index], [-1.0], [0])
+        tree.close_session(session_id, reward, {"timed_out": session_id in timed_out})
+    return tree
+
+
+def test_group_relative_with_population_std():
+    tree = _group({"a": 1.0, "b": 0.0, "c": 0.5})
+    std = math.sqrt((0.25 + 0.25 + 0.0) / 3)
+    advantages = group_advantages(tree, AdvantageConfig(eps=1e-6))
+    assert advantages == pytest.approx({"a": 0.5 / (std + 1e-6), "b": -0.5 / (std + 1e-6),
+                                        "c": 0.0})
+
+
+def test_mean_only():
+    tree = _group({"a": 1.0, "b": 0.0, "c": 0.5})
+    assert group_advantages(tree, AdvantageConfig(scale="none")) == pytest.approx(
+        {"a": 0.5, "b": -0.5, "c": 0.0})
+
+
+def test_identical_rewards_give_zero_advantage():
+    tree = _group({"a": 1.0, "b": 1.0})
+    assert group_advantages(tree, AdvantageConfig()) == {"a": 0.0, "b": 0.0}
+
+
+def test_open_sessions_are_left_out():
+    tree = _group({"a": 1.0, "b": 0.0})
+    tree.add_call("open", "c", [1, 2, 3], [9], [-1.0], [0])
+    assert set(group_advantages(tree, AdvantageConfig())) == {"a", "b"}
+
+
+def _timeout_tree() -> Tree:
+    # c timed out; it shares [1, 2, 3, 4, 5] with b but only [1, 2, 3] with a.
+    prompts = {"a": [1, 2, 3, 9], "b": [1, 2, 3, 4, 5, 6], "c": [1, 2, 3, 4, 5, 7]}
+    return _group({"a": 1.0, "b": 0.0, "c": 0.3}, prompts, timed_out=("c",))
+
+
+def test_timed_out_session_keeps_its_partial_credit():
+    rewards = session_rewards(_timeout_tree(), AdvantageConfig(timeout_reward="partial_credit"))
+    assert rewards == {"a": 1.0, "b": 0.0, "c": 0.3}
+
+
+def test_timed_out_session_takes_the_value_of_its_deepest_shared_node():
+    config = AdvantageConfig(timeout_reward="tree_value", scale="none")
+    assert session_rewards(_timeout_tree(), config) == {"a": 1.0, "b": 0.0, "c": 0.0}
+    assert group_advantages(_timeout_tree(), config) == pytest.approx(
+        {"a": 2 / 3, "b": -1 / 3, "c": -1 / 3})
+
+
+def test_tree_value_averages_equally_deep_peers():
+    prompts = {"a": [1, 2, 3, 9], "b": [1, 2, 3, 8], "c": [1, 2, 3, 7]}
+    tree = _group({"a": 1.0, "b": 0.0, "c": 0.3}, prompts, timed_out=("c",))
+    rewards = session_rewards(tree, AdvantageConfig(timeout_reward="tree_value"))
+    assert rewards["c"] == pytest.approx(0.5)
+
+
+def test_bad_settings_are_rejected():
+    with pytest.raises(ValueError, match="scale"):
+        AdvantageConfig(scale="rank")
+    with pytest.raises(ValueError, match="timeout_reward"):
+        AdvantageConfig(timeout_reward="zero")

@@ -1,0 +1,183 @@
+"""Losses: per-token terms and normalisers by hand, and the tree-packed loss and every
+gradient equal to the flat per-session computation for every variant and split."""
+
+import math
+
+import pytest
+import torch
+
+from undertow.learner.errors import LossConfigError
+from undertow.learner.losses import CORRECTIONS, LOSSES, LossConfig, term_weights, token_terms
+from undertow.learner.objective import backward_step
+from undertow.learner.packing import pack_step
+from undertow.learner.reference import flat_loss, flat_samples
+
+# Relative to the scale of each sum: the loss to the sum of its terms' magnitudes (it
+# may cancel to near zero across sessions), a gradient to its largest entry.
+RTOL = 1e-5
+LOGPROBS = [-1.0, -2.0, -0.5]
+BEHAVIOUR = [-1.1, -1.5, -1.5]
+ADVANTAGES = [1.0, -2.0, 0.5]
+
+
+def _terms(correction, **extra):
+    logprobs = torch.tensor(LOGPROBS, dtype=torch.float64, requires_grad=True)
+    config = LossConfig(correction=correction, max_importance_weight=1.5, **extra)
+    terms, stats = token_terms(config, logprobs, torch.tensor(BEHAVIOUR),
+                               torch.tensor(ADVANTAGES), **_extra_inputs(extra))
+    terms.sum().backward()
+    return terms.detach().tolist(), logprobs.grad.tolist(), stats
+
+
+def _extra_inputs(extra):
+    inputs = {}
+    if extra.get("kl_coef"):
+        inputs["ref_logprobs"] = torch.tensor([-1.2, -2.0, -0.4], dtype=torch.float64)
+    if extra.get("entropy_coef"):
+        inputs["entropy"] = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)
+    return inputs
+
+
+def test_ppo_against_the_behaviour_policy_by_hand():
+    terms, grads, stats = _terms("none")
+    rho0 = math.exp(0.1)
+    # t0 unclipped; t1 (A<0, rho<0.8) clipped at 0.8; t2 (A>0, rho>1.2) clipped at 1.2.
+    assert terms == pytest.approx([-rho0, 0.8 * 2.0, -1.2 * 0.5])
+    assert grads == pytest.approx([-rho0, 0.0, 0.0])
+    assert stats["num_clipped"] == 2
+
+
+def test_decoupled_ppo_drops_tokens_over_the_weight_cap():
+    terms, grads, stats = _terms("decoupled_ppo")
+    w0, w1 = math.exp(0.1), math.exp(-0.5)   # w2 = e > 1.5: dropped
+    assert terms == pytest.approx([-w0 * 1.0, w1 * 2.0, 0.0])
+    assert grads == pytest.approx([-w0, w1 * 2.0, 0.0])
+    assert stats["num_dropped"] == 1
+
+
+def test_tis_truncates_the_weight():
+    terms, grads, _ = _terms("tis")
+    w0, w1 = math.exp(0.1), math.exp(-0.5)
+    assert terms == pytest.approx([-w0, w1 * 2.0, -1.5 * 0.5])
+    assert grads == pytest.approx([-w0, w1 * 2.0, -1.5 * 0.5])
+
+
+def test_kl_k3_and_entropy_bonus_by_hand():
+    base_terms, base_grads, _ = _terms("tis")
+    terms, grads, stats = _terms("tis", kl_coef=0.1, entropy_coef=0.01)
+    ref = [-1.2, -2.0, -0.4]
+    k3 = [math.exp(r - lp) - (r - lp) - 1 for r, lp in zip(ref, LOGPROBS, strict=True)]
+    expected = [b + 0.1 * k - 0.01 * h
+                for b, k, h in zip(base_terms, k3, [3.0, 2.0, 1.0], strict=True)]
+    assert terms == pytest.approx(expected)
+    dk3 = [1 - math.exp(r - lp) for r, lp in zip(ref, LOGPROBS, strict=True)]
+    assert grads == pytest.approx([g + 0.1 * d for g, d in zip(base_grads, dk3, strict=True)])
+    assert stats["kl_sum"] == pytest.approx(sum(k3))
+
+
+def test_normalisers_by_hand():
+    session = torch.tensor([0, 0, 0, 1])
+    path = torch.tensor([0, 1, 1, 0])
+
+    def weights(name):
+        return term_weights(LossConfig(name=name, dr_grpo_num_tokens=10), session, path).tolist()
+
+    assert weights("token_mean") == pytest.approx([1 / 4] * 4)
+    assert weights("grpo") == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 2])
+    assert weights("dr_grpo") == pytest.approx([1 / 20] * 4)
+    # s0: two paths (1 and 2 tokens) averaged, then the two sessions averaged.
+    assert weights("gyre") == pytest.approx([1 / 4, 1 / 8, 1 / 8, 1 / 2])
+
+
+def test_unknown_names_are_rejected_with_the_choices():
+    with pytest.raises(LossConfigError, match="token_mean"):
+        LossConfig(name="ppo2")
+    with pytest.raises(LossConfigError, match="decoupled_ppo"):
+        LossConfig(correction="vtrace")
+    with pytest.raises(LossConfigError, match="clip_lo"):
+        LossConfig.from_dict({"clip_lo": 0.1})
+    assert LossConfig.from_dict({"name": "dr_grpo"}).name == "dr_grpo"
+
+
+VARIANTS = [LossConfig(name=n, correction=c, max_importance_weight=1.5)
+            for n in LOSSES for c in CORRECTIONS]
+VARIANTS += [LossConfig(name="grpo", correction="decoupled_ppo", kl_coef=0.1,
+                        entropy_coef=0.01, clip_high=0.28),
+             LossConfig(name="gyre", correction="none", max_paths_per_session=1, kl_coef=0.05)]
+
+
+def _advantages(trees):
+    from undertow.learner.advantages import AdvantageConfig, group_advantages
+
+    return {(t.group_id, s): a for t in trees
+            for s, a in group_advantages(t, AdvantageConfig()).items()}
+
+
+def _gradients(policy):
+    grads = {name: p.grad.clone() for name, p in policy.model.named_parameters()}
+    policy.model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _assert_gradients_close(tree_grads, flat_grads):
+    for name, flat in flat_grads.items():
+        scale = flat.abs().max()
+        assert scale > 0, f"{name}: zero gradient, the comparison would be vacuous"
+        error = (tree_grads[name] - flat).abs().max()
+        assert error <= RTOL * scale, f"{name}: {error:.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.name}-{c.correction}"
+                         + ("-kl" if c.kl_coef else "") + ("-ent" if c.entropy_coef else ""))
+def test_tree_equals_flat_per_session(random_trees, policy32, reference32, config):
+    advantages = _advantages(random_trees)
+    policy32.model.zero_grad(set_to_none=True)
+    samples = flat_samples(random_trees, advantages, "session", config.paths_per_session)
+    flat = flat_loss(policy32, samples, config, reference32)
+    flat_grads = _gradients(policy32)
+    for budget in (10**6, 40):
+        step = pack_step(random_trees, advantages, budget, config.paths_per_session)
+        stats = backward_step(policy32, step, config, reference32)
+        assert abs(stats["loss"] - flat) <= RTOL * stats["loss_abs_sum"]
+        assert stats["num_terms"] == sum(len(s.path_index) for s in samples)
+        _assert_gradients_close(_gradients(policy32), flat_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [10**6, 48, 16, 5])
+def test_tree_equals_flat_across_micro_batch_splits(random_trees, policy32, budget):
+    config = LossConfig(name="token_mean", correction="none")
+    advantages = _advantages(random_trees)
+    flat = flat_loss(policy32, flat_samples(random_trees, advantages), config)
+    flat_grads = _gradients(policy32)
+    step = pack_step(random_trees, advantages, budget)
+    assert len(step.micro_batches) >= (1 if budget > 10**5 else 2)
+    stats = backward_step(policy32, step, config)
+    assert abs(stats["loss"] - flat) <= RTOL * stats["loss_abs_sum"]
+    _assert_gradients_close(_gradients(policy32), flat_grads)
+
+
+@pytest.mark.slow
+def test_clipping_and_dropping_are_exercised(random_trees, policy32):
+    advantages = _advantages(random_trees)
+    step = pack_step(random_trees, advantages, 10**6)
+    with torch.no_grad():
+        none = backward_step(policy32, step, LossConfig(), backward=False)
+        dropped = backward_step(policy32, step, LossConfig(correction="decoupled_ppo",
+                                                           max_importance_weight=1.5),
+                                backward=False)
+    assert 0 < none["num_clipped"] < none["num_terms"]
+    assert 0 < dropped["num_dropped"] < dropped["num_terms"]
+
+
+def test_one_sample_per_call_trains_the_same_tokens_as_per_session(random_trees):
+    advantages = _advantages(random_trees)
+    by_session = flat_samples(random_trees, advantages, "session")
+    by_call = flat_samples(random_trees, advantages, "call")
+    assert len(by_call) > len(by_session)
+
+    def tokens(samples):
+        return sorted((s.session, float(b)) for s in samples for b in s.behaviour)
+
+    assert tokens(by_call) == tokens(by_session)

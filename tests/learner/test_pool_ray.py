@@ -1,0 +1,250 @@
+"""The Ray backend runs the local pool's elastic trace and gets the same outcome.
+
+The trace is the one of `test_pool_local.py`: three cells with two session slots each
+roll out six sessions; the elastic policy moves cell 2 into a step that it opens, then
+cell 1 into the running step (joining mid-step), and both back to rollout once the
+weights are published. It runs twice in one test, with the members as threads
+(`ThreadMembers`) and as Ray actors (`RayMembers`, one actor group per cell) on a local
+Ray instance that declares three fake GPUs and one custom resource per cell; the
+decisions, the cells' role changes, the engine and member calls and the step's
+gradient must agree. Ray's processes must all be gone after `ray.shutdown()`.
+"""
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.learner.test_losses import _advantages, _assert_gradients_close, _gradients
+from tests.learner.test_pool_local import TIMEOUT_S, RecordingEngines, _until
+from undertow.learner.elastic import Coordinator
+from undertow.learner.losses import LossConfig
+from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_step
+from undertow.learner.packing import pack_step
+from undertow.learner.pool import BatchProgress, Cell, PoolError, Role, make_policy
+from undertow.learner.pool.local import LocalPool, ThreadMembers, member_name
+
+# Imported by the fixture, not here: Ray decides at import time whether to bind to loopback.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                       reason="ray is not installed (pip install -e '.[cluster]')"),
+]
+
+NUM_CELLS = 3
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux /proc), zombies left out."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A local Ray with 2 CPUs, 3 declared (fake) GPUs and a resource per cell; at
+    teardown, every process it started must have exited."""
+    from undertow.learner.pool.ray_backend import cell_resource, local_cluster
+
+    resources = {cell_resource(i): 1 for i in range(NUM_CELLS)}
+    before = _descendants(os.getpid())
+    with local_cluster(tmp_path_factory.mktemp("ray"), num_cpus=2, num_gpus=NUM_CELLS,
+                       resources=resources) as node:
+        started = _descendants(os.getpid()) - before
+        yield node
+        started |= _descendants(os.getpid()) - before
+    deadline = time.monotonic() + TIMEOUT_S
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started, "the fixture saw no Ray process start; the check below would be vacuous"
+    assert not _alive(started), f"Ray processes left after ray.shutdown(): {_alive(started)}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+class RecordingMembers:
+    """Passes the pool's calls on to real members and writes them down."""
+
+    def __init__(self, inner):
+        self.inner, self.log = inner, []
+
+    def start(self, cell_id):
+        self.log.append(("start", cell_id))
+        self.inner.start(cell_id)
+
+    def join(self, cell_id, step):
+        self.log.append(("join", cell_id, step))
+        self.inner.join(cell_id, step)
+
+    def stop(self, cell_id):
+        self.log.append(("stop", cell_id))
+        self.inner.stop(cell_id)
+
+
+@dataclass
+class TraceRecord:
+    decisions: list = field(default_factory=list)
+    roles: list = field(default_factory=list)
+    roster: list = field(default_factory=list)
+    engine_log: list = field(default_factory=list)
+    member_log: list = field(default_factory=list)
+    dispatched: list = field(default_factory=list)
+    claims: dict = field(default_factory=dict)
+    loss: float = 0.0
+    gradients: dict = field(default_factory=dict)
+
+
+def run_trace(policy_model, coordinator, members, packed, config) -> TraceRecord:
+    """The trace of `test_pool_local.py`, recorded instead of asserted."""
+    record, policy = TraceRecord(), make_policy("elastic")
+    engines, recording = RecordingEngines(range(NUM_CELLS)), RecordingMembers(members)
+    pool = LocalPool([Cell(i, Role.ROLLOUT, 2) for i in range(NUM_CELLS)], engines, recording,
+                     dispatch=record.dispatched.append)
+
+    def decide_and_carry_out(batches):
+        decisions = policy.decide(pool.snapshot(batches, num_steps=2))
+        pool.carry_out(decisions)
+        record.decisions.append(decisions)
+        record.roles.append({i: cell.role for i, cell in pool.cells.items()})
+
+    pool.update_sessions({0: 2, 1: 2, 2: 2})
+    decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=0),))
+    pool.update_sessions({2: 0})
+    decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=2),))
+    coordinator.open_step(0, packed, config, num_released=0)
+    _until(lambda: coordinator.num_claimed() >= 1, "cell 2 holds the first ticket")
+    pool.update_sessions({0: 1, 1: 1})
+    decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=4, training_started=True),))
+    _until(lambda: coordinator.num_claimed() >= 2, "cell 1 joined and holds a ticket")
+    record.roster = coordinator.members()
+    result = coordinator.finish_step()
+    record.gradients, record.loss = _gradients(policy_model), result.stats["loss"]
+    record.claims = {name: len(claimed) for name, claimed in result.claims.items()}
+    pool.step_published(0)
+    decide_and_carry_out(())
+    record.engine_log, record.member_log = engines.log, recording.log
+    return record
+
+
+@pytest.fixture
+def step(tiny_model_dir, random_trees):
+    """The policy, the packed step and its single-process gradient and loss."""
+    policy_model = PolicyModel.load(tiny_model_dir, dtype=torch.float32)
+    config = LossConfig()
+    packed = pack_step(random_trees, _advantages(random_trees), 40)
+    policy_model.model.zero_grad(set_to_none=True)
+    stats = backward_step(policy_model, packed, config)
+    return policy_model, packed, config, _gradients(policy_model), stats["loss"]
+
+
+def _run(backend, step, tiny_model_dir, work_dir):
+    from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
+
+    policy_model, packed, config, _expected, _loss = step
+    coordinator = Coordinator(policy_model, work_dir, timeout_s=TIMEOUT_S)
+    if backend == "ray":
+        cells = {i: RayCell(num_gpus_per_member=1, resources_per_member={cell_resource(i): 1})
+                 for i in range(NUM_CELLS)}
+        members = RayMembers(coordinator.address, tiny_model_dir, cells, timeout_s=TIMEOUT_S)
+    else:
+        members = ThreadMembers(coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
+    try:
+        return run_trace(policy_model, coordinator, members, packed, config), members
+    finally:
+        members.close()
+        coordinator.close()
+
+
+def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
+        ray_cluster, step, tiny_model_dir, tmp_path):
+    _policy, _packed, _config, expected, expected_loss = step
+    local, _ = _run("local", step, tiny_model_dir, tmp_path / "local")
+    on_ray, _ = _run("ray", step, tiny_model_dir, tmp_path / "ray")
+
+    assert on_ray.decisions == local.decisions
+    assert on_ray.roles == local.roles
+    assert on_ray.engine_log == local.engine_log == [
+        ("drain", 2), ("drain", 1), ("serve", 1, 1), ("serve", 2, 1)]
+    assert on_ray.member_log == local.member_log == [
+        ("start", 2), ("join", 2, 0), ("start", 1), ("join", 1, 0), ("stop", 1), ("stop", 2)]
+    assert on_ray.roster == local.roster == [member_name(2), member_name(1)]
+    assert on_ray.dispatched == local.dispatched == [1]
+    assert all(on_ray.claims[member_name(i)] >= 1 for i in (1, 2))
+    assert sum(on_ray.claims.values()) == len(step[1].micro_batches)
+    _assert_gradients_close(on_ray.gradients, local.gradients)
+    _assert_gradients_close(on_ray.gradients, expected)
+    assert on_ray.loss == pytest.approx(local.loss, rel=1e-5)
+    assert on_ray.loss == pytest.approx(expected_loss, rel=1e-5)
+    assert ray_cluster["NodeManagerAddress"] == "127.0.0.1"
+
+
+def test_each_cell_takes_its_own_gpu_and_gives_it_back(ray_cluster, tiny_model_dir, tmp_path):
+    import ray
+
+    from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
+
+    coordinator = Coordinator(PolicyModel.load(tiny_model_dir, dtype=torch.float32), tmp_path,
+                              timeout_s=TIMEOUT_S)
+    cells = {i: RayCell(num_gpus_per_member=1, resources_per_member={cell_resource(i): 1})
+             for i in range(NUM_CELLS)}
+    members = RayMembers(coordinator.address, tiny_model_dir, cells, timeout_s=TIMEOUT_S)
+    wide = RayMembers(coordinator.address, tiny_model_dir, RayCell(2, num_gpus_per_member=1),
+                      placement_timeout_s=2.0)
+    try:
+        members.start(0)
+        members.start(1)
+        placements = [members.placements(i) for i in (0, 1)]
+        assert [[p["name"] for p in group] for group in placements] == [
+            [member_name(0)], [member_name(1)]]
+        gpu_ids = [group[0]["gpu_ids"] for group in placements]
+        assert all(len(ids) == 1 for ids in gpu_ids) and gpu_ids[0] != gpu_ids[1]
+        assert placements[0][0]["pid"] != placements[1][0]["pid"] != os.getpid()
+        _until(lambda: ray.available_resources().get("GPU", 0) == 1, "two GPUs are held")
+        assert ray.available_resources().get(cell_resource(0), 0) == 0
+        assert ray.available_resources().get(cell_resource(2), 0) == 1
+        with pytest.raises(PoolError, match="could not place cell 2"):
+            wide.start(2)    # two GPUs on one node, only one free
+        members.stop(1)
+        _until(lambda: ray.available_resources().get("GPU", 0) == 2, "cell 1's GPU is free")
+    finally:
+        members.close()
+        coordinator.close()
+    _until(lambda: ray.available_resources().get("GPU", 0) == NUM_CELLS, "the GPUs are free")
+    assert ray.available_resources().get(cell_resource(0), 0) == 1

@@ -129,10 +129,13 @@ class TraceRecord:
     claims: dict = field(default_factory=dict)
     loss: float = 0.0
     gradients: dict = field(default_factory=dict)
+    placements: dict = field(default_factory=dict)
 
 
-def run_trace(policy_model, coordinator, members, packed, config) -> TraceRecord:
-    """The trace of `test_pool_local.py`, recorded instead of asserted."""
+def run_trace(policy_model, coordinator, members, packed, config,
+              while_both_train=lambda: None) -> TraceRecord:
+    """The trace of `test_pool_local.py`, recorded instead of asserted; calls
+    `while_both_train` while cells 1 and 2 are both in the step."""
     record, policy = TraceRecord(), make_policy("elastic")
     engines, recording = RecordingEngines(range(NUM_CELLS)), RecordingMembers(members)
     pool = LocalPool([Cell(i, Role.ROLLOUT, 2) for i in range(NUM_CELLS)], engines, recording,
@@ -154,6 +157,7 @@ def run_trace(policy_model, coordinator, members, packed, config) -> TraceRecord
     decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=4, training_started=True),))
     _until(lambda: coordinator.num_claimed() >= 2, "cell 1 joined and holds a ticket")
     record.roster = coordinator.members()
+    while_both_train()
     result = coordinator.finish_step()
     record.gradients, record.loss = _gradients(policy_model), result.stats["loss"]
     record.claims = {name: len(claimed) for name, claimed in result.claims.items()}
@@ -175,28 +179,43 @@ def step(tiny_model_dir, random_trees):
 
 
 def _run(backend, step, tiny_model_dir, work_dir):
+    import ray
+
     from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
 
     policy_model, packed, config, _expected, _loss = step
     coordinator = Coordinator(policy_model, work_dir, timeout_s=TIMEOUT_S)
+    placements = {}
     if backend == "ray":
         cells = {i: RayCell(num_gpus_per_member=1, resources_per_member={cell_resource(i): 1})
                  for i in range(NUM_CELLS)}
         members = RayMembers(coordinator.address, tiny_model_dir, cells, timeout_s=TIMEOUT_S)
+
+        def while_both_train():
+            placements.update({i: members.placements(i) for i in (1, 2)})
+            _until(lambda: ray.available_resources().get("GPU", 0) == 1, "two GPUs are held")
+            placements["free"] = dict(ray.available_resources())
     else:
         members = ThreadMembers(coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
+        while_both_train = lambda: None  # noqa: E731
     try:
-        return run_trace(policy_model, coordinator, members, packed, config), members
+        record = run_trace(policy_model, coordinator, members, packed, config, while_both_train)
     finally:
         members.close()
         coordinator.close()
+    record.placements = placements
+    return record
 
 
 def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
         ray_cluster, step, tiny_model_dir, tmp_path):
-    _policy, _packed, _config, expected, expected_loss = step
-    local, _ = _run("local", step, tiny_model_dir, tmp_path / "local")
-    on_ray, _ = _run("ray", step, tiny_model_dir, tmp_path / "ray")
+    import ray
+
+    from undertow.learner.pool.ray_backend import cell_resource
+
+    _policy, packed, _config, expected, expected_loss = step
+    local = _run("local", step, tiny_model_dir, tmp_path / "local")
+    on_ray = _run("ray", step, tiny_model_dir, tmp_path / "ray")
 
     assert on_ray.decisions == local.decisions
     assert on_ray.roles == local.roles
@@ -207,44 +226,33 @@ def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
     assert on_ray.roster == local.roster == [member_name(2), member_name(1)]
     assert on_ray.dispatched == local.dispatched == [1]
     assert all(on_ray.claims[member_name(i)] >= 1 for i in (1, 2))
-    assert sum(on_ray.claims.values()) == len(step[1].micro_batches)
+    assert sum(on_ray.claims.values()) == len(packed.micro_batches)
     _assert_gradients_close(on_ray.gradients, local.gradients)
     _assert_gradients_close(on_ray.gradients, expected)
     assert on_ray.loss == pytest.approx(local.loss, rel=1e-5)
     assert on_ray.loss == pytest.approx(expected_loss, rel=1e-5)
+
+    # Each training cell was one actor in its own process, on its own (fake) GPU, holding
+    # its cell's resource; all of it was given back when the cells returned to rollout.
+    placed = [on_ray.placements[i][0] for i in (1, 2)]
+    assert [p["name"] for p in placed] == [member_name(1), member_name(2)]
+    assert len({p["pid"] for p in placed} | {os.getpid()}) == 3
+    assert all(len(p["gpu_ids"]) == 1 for p in placed)
+    assert placed[0]["gpu_ids"] != placed[1]["gpu_ids"]
+    free = on_ray.placements["free"]
+    assert [free.get(cell_resource(i), 0) for i in range(NUM_CELLS)] == [1, 0, 0]
+    _until(lambda: ray.available_resources().get("GPU", 0) == NUM_CELLS, "the GPUs are free")
     assert ray_cluster["NodeManagerAddress"] == "127.0.0.1"
 
 
-def test_each_cell_takes_its_own_gpu_and_gives_it_back(ray_cluster, tiny_model_dir, tmp_path):
+def test_a_cell_the_cluster_cannot_hold_is_refused(ray_cluster, tiny_model_dir):
     import ray
 
-    from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
+    from undertow.learner.pool.ray_backend import RayCell, RayMembers
 
-    coordinator = Coordinator(PolicyModel.load(tiny_model_dir, dtype=torch.float32), tmp_path,
-                              timeout_s=TIMEOUT_S)
-    cells = {i: RayCell(num_gpus_per_member=1, resources_per_member={cell_resource(i): 1})
-             for i in range(NUM_CELLS)}
-    members = RayMembers(coordinator.address, tiny_model_dir, cells, timeout_s=TIMEOUT_S)
-    wide = RayMembers(coordinator.address, tiny_model_dir, RayCell(2, num_gpus_per_member=1),
-                      placement_timeout_s=2.0)
-    try:
-        members.start(0)
-        members.start(1)
-        placements = [members.placements(i) for i in (0, 1)]
-        assert [[p["name"] for p in group] for group in placements] == [
-            [member_name(0)], [member_name(1)]]
-        gpu_ids = [group[0]["gpu_ids"] for group in placements]
-        assert all(len(ids) == 1 for ids in gpu_ids) and gpu_ids[0] != gpu_ids[1]
-        assert placements[0][0]["pid"] != placements[1][0]["pid"] != os.getpid()
-        _until(lambda: ray.available_resources().get("GPU", 0) == 1, "two GPUs are held")
-        assert ray.available_resources().get(cell_resource(0), 0) == 0
-        assert ray.available_resources().get(cell_resource(2), 0) == 1
-        with pytest.raises(PoolError, match="could not place cell 2"):
-            wide.start(2)    # two GPUs on one node, only one free
-        members.stop(1)
-        _until(lambda: ray.available_resources().get("GPU", 0) == 2, "cell 1's GPU is free")
-    finally:
-        members.close()
-        coordinator.close()
-    _until(lambda: ray.available_resources().get("GPU", 0) == NUM_CELLS, "the GPUs are free")
-    assert ray.available_resources().get(cell_resource(0), 0) == 1
+    wide = RayMembers(("127.0.0.1", 1), tiny_model_dir,
+                      RayCell(num_members=2, num_gpus_per_member=2), placement_timeout_s=2.0)
+    with pytest.raises(PoolError, match="could not place cell 0"):
+        wide.start(0)    # four GPUs on one node; the node has three
+    assert wide.groups == {}
+    _until(lambda: ray.available_resources().get("GPU", 0) == NUM_CELLS, "nothing is held")

@@ -35,8 +35,10 @@ from undertow.gateway.api import (
 from undertow.gateway.api.errors import error_middleware
 from undertow.gateway.calls import CallRunner
 from undertow.gateway.config import GatewayConfig
+from undertow.gateway.engines.drivers import driver_for_url
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.render import Renderer
+from undertow.gateway.resume import HeadReplay
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.store import TreeStore
 
@@ -92,13 +94,19 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
 
     metrics = GatewayMetrics.create()
     renderer = Renderer(config.model_dir)
-    store = TreeStore(config.store_dir)
+    store = TreeStore(config.store_dir, sync=config.store_sync)
     sessions = SessionRegistry(config.num_heads_per_session)
+    heads = HeadReplay(renderer, sessions, config.tool_parser)
     for event in store.replay():
-        sessions.restore(event)
+        if event["kind"] == "call":
+            heads.apply(event, store.trees[event["group"]])
+        else:
+            sessions.restore(event)
+    heads.finish()
     metrics.open_sessions.set(sessions.num_open)
     own_pool = pool is None
-    pool = EnginePool(config.engine_urls, metrics=metrics) if own_pool else pool
+    pool = (EnginePool(config.engine_urls, metrics=metrics, driver_factory=driver_for_url)
+            if own_pool else pool)
     runner = CallRunner(pool=pool, store=store, renderer=renderer, sessions=sessions,
                         metrics=metrics,
                         context_length=context_length_of(config.model_dir, renderer,

@@ -7,8 +7,12 @@ raw prompt IDs), iterates `CallRunner.stream`, and formats what it yields:
 only after every choice is in the tree and on disk. The API sends its last byte
 after it has the `Outcome`, so a delivered reply is always recorded.
 
-A retry of a call whose reply was produced (same request fingerprint, SDK retry
-header > 0) is answered again from memory and not recorded twice.
+A retry of a call (same request fingerprint, SDK retry header > 0) is never generated
+or recorded twice: if the original's reply was produced it is answered again from
+memory; if the original is still generating, the retry waits for it and gets its
+reply (replayed after the fact, not live); only if the original failed or was
+abandoned is the retry generated. Each chat call also stores what token truth needs
+to resume after a restart (`resume.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from typing import Any
 
 from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
 from undertow.gateway.render import Detokenizer, Renderer
+from undertow.gateway.resume import assistant_message, head_record
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import Head, Prompt, build_prompt
-from undertow.gateway.toolparsers import Content, Event, Reasoning, ToolCall, create_parser
+from undertow.gateway.toolparsers import Content, Event, create_parser
 
 
 @dataclass(frozen=True)
@@ -145,10 +150,39 @@ class CallRunner:
     async def stream(self, session: Session, request: CallRequest
                      ) -> AsyncIterator[Delta | Outcome]:
         """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
-        if request.is_retry and request.fingerprint in session.replies:
-            for item in session.replies[request.fingerprint]:
+        replay = await self._earlier_reply(session, request)
+        if replay is not None:
+            for item in replay:
                 yield item
             return
+        in_flight = asyncio.get_running_loop().create_future()
+        if request.fingerprint:
+            session.in_flight.setdefault(request.fingerprint, in_flight)
+        try:
+            async for item in self._generate(session, request):
+                if isinstance(item, Outcome) and request.fingerprint:
+                    in_flight.set_result(session.replies.get(request.fingerprint))
+                yield item
+        finally:
+            if not in_flight.done():
+                in_flight.set_result(None)
+            if session.in_flight.get(request.fingerprint) is in_flight:
+                del session.in_flight[request.fingerprint]
+
+    @staticmethod
+    async def _earlier_reply(session: Session, request: CallRequest) -> list | None:
+        """For an SDK retry: the reply its original produced, waiting for the original
+        when it is still generating. None when there is none (the original failed or
+        was abandoned, or this is no retry): then the retry is generated."""
+        if not (request.is_retry and request.fingerprint):
+            return None
+        original = session.in_flight.get(request.fingerprint)
+        if original is not None and request.fingerprint not in session.replies:
+            await asyncio.shield(original)
+        return session.replies.get(request.fingerprint)
+
+    async def _generate(self, session: Session, request: CallRequest
+                        ) -> AsyncIterator[Delta | Outcome]:
         self._check_prompt_ids(request)
         prompt = self.prompt(session, request)
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)
@@ -202,9 +236,10 @@ class CallRunner:
 
     async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
                       call_id: str, max_new_tokens: int, queue: asyncio.Queue) -> dict:
-        parser = create_parser(self.tool_parser, parse_tools=request.parse_tools
-                               and bool(request.tools)) if request.messages is not None else None
+        parser = (create_parser(self.tool_parser, parse_tools=self._parses_tools(request))
+                  if request.messages is not None else None)
         detokenizer = Detokenizer(self.renderer)
+        stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions = [], [], []
         finish_reason, cached, first_token_s = None, 0, None
         params = request.sampling.to_engine(max_new_tokens, index)
@@ -216,16 +251,16 @@ class CallRunner:
             versions += chunk.weight_versions
             finish_reason = chunk.finish_reason or finish_reason
             cached = max(cached, chunk.cached_tokens)
-            text = detokenizer.push(chunk.token_ids)
+            text = stops.push(detokenizer.push(chunk.token_ids))
             events = (parser.feed(text) if parser else [Content(text)]) if text else []
             queue.put_nowait(Delta(index, call_id, events, list(chunk.token_ids),
                                   list(chunk.logprobs)))
-        text = detokenizer.flush()
+        text = stops.push(detokenizer.flush(), final=True)
         events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
         events += parser.finish() if parser else []
         queue.put_nowait(Delta(index, call_id, events, [], []))
         return {"index": index, "call_id": call_id, "token_ids": token_ids,
-                "logprobs": logprobs, "weight_versions": versions, "text": detokenizer.text,
+                "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
                 "finish_reason": finish_reason or {"type": "stop", "matched": None},
                 "cached_tokens": cached, "first_token_s": first_token_s,
                 "sampling": params}
@@ -234,12 +269,15 @@ class CallRunner:
                       results: list[dict], started_s: float) -> Outcome:
         tree = self.store.tree(session.group)
         futures, choices = [], []
+        head = (head_record(prompt, session.heads, self._parses_tools(request))
+                if request.messages is not None else None)
         for result in sorted(results, key=lambda item: item["index"]):
             branch = prompt.branch if result["index"] == 0 else "sample"
             meta = {"api": request.api, "model": request.model,
                     "finish_reason": result["finish_reason"], "sampling": result["sampling"],
                     "cached_tokens": result["cached_tokens"], "extends": prompt.extends,
                     "token_truth": prompt.token_truth,
+                    **({"head": head} if head else {}),
                     "timings": {"start_s": started_s, "first_token_s": result["first_token_s"],
                                 "end_s": time.time()}}
             record = tree.add_call(result["call_id"], session.session_id, prompt.token_ids,
@@ -269,23 +307,44 @@ class CallRunner:
     def _choice(self, result: dict, request: CallRequest) -> Choice:
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if request.messages is not None:
-            parser = create_parser(self.tool_parser, parse_tools=request.parse_tools
-                                   and bool(request.tools))
-            events = parser.feed(result["text"]) + parser.finish()
-            content = "".join(e.text for e in events if isinstance(e, Content))
-            reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
-            calls = [e for e in events if isinstance(e, ToolCall)]
-            message["content"] = content if content or not calls else None
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if calls:
-                message["tool_calls"] = [
-                    {"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                     "function": {"name": call.name, "arguments": call.arguments_json}}
-                    for call in calls]
+            message = assistant_message(result["text"], self.tool_parser,
+                                        self._parses_tools(request),
+                                        lambda: f"call_{secrets.token_hex(12)}")
         return Choice(result["index"], result["call_id"], message, result["text"],
                       result["token_ids"], result["logprobs"], result["weight_versions"],
                       result["finish_reason"])
+
+    @staticmethod
+    def _parses_tools(request: CallRequest) -> bool:
+        return request.parse_tools and bool(request.tools)
+
+
+class StopTrimmer:
+    """The reply text up to (not including) the first stop string, as the APIs return it;
+    the tree keeps every sampled token. While streaming, the last characters that could
+    begin a stop string are held back until the next text shows they do not."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.text = ""
+        self._pending = ""
+        self._stopped = False
+
+    def push(self, text: str, final: bool = False) -> str:
+        if self._stopped or not self.stops:
+            self.text += "" if self._stopped else text
+            return "" if self._stopped else text
+        self._pending += text
+        cut = min((i for i in (self._pending.find(stop) for stop in self.stops) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            out, self._pending, self._stopped = self._pending[:cut], "", True
+        else:
+            keep = 0 if final else max(len(stop) for stop in self.stops) - 1
+            split = max(0, len(self._pending) - keep)
+            out, self._pending = self._pending[:split], self._pending[split:]
+        self.text += out
+        return out
 
 
 def _translate_pool_error(error: BaseException) -> BaseException:

@@ -14,6 +14,8 @@ class GatewayConfig:
 
     `context_length` of 0 means: take the model directory's limit.
     `keepalive_s` is the longest silence on a streaming reply before a keep-alive.
+    `store_sync`: "fsync" (a delivered call survives a power loss) or "flush" (it
+    survives the gateway being killed; see `store.py`).
     """
 
     model_dir: Path
@@ -30,6 +32,7 @@ class GatewayConfig:
     max_n: int = 16
     keepalive_s: float = 10.0
     num_heads_per_session: int = 16
+    store_sync: str = "fsync"
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
@@ -42,5 +45,7 @@ class GatewayConfig:
             raise ValueError(f"max_n={self.max_n} must be in 1..128")
         if self.num_heads_per_session < 1:
             raise ValueError(f"num_heads_per_session={self.num_heads_per_session} must be >= 1")
+        if self.store_sync not in ("fsync", "flush"):
+            raise ValueError(f"store_sync={self.store_sync!r} must be 'fsync' or 'flush'")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port")

@@ -35,11 +35,17 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class Attempt:
     """One request of a generation to one engine. `interrupted_by` is set when the
-    pool itself aborts it ("pause" or "migrate"), so that its abort is resumed."""
+    pool itself aborts it ("pause" or "migrate"), so that its abort is resumed.
+    `token_ids` are its input, `output_ids` what the engine returned so far; a KV
+    migration (`migration.py`) sets `handover`, and the resume waits for it."""
 
     rid: str
     engine: Engine
     interrupted_by: str | None = None
+    session_id: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    handover: asyncio.Event | None = None
 
 
 @dataclass(eq=False)

@@ -63,6 +63,7 @@ from undertow.gateway.engines.protocol import (
 )
 from undertow.gateway.fleet import Attempt, Engine, Fleet
 from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.migration import MigrationConfig, migrate_attempt
 from undertow.gateway.router import EngineLoad, EngineState, Router, RouterConfig
 
 __all__ = ["PAUSE_MODES", "EnginePool", "GenerationChunk", "PoolBusy", "PoolConfig", "PoolError",
@@ -115,6 +116,7 @@ class PoolConfig:
     resume_timeout_s: float = 120.0
     drain_timeout_s: float | None = None
     abort_retry_interval_s: float = 0.2
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
 
 
 def parse_weight_version(value: Any) -> int:
@@ -221,6 +223,8 @@ class EnginePool:
                 cause = attempt.interrupted_by or "engine_died"
                 if attempt.interrupted_by is None:
                     await self._mark_dead(attempt.engine, str(error))
+            if attempt.handover is not None:  # a KV migration finishes its copy first
+                await attempt.handover.wait()
 
     async def _stream_attempt(self, attempt: Attempt, input_ids: list[int],
                               params: SamplingParams) -> AsyncIterator[GenerateChunk]:
@@ -248,6 +252,7 @@ class EnginePool:
                                   rid=attempt.rid, return_logprob=True)
         try:
             async for piece in engine.client.generate_stream(request):
+                attempt.output_ids.extend(piece.output_ids)
                 queue.put_nowait(piece)
             queue.put_nowait(None)
         except asyncio.CancelledError:
@@ -277,7 +282,8 @@ class EnginePool:
             if decision.engine_id is not None and self._admitting.is_set():
                 engine = self.engine(decision.engine_id)
                 self.router.assign(session_id, engine.engine_id, token_ids)
-                attempt = Attempt(rid, engine)
+                attempt = Attempt(rid, engine, session_id=session_id,
+                                  token_ids=list(token_ids))
                 engine.attempts.add(attempt)
                 self.metrics.engine_generations.inc(engine=engine.engine_id)
                 self.fleet.publish_load(engine)
@@ -314,14 +320,29 @@ class EnginePool:
     async def drain_engine(self, engine_id: str, *, migrate: bool = False) -> Engine:
         """No new generations go to the engine and its sessions are re-pinned elsewhere
         on their next call; its in-flight generations finish there, or with `migrate`
-        are aborted and resumed on other engines."""
+        are aborted and resumed on other engines (with their KV copied there first when
+        both engines can, see `migration.py`)."""
         engine = self.engine(engine_id)
         if engine.state is EngineState.HEALTHY:
             await self.fleet.set_state(engine, EngineState.DRAINING)
         self.router.unpin_engine(engine_id)
         if migrate:
-            await self._interrupt(list(engine.attempts), "migrate")
+            await asyncio.gather(*(
+                migrate_attempt(attempt, self._migration_target(attempt), self.config.migration,
+                                lambda attempts: self._interrupt(attempts, "migrate"))
+                for attempt in list(engine.attempts)))
         return engine
+
+    def _migration_target(self, attempt: Attempt) -> Engine | None:
+        """Routes the attempt's session now (to the engine its resume will use) and pins it
+        there; None when no healthy engine is left."""
+        loads = [EngineLoad(e.engine_id, e.state, len(e.attempts)) for e in self.engines]
+        decision = self.router.route(attempt.session_id, attempt.token_ids, loads,
+                                     bounded=False)
+        if decision.engine_id is None:
+            return None
+        self.router.assign(attempt.session_id, decision.engine_id, attempt.token_ids)
+        return self.engine(decision.engine_id)
 
     async def remove_engine(self, engine_id: str, *, migrate: bool = True) -> None:
         """Drains the engine, waits until nothing of the pool runs on it, and drops it."""

@@ -89,7 +89,7 @@ class HeadReplay:
                               len(token_ids) - len(completion_ids),
                               self.renderer.closing_text(completion_ids)),
                          self.sessions.num_heads)
-        session.num_calls += 1
+        session.num_calls += event.get("branch") != "sample"
 
     def finish(self) -> None:
         self._keys.clear()

@@ -5,8 +5,9 @@ group, its token-truth heads (`tokentruth.Head`, newest last, at most
 `num_heads` kept) and its recent replies by request fingerprint (so that an SDK's
 retry of a reply it never received is answered again, not recorded twice).
 
-Heads and replies live in memory only: after a restart a session's next call is
-rendered in full (the tree still shares its prefix) and token truth resumes from it.
+Heads are rebuilt from the store on restart (`resume.py`), so token truth survives
+it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
+retry waits for its original) live in memory only.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Session:
     meta: dict[str, Any] = field(default_factory=dict)
     heads: list[Head] = field(default_factory=list)
     replies: OrderedDict[str, Any] = field(default_factory=OrderedDict)
+    in_flight: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
     reward: float | None = None
     num_calls: int = 0
@@ -101,6 +103,9 @@ class SessionRegistry:
         elif event["kind"] == "session_close" and event["session_id"] in self._by_id:
             session = self._by_id[event["session_id"]]
             session.closed, session.reward = True, event["reward"]
+
+    def find(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
 
     def get(self, session_id: str) -> Session:
         session = self._by_id.get(session_id)

@@ -100,16 +100,13 @@ def _tool_calls(message: dict) -> list:
 def message_key(message: dict) -> str:
     """The canonical form of a message, as a short digest: role, stripped text, tool
     calls as (name, parsed arguments), reasoning; IDs of tool calls are left out.
-    Digests keep comparing (and storing) a long history cheap."""
-    digest = hashlib.blake2b(digest_size=8)
+    Digests keep comparing (and storing) a long history cheap. (The text is length-
+    prefixed and JSON escapes NUL, so distinct forms never join to the same bytes.)"""
+    text = _text(message.get("content")).strip()
     calls = _tool_calls(message) if message.get("tool_calls") else None
-    for part in (str(message.get("role")), _text(message.get("content")).strip(),
-                 json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else "",
-                 _text(message.get("reasoning_content")).strip()):
-        data = part.encode("utf-8", "surrogatepass")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
+    calls_json = json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else ""
+    reasoning = _text(message.get("reasoning_content")).strip()
+    return _digest(f"{message.get('role')}\0{len(text)}\0{text}\0{calls_json}\0{reasoning}")
 
 
 def _digest(text: str) -> str:

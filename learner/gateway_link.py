@@ -4,6 +4,8 @@ The learner never imports gateway internals; it reads finished group trees
 (`GET /admin/groups/{group}/tree`) and publishes new weights
 (`POST /admin/update_weights {model_path, weight_version, mode}`: the pool pauses,
 every engine loads the directory with `update_weights_from_disk`, the pool resumes).
+The cell pool also counts a group's closed sessions (`GET /admin/sessions`) and
+adds, drains and removes engines (`/admin/engines`) as cells change roles.
 `EngineWeightSink` pushes straight to engines (SGLang's `POST /update_weights_from_disk`)
 where no gateway pool stands in between.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,29 @@ class GatewayAdmin:
     def push(self, model_dir: Path, weight_version: int) -> None:
         """`WeightSink` of the training loop: through the gateway's pool."""
         self.update_weights(model_dir, weight_version, self.push_mode)
+
+    def sessions(self, group: str | None = None) -> list[dict[str, Any]]:
+        """The sessions of `group`, or all (each with `session_id`, `group`, `closed`, ...)."""
+        query = "" if group is None else f"?group={urllib.parse.quote(group)}"
+        return self.request("GET", f"/admin/sessions{query}")["sessions"]
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The gateway's engines: `id`, `url`, `state`, `num_in_flight`,
+        `num_pinned_sessions`, `weight_version`."""
+        return self.request("GET", "/admin/engines")["engines"]
+
+    def add_engine(self, url: str) -> dict[str, Any]:
+        """Adds a running engine to the gateway's pool; returns its record (with `id`)."""
+        return self.request("POST", "/admin/engines", {"url": url})
+
+    def drain_engine(self, engine_id: str, migrate: bool = True) -> dict[str, Any]:
+        """No new calls go to the engine; with `migrate` its in-flight generations are
+        resumed on other engines from their partial output."""
+        return self.request("POST", f"/admin/engines/{engine_id}/drain", {"migrate": migrate})
+
+    def remove_engine(self, engine_id: str, migrate: bool = True) -> None:
+        """Drains the engine, waits until nothing of the gateway runs on it, drops it."""
+        self.request("DELETE", f"/admin/engines/{engine_id}?migrate={str(migrate).lower()}")
 
 
 class EngineWeightSink:

@@ -8,10 +8,11 @@ reference model, when the loss has a KL term; `entropy`: mean policy entropy at 
 trained tokens; `clip_fraction`), token counts (unique tokens packed once versus
 the tokens a per-call log holds, and their ratio), staleness, and the step's wall
 time split into rollout (waiting for groups), train and sync (saving and pushing
-weights). `undertow plot RUN` draws them (`plot.py`). Lines are flushed and
-fsync'ed as they are written, so a crash loses at most the step in progress; after
-a resume the log goes on from the checkpoint's step (lines past it, written by the
-interrupted run after its last checkpoint, are cut first).
+weights); in pool runs, `num_members`: the learner members that computed the step.
+`undertow plot RUN` draws them (`plot.py`). Lines are flushed and fsync'ed as they
+are written, so a crash loses at most the step in progress; after a resume the log
+goes on from the checkpoint's step (lines past it, written by the interrupted run
+after its last checkpoint, are cut first).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ STEP_FIELDS = (
     "reward_mean", "pass_rate", "loss", "kl", "kl_ref", "entropy", "clip_fraction", "grad_norm",
     "num_groups", "num_sessions", "num_dropped_groups", "num_trained_tokens",
     "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",
-    "staleness_max", "rollout_s", "train_s", "sync_s", "step_s",
+    "staleness_max", "rollout_s", "train_s", "sync_s", "step_s", "num_members",
 )
 
 

@@ -93,21 +93,99 @@ def _tree_attention(module, query, key, value, attention_mask, dropout=0.0, scal
                     **kwargs):
     """transformers attention function: blockwise for `AttentionBlocks`, else SDPA.
     query (1, H, T, D), key/value (1, KVH, T, D); returns (1, T, H, D)."""
-    from torch.nn.attention.bias import causal_lower_right
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if not isinstance(attention_mask, AttentionBlocks):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    if dropout:
+        raise ValueError(f"block attention has no dropout (got {dropout}); set the model "
+                         "config's attention_dropout to 0")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    if query.device.type == "cpu":
+        output = _MergedBlockAttention.apply(query, key, value, attention_mask, scaling)
+    else:
+        output = _lower_right_attention(query, key, value, attention_mask, scaling)
+    return output.transpose(1, 2).contiguous(), None                    # (1, T, H, D)
+
+
+def _lower_right_attention(query, key, value, blocks: AttentionBlocks, scaling: float):
+    """Per chunk, one SDPA over its gathered keys with a lower-right causal bias: on
+    CUDA this is a flash kernel without a mask tensor. (1, H, T, D)."""
+    from torch.nn.attention.bias import causal_lower_right
+
     outputs = []
-    for start, end, ranges in attention_mask.chunks:
+    for start, end, ranges in blocks.chunks:
         keys = torch.cat([key[:, :, a:b] for a, b in ranges], dim=2)      # (1, KVH, K, D)
         values = torch.cat([value[:, :, a:b] for a, b in ranges], dim=2)
         bias = causal_lower_right(end - start, keys.shape[2])
         outputs.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, start:end], keys, values, attn_mask=bias, scale=scaling,
             enable_gqa=query.shape[1] != keys.shape[1]))                 # (1, H, q, D)
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outputs, dim=2)
+
+
+def _chunk_parts(start: int, end: int, ranges: list[tuple[int, int]]
+                 ) -> list[tuple[int, int, bool]]:
+    """A chunk's keys as (a, b, causal) parts: every key before the chunk is seen in full
+    by each of its queries, and the chunk's own keys [start, end) causally."""
+    parts = [(a, min(b, start), False) for a, b in ranges if min(b, start) > a]
+    return parts + [(start, end, True)]
+
+
+class _MergedBlockAttention(torch.autograd.Function):
+    """Block attention on CPU without a mask: each chunk's attention is split into
+    parts (`_chunk_parts`) run by PyTorch's CPU flash kernel, which returns each part's
+    log-sum-exp, and merged exactly (softmax over the union of the parts' keys). A
+    lower-right bias on CPU would be materialised as a (q, K) mask per chunk and layer,
+    computed over every masked pair and kept for backward (4x the memory, about 1.4x the
+    backward time at 14k tokens). The backward runs the flash backward of each part
+    with the merged output and log-sum-exp, which is the merged attention's gradient
+    restricted to that part's keys (the identity ring attention relies on). Parts are
+    slices of the packed keys: no gathered copies. Keeps only q, k, v, output, lse."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, blocks: AttentionBlocks, scaling: float):
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        outputs, lses = [], []
+        for start, end, ranges in blocks.chunks:
+            chunk = query[:, :, start:end]                                 # (1, H, q, D)
+            parts = [flash(chunk, key[:, :, a:b], value[:, :, a:b], 0.0, causal,
+                           scale=scaling) for a, b, causal in _chunk_parts(start, end, ranges)]
+            if len(parts) == 1:
+                outputs.append(parts[0][0])
+                lses.append(parts[0][1])
+                continue
+            part_lse = torch.stack([lse for _, lse in parts])              # (P, 1, H, q)
+            lse = torch.logsumexp(part_lse, dim=0)                         # (1, H, q)
+            weights = torch.exp(part_lse - lse)[..., None]                 # (P, 1, H, q, 1)
+            merged = sum(w * out.to(w.dtype) for w, (out, _) in zip(weights, parts))
+            outputs.append(merged.to(query.dtype))
+            lses.append(lse)
+        output = torch.cat(outputs, dim=2)                                 # (1, H, T, D)
+        lse = torch.cat(lses, dim=2)                                       # (1, H, T)
+        ctx.save_for_backward(query, key, value, output, lse)
+        ctx.blocks, ctx.scaling = blocks, scaling
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        query, key, value, output, lse = ctx.saved_tensors
+        grad_output = grad_output.contiguous()
+        grads = [torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)]
+        for start, end, ranges in ctx.blocks.chunks:
+            rows = slice(start, end)
+            for a, b, causal in _chunk_parts(start, end, ranges):
+                grad_q, grad_k, grad_v = backward(
+                    grad_output[:, :, rows], query[:, :, rows], key[:, :, a:b],
+                    value[:, :, a:b], output[:, :, rows], lse[:, :, rows], 0.0, causal,
+                    scale=ctx.scaling)
+                grads[0][:, :, rows] += grad_q
+                grads[1][:, :, a:b] += grad_k
+                grads[2][:, :, a:b] += grad_v
+        return *grads, None, None
 
 
 def _register_tree_attention() -> None:

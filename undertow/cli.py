@@ -163,6 +163,9 @@ def _add_gateway(commands) -> None:
     serve.add_argument("--tool-parser", default="undertow")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
     serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
+    serve.add_argument("--store-sync", choices=("fsync", "flush"), default="fsync",
+                       help="fsync each call before its reply ends (default), or only flush "
+                       "it to the OS (survives the gateway being killed, not a power loss)")
     serve.set_defaults(handler=_gateway_serve)
 
 
@@ -176,7 +179,8 @@ def _gateway_serve(args) -> int:
         model_dir=args.model, store_dir=args.store, engine_urls=tuple(args.engine),
         host=args.host, port=args.port, admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""),
         model_name=args.model_name, tool_parser=args.tool_parser,
-        max_body_bytes=args.max_body_bytes, context_length=args.context_length)
+        max_body_bytes=args.max_body_bytes, context_length=args.context_length,
+        store_sync=args.store_sync)
     serve(config)
     return 0
 
@@ -307,6 +311,35 @@ def _sft(args) -> int:
     return 0
 
 
+def _add_sft_collect(commands) -> None:
+    collect = commands.add_parser(
+        "sft-collect", help="oracle trajectories of tasks (gold patches) through the real "
+        "mini-swe-agent and gateway, into a tree store for `undertow sft`")
+    collect.add_argument("--tasks", type=Path, required=True,
+                         help="tasks.jsonl, a folder holding one, or a local dataset")
+    collect.add_argument("--out", type=Path, required=True, help="tree store to write")
+    collect.add_argument("--model", type=Path, required=True,
+                         help="model directory whose tokenizer the trajectories use")
+    collect.add_argument("--logs", type=Path, default=Path("runs/sft-collect"),
+                         help="scripts file and session folders")
+    collect.add_argument("--num-tasks", type=int, default=None, help="only the first N tasks")
+    collect.add_argument("--task", action="append", default=[], help="only this instance_id")
+    collect.add_argument("--concurrency", type=int, default=2)
+    collect.add_argument("--timeout-s", type=float, default=300.0)
+    collect.add_argument("--progress-interval-s", type=float, default=5.0)
+    collect.set_defaults(handler=_sft_collect)
+
+
+def _sft_collect(args) -> int:
+    from undertow.sft_collect import CollectCommand, main
+
+    return main(CollectCommand(
+        tasks=args.tasks, out=args.out, model_dir=args.model, logs_dir=args.logs,
+        num_tasks=args.num_tasks, instance_ids=tuple(args.task), concurrency=args.concurrency,
+        timeout_s=args.timeout_s, docker_url=os.environ.get("DOCKER_HOST"),
+        progress_interval_s=args.progress_interval_s))
+
+
 def _add_plot(commands) -> None:
     plot = commands.add_parser("plot", help="draw a training run's metrics to PNG files")
     plot.add_argument("run", type=Path, help="run directory (holding metrics.jsonl)")
@@ -326,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="undertow", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (_add_model, _add_engine, _add_simulate, _add_sandbox, _add_tasks,
-                _add_gateway, _add_trees, _add_rollout, _add_train, _add_sft, _add_plot):
+                _add_gateway, _add_trees, _add_rollout, _add_train, _add_sft,
+                _add_sft_collect, _add_plot):
         add(commands)
     return parser
 

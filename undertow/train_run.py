@@ -8,7 +8,9 @@ the gateway's admin API. The learner pushes weights through the gateway's pool
 (`POST /admin/update_weights`).
 
 Sections of the run config: `run` (`RunConfig`, below), `rollout` (`RolloutSection`),
-`learner`, `loss`, `advantages` (see `learner/config.py`). With no config the default
+`learner`, `loss`, `advantages` (see `learner/config.py`), and optionally `pool`
+(`learner/pool/config.py`): with it the run goes to `pool_run.py`, the machine split into
+cells that move between rollout and training. With no config the default
 on this machine: the tiny model (built once into the run directory), one built-in
 engine, the embedded gateway, Docker sandboxes, mini-swe-agent on the bundled tasks.
 
@@ -36,7 +38,7 @@ from typing import Any
 
 from undertow.config import build_section, read_config
 
-SECTIONS = ("run", "rollout", "learner", "loss", "advantages")
+SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "pool")
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,10 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     model_dir = base_model_dir(run)
     resolved = _plain({"run": asdict(run), "rollout": asdict(rollout), "learner": asdict(config),
                        "loss": asdict(loss), "advantages": asdict(advantages)})
+    if "pool" in tree:
+        return _train_with_pool(tree["pool"], resume, stop, model_dir, resolved, {
+            "run": run, "rollout": rollout, "learner": config, "loss": loss,
+            "advantages": advantages})
     learner = (Learner.restore if resume else Learner)(
         config, loss, advantages, model_dir, run.run_dir, resolved)
     with background_loop() as loop, \
@@ -265,3 +271,17 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
             source.cancel()
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     return outcome
+
+
+def _train_with_pool(section: dict[str, Any] | None, resume: bool, stop: threading.Event,
+                     model_dir: Path, resolved: dict[str, Any], sections: dict[str, Any]) -> str:
+    """The run on a cell pool (`pool_run.py`); without a `pool` section `train` runs as
+    before."""
+    from undertow.learner.pool.config import PoolConfig
+    from undertow.pool_run import train_with_pool
+
+    pool = build_section(PoolConfig, section, "pool")
+    if resume:
+        raise ValueError("--resume is not supported with a pool section yet; start a new "
+                         "run.run_dir")
+    return train_with_pool(pool, sections, model_dir, {**resolved, "pool": asdict(pool)}, stop)

@@ -74,10 +74,13 @@ class _EngineHandlers:
     async def add_engine(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         url = body.get("url")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            return _error(400, "give the engine's base URL as {\"url\": \"http://host:port\"}")
+        if not isinstance(url, str) or "://" not in url:
+            return _error(400, "give the engine's base URL as {\"url\": \"http://host:port\"} "
+                               "(or KIND+http://host:port, e.g. vllm+http://host:port)")
         try:
             engine = await self.pool.add_engine(url)
+        except ValueError as error:
+            return _error(400, str(error))
         except PoolUnavailable as error:
             return _error(502, str(error))
         return web.json_response(engine.describe(self.pool.router.num_pinned(engine.engine_id)),

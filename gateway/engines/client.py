@@ -12,19 +12,26 @@ Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumula
 `--incremental-streaming-output`; `SGLangClient.generate_stream` yields deltas either way
 (`meta_info.completion_tokens` tells which form a chunk has).
 
+Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `import_kv`,
+`KVPayload`; `supports_kv_transfer()` asks the engine), is optional: a real SGLang server
+reports it unsupported, and the vLLM driver does not have these methods at all.
+
 `HttpTransport` (requests, SSE, errors) is shared with the vLLM driver in `vllm.py`.
 
     async with SGLangClient("http://127.0.0.1:30000") as engine:
         result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
 """
 
+import io
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
 from undertow.gateway.engines.protocol import (
+    EngineError,
     EngineRejected,
     EngineUnavailable,
     FinishReason,
@@ -35,9 +42,10 @@ from undertow.gateway.engines.protocol import (
     PauseMode,
 )
 
-__all__ = ["HttpTransport", "SGLangClient"]
+__all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "SGLangClient"]
 
 CONNECT_TIMEOUT_S = 10.0
+KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 
 
 def error_message(body: str) -> str:
@@ -139,6 +147,18 @@ class HttpTransport:
                                     f"{error!r}") from error
         raise EngineUnavailable(f"stream from {self.url}{path} ended without [DONE]")
 
+    async def post_bytes(self, path: str, *, body: dict | None = None,
+                         data: bytes | None = None) -> tuple[bytes, dict[str, str]]:
+        """POST a JSON `body` or raw `data`; return the reply's bytes and headers."""
+        stream = None if data is None else io.BytesIO(data)  # large bytes: aiohttp warns
+        try:
+            async with self._client().post(self.url + path, json=body, data=stream) as reply:
+                await self._check(reply, path)
+                return await reply.read(), dict(reply.headers)
+        except aiohttp.ClientError as error:
+            raise EngineUnavailable(f"engine at {self.url} unreachable ({path}): "
+                                    f"{error!r}") from error
+
     async def ok(self, path: str) -> bool:
         """True when `GET path` answers 200; never raises."""
         try:
@@ -162,6 +182,17 @@ def _result(reply: dict, rid: str) -> GenerateResult:
         cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
 
 
+@dataclass(frozen=True)
+class KVPayload:
+    """The KV of token positions [start, end) of one sequence, as exported by an engine with
+    Undertow's `kv_transfer` extension (`engines/builtin/undertow_kv.py`); `data` is opaque
+    here and goes as it is to another engine's `import_kv`."""
+
+    data: bytes
+    start: int
+    end: int
+
+
 class SGLangClient:
     """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
     engine)."""
@@ -174,6 +205,7 @@ class SGLangClient:
     def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
         self._http = HttpTransport(url, session)
         self.url = self._http.url
+        self._kv_transfer: bool | None = None
 
     async def __aenter__(self) -> "SGLangClient":
         return self
@@ -242,6 +274,37 @@ class SGLangClient:
 
     async def server_info(self) -> dict:
         return await self._http.request("GET", "/get_server_info")
+
+    async def supports_kv_transfer(self) -> bool:
+        """True when the engine has Undertow's `kv_transfer` extension (the built-in engine;
+        a real SGLang server has not). Asked once, then remembered; never raises."""
+        if self._kv_transfer is None:
+            try:
+                info = await self.server_info()
+            except EngineError:
+                return False
+            extensions = info.get("undertow_extensions") if isinstance(info, dict) else None
+            self._kv_transfer = KV_TRANSFER in (extensions or ())
+        return self._kv_transfer
+
+    async def export_kv(self, *, rid: str | None = None, input_ids: list[int] | None = None,
+                        start: int = 0) -> KVPayload:
+        """Undertow extension: the KV of running request `rid` (its prompt and output so far),
+        or of the longest cached prefix of `input_ids`, from position `start` on."""
+        body: dict = {"start": start}
+        if rid is not None:
+            body["rid"] = rid
+        else:
+            body["input_ids"] = list(input_ids or ())
+        data, headers = await self._http.post_bytes("/undertow/export_kv", body=body)
+        return KVPayload(data, int(headers.get("X-Undertow-KV-Start", start)),
+                         int(headers.get("X-Undertow-KV-End", start)))
+
+    async def import_kv(self, payload: KVPayload) -> int:
+        """Undertow extension: put an exported payload into this engine's prefix cache;
+        return how many of its sequence's tokens the cache now holds."""
+        data, _ = await self._http.post_bytes("/undertow/import_kv", data=payload.data)
+        return int(json.loads(data)["num_cached_tokens"])
 
     async def model_info(self) -> ModelInfo:
         reply = await self._http.request("GET", "/get_model_info")

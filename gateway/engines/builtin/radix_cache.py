@@ -82,12 +82,20 @@ class RadixCache:
 
     def gather(self, match: Match) -> torch.Tensor:
         """The KV of a match's tokens, (layers, 2, kv_heads, match.length, head_dim)."""
-        parts, remaining = [], match.length
+        return torch.cat([kv for _, kv in self.spans(match)], 3)
+
+    @staticmethod
+    def spans(match: Match, start: int = 0) -> list[tuple[int, torch.Tensor]]:
+        """The KV of a match's positions [start, match.length) as views of the nodes' KV,
+        each with the position it begins at (no copy: for writing straight into a slot)."""
+        spans, offset = [], 0
         for node in match.nodes:
-            take = min(remaining, len(node.token_ids))
-            parts.append(node.kv[:, :, :, :take])
-            remaining -= take
-        return torch.cat(parts, 3)
+            end = min(offset + len(node.token_ids), match.length)
+            if end > start:
+                begin = max(start, offset)
+                spans.append((begin, node.kv[:, :, :, begin - offset:end - offset]))
+            offset = end
+        return spans
 
     def lock(self, match: Match) -> None:
         self._add_refs(match, 1)

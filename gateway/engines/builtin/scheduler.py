@@ -151,8 +151,8 @@ class Scheduler:
             request.cached_tokens = match.length
         slot = len(self.running)
         self.kv.reserve(slot + 1, len(ids) + 1)
-        if match.length:
-            self.kv.write(slot, 0, self.cache.gather(match))
+        for position, kv in self.cache.spans(match):  # node by node: no concatenated copy
+            self.kv.write(slot, position, kv)
         first = 0
         if fresh and request.wants_input_logprobs:
             first = max(request.logprob_start_len, 1) - 1 - match.length

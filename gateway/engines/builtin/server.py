@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from undertow.gateway.engines.builtin import native_api, openai_api
+from undertow.gateway.engines.builtin import native_api, openai_api, undertow_kv
 from undertow.gateway.engines.builtin.errors import BadRequest
 from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, load_weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
@@ -172,6 +172,7 @@ class Engine:
             "max_req_input_len": self.context_length - 1,
             "weight_version": self.weight_version, "internal_states": [load],
             "version": f"undertow-builtin (SGLang {SGLANG_API_VERSION} API)",
+            "undertow_extensions": [undertow_kv.EXTENSION],
         })
         return info
 
@@ -198,6 +199,7 @@ def build_app(engine: Engine) -> web.Application:
     app["engine"] = engine
     native_api.add_routes(app, engine)
     openai_api.add_routes(app, engine)
+    undertow_kv.add_routes(app, engine)
 
     async def on_startup(_app):
         await engine.start()

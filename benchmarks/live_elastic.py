@@ -1,0 +1,141 @@
+"""Live elastic benchmark: `undertow train` on CPU cells, elastic versus a fixed split (and
+colocate), the same steps and samples, wall time side by side.
+
+    python -m benchmarks.live_elastic [--policies split,elastic,colocate] [--num-steps 3]
+
+Each policy is one real `undertow train` process with a `pool` section: `--num-cells`
+cells of one thread each, each rollout cell one built-in engine (tiny model) behind the
+embedded gateway, each training cell one learner member process (gloo). The rollouts are
+`tests/e2e/paced_rollouts.py`: per step one group of `--group-size` sessions, each
+`--num-turns` chat turns of `--max-tokens` tokens, every turn followed by a scripted
+"tool" pause; one session's pause is `--slow-s` and the others' `--fast-s`, so that one
+session in every batch is far slower than the rest (a long tail). `split` keeps
+`--num-training-cells` cells training, with staleness 1 (asynchronous); `elastic` and
+`colocate` are synchronous (staleness 0).
+
+Reported per policy: `total_s` (the command's wall time, engine start-up included),
+`steps_s` (first dispatch to last publish, from the run's `pool_timeline.jsonl`), the
+mean step, rollout and train times from `metrics.jsonl`, how many role moves it made
+and their mean time (to training: drain with migration + stop the engine; to rollout:
+stop the member + start an engine + add it), and the members per step. Ratios are
+split's (and colocate's) `steps_s` over elastic's. JSON goes to
+`benchmarks/results/live_elastic.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "live_elastic.json"
+SOURCE = "tests.e2e.paced_rollouts:make_run_group"
+
+
+def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
+    run_dir = work / policy
+    latencies = [args.fast_s] * (args.group_size - 1) + [args.slow_s]
+    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
+               f"run.model_dir={model_dir}", f"learner.num_steps={args.num_steps}",
+               "learner.groups_per_step=1", f"learner.group_size={args.group_size}",
+               "learner.lr=0.001", f"rollout.source={SOURCE}",
+               f"rollout.scaffold_options={{num_turns: {args.num_turns}, "
+               f"max_tokens: {args.max_tokens}, tool_latency_s: {latencies}}}",
+               f"pool.policy={policy}", f"pool.num_cells={args.num_cells}",
+               f"pool.num_session_slots={args.num_session_slots}",
+               f"pool.num_training_cells={args.num_training_cells}", "pool.max_staleness=1"]
+    if policy != "split":
+        command.append("learner.max_staleness=0")
+    started_s = time.perf_counter()
+    with open(work / f"{policy}.log", "wb") as log:
+        code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(REPO)},
+                              timeout=args.timeout_s).returncode
+    total_s = time.perf_counter() - started_s
+    if code != 0:
+        raise RuntimeError(f"{policy}: undertow train exited {code}; see {work}/{policy}.log")
+    return summarize(policy, run_dir, total_s)
+
+
+def summarize(policy: str, run_dir: Path, total_s: float) -> dict:
+    from undertow.learner.metrics_log import read_metrics
+    from undertow.learner.pool.live import read_timeline
+
+    events, records = read_timeline(run_dir), read_metrics(run_dir)
+    first = next(e["begun_s"] for e in events if e["event"] == "DispatchBatch")
+    last = [e["t_s"] for e in events if e["event"] == "published"][-1]
+
+    def moves(kind: str) -> list[float]:
+        return [e["t_s"] - e["begun_s"] for e in events if e["event"] == kind]
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 2) if values else None
+
+    return {"policy": policy, "total_s": round(total_s, 1), "steps_s": round(last - first, 1),
+            "step_s": mean([r["step_s"] for r in records]),
+            "rollout_s": mean([r["rollout_s"] for r in records]),
+            "train_s": mean([r["train_s"] for r in records]),
+            "num_to_training": len(moves("MoveToTraining")),
+            "to_training_s": mean(moves("MoveToTraining")),
+            "num_to_rollout": len(moves("MoveToRollout")),
+            "to_rollout_s": mean(moves("MoveToRollout")),
+            "members_per_step": [r["num_members"] for r in records],
+            "train_s_per_step": [round(r["train_s"], 2) for r in records],
+            "rollout_s_per_step": [round(r["rollout_s"], 2) for r in records],
+            "staleness_max": max(r["staleness_max"] for r in records)}
+
+
+def table(rows: list[dict]) -> str:
+    elastic = next((r for r in rows if r["policy"] == "elastic"), None)
+    lines = ["| policy | total s | steps s | vs elastic | step s | rollout s | train s | "
+             "moves to train (s each) | moves to rollout (s each) | members/step |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    for r in rows:
+        ratio = f"{r['steps_s'] / elastic['steps_s']:.2f}x" if elastic else "-"
+        lines.append(f"| {r['policy']} | {r['total_s']} | {r['steps_s']} | {ratio} | "
+                     f"{r['step_s']} | {r['rollout_s']} | {r['train_s']} | "
+                     f"{r['num_to_training']} ({r['to_training_s']}) | "
+                     f"{r['num_to_rollout']} ({r['to_rollout_s']}) | "
+                     f"{r['members_per_step']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", default="split,elastic,colocate")
+    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--num-cells", type=int, default=3)
+    parser.add_argument("--num-training-cells", type=int, default=1)
+    parser.add_argument("--num-session-slots", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--num-turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--fast-s", type=float, default=0.5)
+    parser.add_argument("--slow-s", type=float, default=10.0)
+    parser.add_argument("--timeout-s", type=float, default=1200.0)
+    args = parser.parse_args(argv)
+    from undertow.learner.modeldir import init_model_dir
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="live-elastic-") as tmp:
+        work = Path(tmp)
+        model_dir = init_model_dir(work / "model", size="tiny", seed=0)
+        for policy in args.policies.split(","):
+            rows.append(run_policy(policy, args, model_dir, work))
+            print(json.dumps(rows[-1]), flush=True)
+    machine = {"num_cpus": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0]}
+    settings = {k: v for k, v in vars(args).items() if k != "policies"}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"settings": settings, "machine": machine, "rows": rows},
+                                  indent=2) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

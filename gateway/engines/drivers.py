@@ -1,0 +1,27 @@
+"""Which driver speaks to an engine, chosen by the scheme of its URL.
+
+`http://host:port` (or `sglang+http://...`) is an SGLang-protocol engine (SGLang or
+the built-in engine): `SGLangClient`. `vllm+http://host:port` is a vLLM server:
+`VLLMClient` on `http://host:port`. The pool keeps the URL as given, so the kind of
+each engine stays visible in `/admin/engines`; the same URLs work for
+`undertow gateway serve --engine` and `POST /admin/engines`.
+"""
+
+from __future__ import annotations
+
+from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.protocol import Engine
+from undertow.gateway.engines.vllm import VLLMClient
+
+DRIVERS = {"sglang": SGLangClient, "vllm": VLLMClient}
+
+
+def driver_for_url(url: str) -> Engine:
+    """The driver for `url` (see the module docstring); an unknown `kind+` prefix is a
+    `ValueError` naming the kinds there are."""
+    scheme, separator, rest = url.partition("://")
+    kind, _, transport = scheme.rpartition("+") if "+" in scheme else ("sglang", "", scheme)
+    if not separator or kind not in DRIVERS:
+        raise ValueError(f"engine URL {url!r}: give http://host:port or KIND+http://host:port "
+                         f"with KIND one of {sorted(DRIVERS)}")
+    return DRIVERS[kind](f"{transport}://{rest}")

@@ -1,0 +1,54 @@
+"""The `pool` section of a run config: how `undertow train` splits this machine into cells.
+
+Without a `pool` section `undertow train` runs as before (one engine, a sync learner).
+With one, the machine is `num_cells` cells of `threads_per_cell` CPU threads each; a cell
+either serves one built-in engine (rollout) or runs one member of the elastic learner
+(training), and `policy` moves cells between the two (`policy.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from undertow.learner.pool.policy import POLICIES
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One cell pool on this machine.
+
+    `num_session_slots` is a cell's C_e in the waterlevel rule: how many sessions its
+    engine is counted to hold at once. `num_training_cells` and `max_staleness` are read
+    by `split` only. `timeout_s` bounds how long a training member waits for a step to
+    open (the rollout tail of the step comes before that) and the step's final sum.
+    """
+
+    policy: str = "elastic"
+    num_cells: int = 3
+    num_training_cells: int = 1
+    max_staleness: int = 1
+    threads_per_cell: int = 1
+    num_session_slots: int = 2
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"pool.policy must be one of {sorted(POLICIES)}, "
+                             f"got {self.policy!r}")
+        for name in ("num_cells", "threads_per_cell", "num_session_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pool.{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy == "split" and not 1 <= self.num_training_cells < self.num_cells:
+            raise ValueError(f"pool.num_training_cells={self.num_training_cells} must leave "
+                             f"at least one of pool.num_cells={self.num_cells} for rollout")
+        if self.max_staleness < 0:
+            raise ValueError(f"pool.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"pool.timeout_s must be positive, got {self.timeout_s}")
+
+    def policy_spec(self) -> dict:
+        """The spec `policy.make_policy` takes."""
+        if self.policy == "split":
+            return {"name": "split", "num_training_cells": self.num_training_cells,
+                    "max_staleness": self.max_staleness}
+        return {"name": self.policy}

@@ -1,0 +1,146 @@
+"""The rollout side of this machine's cells: one built-in engine process per rollout cell.
+
+`GatewayEngineSlots` is the `EngineSlots` of `learner/pool/local.py` for `undertow train`
+with a `pool` section, and the run's `WeightSink`:
+
+- `start_all()`: every cell starts its engine (the built-in one, `--num-threads
+  threads_per_cell`, on the base weights) and the engine is added at the gateway.
+- `drain(c)`: moving cell c to training. The gateway drains c's engine with migration and
+  removes it once nothing of the gateway runs on it (`DELETE /admin/engines/{id}?migrate=
+  true`): no new call goes there, its pinned sessions go elsewhere on their next call, its
+  in-flight generations are aborted and resumed on other engines from their partial output
+  (with their KV copied when both engines can), so a scaffold sees one reply. Then the
+  engine process stops, which releases its memory for the cell's learner member.
+- `serve(c, v)`: moving c back to rollout. A new engine starts on the newest weights (the
+  directory last pushed, as version v) and is added at the gateway. Should the gateway's
+  pool hold older weights (a push made while no engine was serving does not become the
+  pool's), the weights are pushed again, so the cell serves version v.
+- `push(model_dir, v)`: remembers the newest weights, then publishes them through the
+  gateway (`POST /admin/update_weights`) to every engine serving.
+
+The pool calls these from the learner's thread; the engines are started and stopped on the
+run's asyncio loop, the gateway is reached through its admin API (`gateway_link`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from undertow.gateway.engines.launch import BuiltinLauncher, RunningEngine, start_engine
+
+
+class GatewayEngineSlots:
+    """The engines of the rollout cells.
+
+    Invariants: `engines` maps each cell that serves to its running engine process and
+    the ID the gateway gave it; a cell absent from it has no engine process and no engine
+    at the gateway; `warm` holds engines started ahead of `serve` (not yet at the
+    gateway); `weights` is the newest (model directory, weight version) pushed.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
+                 log_dir: Path, threads_per_cell: int = 1, push_mode: str = "drain"):
+        self.loop, self.admin, self.log_dir = loop, admin, Path(log_dir)
+        self.threads_per_cell, self.push_mode = threads_per_cell, push_mode
+        self.weights: tuple[Path, int] = (Path(model_dir), 0)
+        self.engines: dict[int, tuple[RunningEngine, str]] = {}
+        self.warm: dict[int, RunningEngine] = {}
+        self.num_started = 0
+
+    def start_all(self, cell_ids: list[int]) -> None:
+        """Starts every cell's engine at once, then adds each at the gateway."""
+        running = self._wait(_gather([self._start(c) for c in cell_ids]))
+        failed = [r for r in running if isinstance(r, BaseException)]
+        if failed:
+            self._wait(_gather([r.stop() for r in running if isinstance(r, RunningEngine)]))
+            raise failed[0]
+        for cell_id, engine in zip(cell_ids, running, strict=True):
+            self._register(cell_id, engine)
+
+    def drain(self, cell_id: int) -> None:
+        engine, engine_id = self.engines.pop(cell_id)
+        try:
+            self.admin.remove_engine(engine_id, migrate=True)
+        finally:
+            self._wait(engine.stop())
+
+    def serve(self, cell_id: int, weight_version: int) -> None:
+        if weight_version != self.weights[1]:
+            raise ValueError(f"cell {cell_id}: asked to serve weights {weight_version}, but "
+                             f"the newest pushed are {self.weights[1]}")
+        engine = self.warm.pop(cell_id, None)
+        if engine is not None and engine.launcher.weight_version != str(weight_version):
+            self._wait(engine.stop())
+            engine = None
+        self._register(cell_id, engine or self._wait(self._start(cell_id)))
+
+    def prepare(self, cell_ids: list[int]) -> None:
+        """Starts the engines of cells about to serve all at once (engine start-up is
+        seconds of process and model loading); `serve` then only adds them."""
+        cold = [c for c in cell_ids if c not in self.engines and c not in self.warm]
+        running = self._wait(_gather([self._start(c) for c in cold]))
+        for cell_id, engine in zip(cold, running, strict=True):
+            if isinstance(engine, RunningEngine):
+                self.warm[cell_id] = engine  # a failed start is retried by `serve`
+
+    def push(self, model_dir: Path, weight_version: int) -> None:
+        self.weights = (Path(model_dir), weight_version)
+        self.admin.update_weights(model_dir, weight_version, self.push_mode)
+
+    def num_sessions(self) -> dict[int, int]:
+        """Sessions pinned to each serving cell's engine at the gateway."""
+        pinned = {e["id"]: e["num_pinned_sessions"] for e in self.admin.engines()}
+        return {cell_id: pinned.get(engine_id, 0)
+                for cell_id, (_engine, engine_id) in self.engines.items()}
+
+    def num_closed(self, group_ids: list[str]) -> dict[str, int]:
+        """Closed sessions of each group; a rollout's gateway group is the group ID, or
+        the group ID and the task (`adapters.rollout`: `{group_id}.{instance_id}`)."""
+        counts = dict.fromkeys(group_ids, 0)
+        for session in self.admin.sessions():
+            if not session["closed"]:
+                continue
+            group = session["group"]
+            name = group if group in counts else group.rsplit(".", 1)[0]
+            if name in counts:
+                counts[name] += 1
+        return counts
+
+    def cell_of(self, engine_id: str) -> int | None:
+        """The cell whose engine has this gateway ID (None when none serves)."""
+        return next((c for c, (_e, i) in self.engines.items() if i == engine_id), None)
+
+    def close(self) -> None:
+        """Stops every engine still running (the gateway may already be gone)."""
+        engines, self.engines, warm, self.warm = self.engines, {}, self.warm, {}
+        self._wait(_gather([engine.stop() for engine, _id in engines.values()] +
+                           [engine.stop() for engine in warm.values()]))
+
+    async def _start(self, cell_id: int) -> RunningEngine:
+        self.num_started += 1
+        model_dir, version = self.weights
+        launcher = BuiltinLauncher(weight_version=str(version),
+                                   extra_args=("--num-threads", str(self.threads_per_cell)))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return await start_engine(launcher, model_dir, log_path=self.log_dir /
+                                  f"cell-{cell_id}-{self.num_started}.log")
+
+    def _register(self, cell_id: int, engine: RunningEngine) -> None:
+        try:
+            record = self.admin.add_engine(engine.url)
+            if record.get("weight_version") != str(self.weights[1]):
+                self.push(*self.weights)
+        except BaseException:
+            self._wait(engine.stop())
+            raise
+        self.engines[cell_id] = (engine, record["id"])
+
+    def _wait(self, coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+
+async def _gather(coroutines: list) -> list:
+    """Every coroutine's result or exception, in order."""
+    return await asyncio.gather(*coroutines, return_exceptions=True)

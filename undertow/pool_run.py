@@ -1,0 +1,113 @@
+"""`undertow train` with a `pool` section: this machine as cells that move between roles.
+
+Started by `train_run.train` when the run config has a `pool` section
+(`learner/pool/config.py`). The pieces, wired here:
+
+- the gateway, in this process, with no engine of its own;
+- `cells.GatewayEngineSlots`: one built-in engine process per rollout cell, added at the
+  gateway, drained with migration and stopped when its cell moves to training, started on
+  the newest weights when it comes back;
+- `elastic.Coordinator` in the learner's process and one learner member process per
+  training cell (`local.ProcessMembers`, gloo on CPUs), so the step's gradient is computed
+  by whichever cells are training;
+- `local.LocalPool` carrying out the policy's decisions, and `live.PoolLoop` driving it:
+  rollout groups are launched when the policy dispatches a batch, and a step is trained
+  once its groups have finished.
+
+Threads as in `train_run`: the learner, the pool and its members' queues in the main
+thread; the gateway, engine start/stop and the rollouts on the asyncio loop in a
+background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from undertow.learner.pool.config import PoolConfig
+
+
+@contextlib.contextmanager
+def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
+                       store_dir: Path) -> Iterator[Any]:
+    """The gateway, started on `loop` with no engine (the cells add theirs)."""
+    from undertow.embedded import serve_gateway
+
+    manager = serve_gateway(model_dir, store_dir, ())
+    gateway = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
+    try:
+        yield gateway
+    finally:
+        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result()
+
+
+def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
+                    resolved: dict[str, Any], stop) -> str:
+    """Runs the training run of `sections` (run, rollout, learner, loss, advantages:
+    built dataclasses) on `pool.num_cells` cells; returns "done" or "stopped"."""
+    from undertow.learner.elastic import Coordinator
+    from undertow.learner.pool import Cell, make_policy
+    from undertow.learner.pool.live import ElasticLearner
+    from undertow.learner.pool.local import ProcessMembers
+
+    run, config, loss = sections["run"], sections["learner"], sections["loss"]
+    if config.dtype != "float32":
+        raise ValueError(f"learner.dtype={config.dtype!r}: a pool run's members train in "
+                         "float32; set learner.dtype=float32 or remove the pool section")
+    if run.engine_urls:
+        raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
+                         "engines; remove one of them")
+    learner = ElasticLearner(config, loss, sections["advantages"], model_dir, run.run_dir,
+                             resolved)
+    learner.coordinator = Coordinator(learner.policy, run.run_dir / "elastic",
+                                      timeout_s=pool.timeout_s)
+    members = ProcessMembers(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
+                             num_threads=pool.threads_per_cell,
+                             reference_dir=str(model_dir) if loss.kl_coef else None)
+    cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
+    try:
+        outcome = _run_cells(pool, sections, model_dir, learner, members, cells,
+                             make_policy(pool.policy_spec()), stop)
+        print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
+        return outcome
+    finally:
+        members.close()
+        learner.coordinator.close()
+
+
+def _run_cells(pool: PoolConfig, sections: dict[str, Any], model_dir: Path, learner,
+               members, cells, policy, stop) -> str:
+    from undertow.cells import GatewayEngineSlots
+    from undertow.learner.gateway_link import GatewayAdmin
+    from undertow.learner.pool.live import PoolLoop
+    from undertow.learner.pool.local import LocalPool
+    from undertow.train_run import (
+        RolloutContext,
+        ThreadedGroupSource,
+        background_loop,
+        load_source,
+    )
+
+    run, config = sections["run"], sections["learner"]
+    with background_loop() as loop, \
+            engineless_gateway(loop, model_dir, run.run_dir / "store") as gateway:
+        admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+        slots = GatewayEngineSlots(loop, admin, model_dir, run.run_dir / "engines",
+                                   pool.threads_per_cell, config.push_mode)
+        try:
+            slots.start_all([cell.cell_id for cell in cells])
+            print(f"undertow train: gateway {gateway.url}, {pool.num_cells} cells "
+                  f"({pool.policy}), run {run.run_dir}", flush=True)
+            context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
+                                     sections["rollout"], run.docker_url)
+            source = ThreadedGroupSource(loop, load_source(context), admin)
+            cell_pool = LocalPool(cells, slots, members)
+            try:
+                return PoolLoop(learner, cell_pool, policy, source, slots, slots, stop).run()
+            finally:
+                source.cancel()
+        finally:
+            slots.close()

@@ -1,24 +1,30 @@
 """Pass rate on bundled tasks: the tiny model, after an oracle warm start, after RL.
 
-    python -m benchmarks.sft_pass_rate [--work DIR] [--num-tasks 8] [--num-epochs 30]
+    python -m benchmarks.sft_pass_rate [--work DIR] [--num-tasks 8] [--num-sft-tasks 2]
+                                       [--num-rounds 2] [--num-epochs 40] [--lr 3e-3]
 
 Runs the commands a user would, one after another, each a subprocess of `undertow`:
 
 1. `undertow model init` — the tiny model (about 4M parameters, random weights);
 2. `undertow rollout` of the first N bundled tasks, 1 sample each, greedy
    (temperature 0), mini-swe-agent with a step limit of 3 — the *base* pass rate;
-3. `undertow sft-collect` — the gold patch of each of those tasks applied by the real
-   mini-swe-agent through the gateway (replay engine), graded, into a tree store;
-4. `undertow sft` on that store (torch on one thread: the machine is shared);
+3. `undertow sft-collect` — the gold patch of each of the first `--num-sft-tasks` of
+   them applied by the real mini-swe-agent through the gateway (replay engine), graded,
+   into a tree store;
+4. `undertow sft` on that store, in `--num-rounds` rounds of `--num-epochs` epochs,
+   each round starting from the previous one's model (torch on one thread: the
+   machine is shared), and after each round
 5. the same rollout with the warm-started model;
 6. `undertow train` from the warm-started model: the default two steps (group of 2,
    tasks 1 and 2 of the bundled set), with the evaluation's step and token limits;
 7. the same rollout with the model of its last checkpoint.
 
-The evaluation tasks are the SFT tasks: a 4M-parameter model can at best memorise the
-oracle turns of tasks it has seen, so this measures what a warm start gives RL to
-start from, not generalisation. A stage whose output is already in `--work` is not run
-again. Writes benchmarks/results/sft_pass_rate.json and prints a Markdown table.
+The SFT tasks are among the evaluation tasks, and the first two are the tasks the RL
+steps run: a 4M-parameter model can at best memorise the oracle turns of tasks it has
+seen (and on this shared 2-core machine only of a few, in minutes), so this measures
+what a warm start gives RL to start from, not generalisation. A stage whose output is
+already in `--work` is not run again. Writes benchmarks/results/sft_pass_rate.json and
+prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -62,30 +69,39 @@ def evaluate(work: Path, name: str, model_dir: Path, num_tasks: int) -> dict:
         done = sorted(out.glob("*/summary.json"))
     summary = json.loads(done[-1].read_text())
     return {"model": name, "command": "undertow " + shlex.join(argv), "wall_s": wall_s,
-            "num_sessions": summary["num_sessions"], "pass_rate": summary["pass_rate"],
-            "mean_reward": summary["mean_reward"],
+            "rollout_s": summary["duration_s"], "num_sessions": summary["num_sessions"],
+            "pass_rate": summary["pass_rate"], "mean_reward": summary["mean_reward"],
             "resolved": sorted(t["instance_id"] for t in summary["tasks"]
                                if t["pass_rate"] > 0)}
 
 
-def warm_start(work: Path, base: Path, num_tasks: int, num_epochs: int, lr: float) -> dict:
-    store, warm = work / "oracle-store", work / "warm"
+def warm_start(work: Path, base: Path, num_tasks: int, args) -> tuple[dict, list[dict]]:
+    """Collects the oracle trajectories of the first `num_tasks` tasks, trains on them
+    round by round; returns the record and the evaluations after each round."""
+    store = work / "oracle-store"
     collect = ["sft-collect", "--tasks", TASKS, "--num-tasks", str(num_tasks), "--model",
                str(base), "--out", str(store), "--logs", str(work / "collect"),
                "--progress-interval-s", "0"]
-    sft = ["sft", "--store", str(store), "--model", str(base), "--out", str(warm),
-           f"sft.num_epochs={num_epochs}", f"sft.lr={lr}", "sft.min_reward=1"]
-    times = {}
+    record = {"commands": ["undertow " + shlex.join(collect)], "rounds": []}
     if not any(store.glob("*.jsonl")):
-        times["collect_s"], _ = run(collect, work / "collect.log")
-    if not (warm / "model.safetensors").exists():
-        times["sft_s"], _ = run(sft, work / "sft.log", env={"OMP_NUM_THREADS": "1"})
-    losses = [json.loads(line)["loss"] for line in
-              (warm / "metrics.jsonl").read_text().splitlines()]
-    return {"commands": ["undertow " + shlex.join(collect),
-                         "OMP_NUM_THREADS=1 undertow " + shlex.join(sft)],
-            **times, "num_sft_steps": len(losses), "first_loss": losses[0],
-            "last_epoch_mean_loss": sum(losses[-num_tasks:]) / len(losses[-num_tasks:])}
+        record["collect_s"], _ = run(collect, work / "collect.log")
+    evals, model = [], base
+    for number in range(1, args.num_rounds + 1):
+        last = number == args.num_rounds
+        out = work / ("warm" if last else f"warm-r{number}")
+        sft = ["sft", "--store", str(store), "--model", str(model), "--out", str(out),
+               f"sft.num_epochs={args.num_epochs}", f"sft.lr={args.lr}", "sft.min_reward=1"]
+        if not (out / "model.safetensors").exists():
+            run(sft, work / f"sft-r{number}.log", env={"OMP_NUM_THREADS": "1"})
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        record["commands"].append("OMP_NUM_THREADS=1 undertow " + shlex.join(sft))
+        record["rounds"].append({
+            "num_steps": len(metrics), "train_s": sum(m["train_s"] for m in metrics),
+            "first_loss": metrics[0]["loss"],
+            "last_epoch_mean_loss": statistics.fmean(m["loss"] for m in metrics[-num_tasks:])})
+        evals.append(evaluate(work, "sft" if last else f"sft-r{number}", out, args.num_tasks))
+        model = out
+    return record, evals
 
 
 def train(work: Path, warm: Path) -> tuple[dict, Path]:
@@ -106,10 +122,12 @@ def train(work: Path, warm: Path) -> tuple[dict, Path]:
 
 
 def table(evals: list[dict]) -> str:
-    lines = ["| model | sessions | pass rate | mean reward | resolved |", "|---|---|---|---|---|"]
+    lines = ["| model | sessions | pass rate | mean reward | rollout (s) | resolved |",
+             "|---|---|---|---|---|---|"]
     for row in evals:
         lines.append(f"| {row['model']} | {row['num_sessions']} | {row['pass_rate']:.0%} | "
-                     f"{row['mean_reward']:.2f} | {', '.join(row['resolved']) or '-'} |")
+                     f"{row['mean_reward']:.2f} | {row['rollout_s']:.0f} | "
+                     f"{', '.join(row['resolved']) or '-'} |")
     return "\n".join(lines)
 
 
@@ -121,12 +139,13 @@ def main(args) -> None:
         run(["model", "init", "--out", str(base), "--size", "tiny", "--seed", "0"],
             work / "init.log")
     evals = [evaluate(work, "base", base, args.num_tasks)]
-    sft = warm_start(work, base, args.num_tasks, args.num_epochs, args.lr)
-    evals.append(evaluate(work, "sft", work / "warm", args.num_tasks))
+    sft, sft_evals = warm_start(work, base, args.num_sft_tasks, args)
+    evals += sft_evals
     trained, trained_model = train(work, work / "warm")
     evals.append(evaluate(work, "sft+rl2", trained_model, args.num_tasks))
     result = {"machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
-              "num_tasks": args.num_tasks, "evaluations": evals, "warm_start": sft,
+              "num_tasks": args.num_tasks, "num_sft_tasks": args.num_sft_tasks,
+              "evaluations": evals, "warm_start": sft,
               "train": trained}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
@@ -137,6 +156,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("runs/sft-pass-rate"))
     parser.add_argument("--num-tasks", type=int, default=8)
-    parser.add_argument("--num-epochs", type=int, default=30)
+    parser.add_argument("--num-sft-tasks", type=int, default=2)
+    parser.add_argument("--num-rounds", type=int, default=2)
+    parser.add_argument("--num-epochs", type=int, default=40, help="per round")
     parser.add_argument("--lr", type=float, default=3e-3)
     main(parser.parse_args())

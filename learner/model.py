@@ -15,10 +15,15 @@ Two ways to apply the mask, by `attention=`:
   attention computes every masked pair too.
 - "blocks" (default): the micro-batch is cut into chains (runs of units each the
   child of the one before) and chains into query chunks of at most
-  `max_query_tokens`; each chunk attends, with PyTorch's SDPA and a lower-right
-  causal bias (no mask tensor), to its chain's ancestors' keys followed by its chain
-  up to itself. Cost and memory follow the tree's true ancestor pairs, not T^2:
-  a shared prefix's keys are computed once and read by every chain below it.
+  `max_query_tokens`; each chunk attends to its chain's ancestors' keys followed by
+  its chain up to itself, causal aligned to the bottom right. No mask tensor: on CPU
+  each chunk's keys are split into the part every query sees in full and the chunk's
+  own causal square, each run by the flash kernel and merged exactly by their
+  log-sum-exp (`_MergedBlockAttention`); elsewhere one SDPA per chunk with a
+  lower-right causal bias (a flash kernel on CUDA). Cost and memory follow the tree's
+  true ancestor pairs, not T^2: a shared prefix's keys are computed once and read by
+  every chain below it. Chunking only bounds the query rows of one kernel call
+  (memory stays O(T) either way), so the default is large.
   It is registered with transformers as the attention "undertow_tree", which falls
   back to SDPA whenever it is given an ordinary mask (the flat path).
 
@@ -48,7 +53,7 @@ class AttentionBlocks:
     chunks: list[tuple[int, int, list[tuple[int, int]]]]
 
 
-def attention_blocks(micro_batch: MicroBatch, max_query_tokens: int = 1024) -> AttentionBlocks:
+def attention_blocks(micro_batch: MicroBatch, max_query_tokens: int = 8192) -> AttentionBlocks:
     """Cuts a micro-batch into chains of units and chains into query chunks."""
     starts, ends = [], []
     position = 0
@@ -160,7 +165,7 @@ class _MergedBlockAttention(torch.autograd.Function):
             part_lse = torch.stack([lse for _, lse in parts])              # (P, 1, H, q)
             lse = torch.logsumexp(part_lse, dim=0)                         # (1, H, q)
             weights = torch.exp(part_lse - lse)[..., None]                 # (P, 1, H, q, 1)
-            merged = sum(w * out.to(w.dtype) for w, (out, _) in zip(weights, parts))
+            merged = sum(w * out.to(w.dtype) for w, (out, _) in zip(weights, parts, strict=True))
             outputs.append(merged.to(query.dtype))
             lses.append(lse)
         output = torch.cat(outputs, dim=2)                                 # (1, H, T, D)
@@ -209,7 +214,7 @@ class Scores:
 class PolicyModel:
     """A causal LM (transformers' Qwen3ForCausalLM) used for scoring and training."""
 
-    def __init__(self, model: nn.Module, max_query_tokens: int = 1024):
+    def __init__(self, model: nn.Module, max_query_tokens: int = 8192):
         self.model = model
         self.max_query_tokens = max_query_tokens
 

@@ -1,5 +1,6 @@
 """The import edges of DESIGN.md ("Layout"), checked in fresh processes."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -31,7 +32,9 @@ def _all_modules(package: str) -> list[str]:
     return names
 
 
+@functools.cache
 def _imported_by(module: str) -> list[str]:
+    """Modules imported by importing `module` in a fresh process (cached: one process each)."""
     out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

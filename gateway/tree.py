@@ -269,3 +269,62 @@ class Tree:
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
+
+
+# JSON form (the admin API's answer, the learner's checkpoints). `tree_from_json` inverts
+# `tree_to_json` node for node, IDs included.
+
+
+def _logprob(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def session_node_ids(tree: Tree, session_id: str) -> set[int]:
+    paths = tree.sessions.get(session_id)
+    return {node for leaf in (paths.leaves if paths else []) for node in tree.path(leaf)}
+
+
+def tree_to_json(tree: Tree, session_id: str | None = None) -> dict[str, Any]:
+    """Nodes (with per-token logprobs and weight versions), sessions and calls; with
+    `session_id`, only the nodes on that session's paths and its calls."""
+    keep = session_node_ids(tree, session_id) if session_id else None
+    nodes = [{"id": node.node_id, "parent": node.parent, "token_ids": node.token_ids,
+              "trainable": node.trainable, "sampled_by": node.sampled_by,
+              "logprobs": [_logprob(value) for value in node.logprobs],
+              "weight_versions": node.weight_versions}
+             for node in tree.nodes.values()
+             if node.node_id != ROOT and (keep is None or node.node_id in keep)]
+    sessions = {sid: {"leaves": paths.leaves, "reward": paths.reward, "closed": paths.closed,
+                      "meta": paths.meta}
+                for sid, paths in tree.sessions.items() if session_id in (None, sid)}
+    calls = [{"call_id": call.call_id, "session_id": call.session_id, "leaf": call.leaf,
+              "num_prompt_tokens": call.num_prompt_tokens,
+              "num_completion_tokens": call.num_completion_tokens, "branch": call.branch,
+              "meta": call.meta}
+             for call in tree.calls if session_id in (None, call.session_id)]
+    return {"group": tree.group_id, "nodes": nodes, "sessions": sessions, "calls": calls,
+            "num_unique_tokens": tree.num_unique_tokens,
+            "num_flat_tokens": tree.num_flat_tokens}
+
+
+def tree_from_json(data: dict[str, Any]) -> Tree:
+    """Rebuilds the `Tree` that `tree_to_json` (or the gateway's admin API) described."""
+    tree = Tree(data["group"])
+    for raw in sorted(data["nodes"], key=lambda n: n["id"]):
+        tree.nodes[raw["id"]] = Node(
+            node_id=raw["id"], parent=raw["parent"], token_ids=list(raw["token_ids"]),
+            logprobs=[math.nan if v is None else float(v) for v in raw["logprobs"]],
+            weight_versions=[int(v) for v in raw["weight_versions"]],
+            sampled_by=raw["sampled_by"])
+    for node in tree.nodes.values():
+        if node.parent is not None:
+            tree.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)] = node.node_id
+    for session_id, raw in data["sessions"].items():
+        tree.sessions[session_id] = SessionPaths(
+            session_id, leaves=list(raw["leaves"]), reward=raw["reward"],
+            closed=bool(raw["closed"]), meta=dict(raw.get("meta") or {}))
+    tree.calls = [Call(c["call_id"], c["session_id"], c["leaf"], c["num_prompt_tokens"],
+                       c["num_completion_tokens"], c.get("branch"), dict(c.get("meta") or {}))
+                  for c in data["calls"]]
+    tree._next_id = max(tree.nodes) + 1
+    return tree

@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import ROOT, Tree
-from undertow.gateway.treejson import session_node_ids
+from undertow.gateway.tree import ROOT, Tree, session_node_ids
 
 
 def load(store_dir: Path) -> dict[str, Tree]:

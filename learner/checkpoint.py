@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import yaml
 
-from undertow.learner.trees import tree_from_json, tree_to_json
+from undertow.gateway.tree import tree_from_json, tree_to_json
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "weights"

@@ -19,9 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.tree import Tree, tree_from_json
 from undertow.learner.errors import LearnerError
-from undertow.learner.trees import tree_from_json
 
 
 class GatewayLinkError(LearnerError):

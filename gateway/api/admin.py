@@ -6,7 +6,7 @@
 - `GET /admin/sessions?group=G` -> `{"sessions": [...]}`
 - `GET /admin/sessions/{id}` -> the session's summary
 - `POST /admin/sessions/{id}/close` `{"reward", "meta"?}` -> the closed session's summary
-- `GET /admin/sessions/{id}/tree` -> its paths of the group tree (JSON, `treejson.py`)
+- `GET /admin/sessions/{id}/tree` -> its paths of the group tree (JSON, `tree.tree_to_json`)
 - `GET /admin/groups` -> groups with token counts
 - `GET /admin/groups/{group}/tree` -> the group's tree (JSON)
 
@@ -24,7 +24,7 @@ from aiohttp import web
 from undertow.gateway.errors import BadRequest, NotFound
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.store import TreeStore, check_group
-from undertow.gateway.treejson import tree_to_json
+from undertow.gateway.tree import tree_to_json
 
 
 def make_admin_auth(token: str):

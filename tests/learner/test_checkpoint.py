@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from undertow.gateway.tree import tree_to_json
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import (
     PendingGroup,
@@ -16,7 +17,6 @@ from undertow.learner.checkpoint import (
 from undertow.learner.config import TrainConfig
 from undertow.learner.losses import LossConfig
 from undertow.learner.train import Learner
-from undertow.learner.trees import tree_to_json
 
 from .conftest import build_random_tree
 

@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
+from undertow.gateway.tree import tree_from_json, tree_to_json
 from undertow.learner.config import SFTConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import pack_step
 from undertow.learner.sft import chosen_sessions, run_sft
-from undertow.learner.trees import load_store_trees, tree_from_json, tree_to_json
+from undertow.learner.trees import load_store_trees
 
 from .conftest import build_random_tree
 

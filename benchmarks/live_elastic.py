@@ -1,7 +1,8 @@
 """Live elastic benchmark: `undertow train` on CPU cells, elastic versus a fixed split (and
 colocate), the same steps and samples, wall time side by side.
 
-    python -m benchmarks.live_elastic [--policies split,elastic,colocate] [--num-steps 3]
+    python -m benchmarks.live_elastic [--policies split,elastic,elastic-resident,colocate]
+                                      [--num-steps 3]
 
 Each policy is one real `undertow train` process with a `pool` section: `--num-cells`
 cells of one thread each, each rollout cell one built-in engine (tiny model) behind the
@@ -11,13 +12,17 @@ embedded gateway, each training cell one learner member process (gloo). The roll
 "tool" pause; one session's pause is `--slow-s` and the others' `--fast-s`, so that one
 session in every batch is far slower than the rest (a long tail). `split` keeps
 `--num-training-cells` cells training, with staleness 1 (asynchronous); `elastic` and
-`colocate` are synchronous (staleness 0).
+`colocate` are synchronous (staleness 0). A `-resident` suffix (e.g. `elastic-resident`)
+sets `pool.resident_members`: a cell's learner member process stays alive while the cell
+serves, so a move to training skips the member's process start and model load.
 
 Reported per policy: `total_s` (the command's wall time, engine start-up included),
 `steps_s` (first dispatch to last publish, from the run's `pool_timeline.jsonl`), the
 mean step, rollout and train times from `metrics.jsonl`, how many role moves it made
 and their mean time (to training: drain with migration + stop the engine; to rollout:
-stop the member + start an engine + add it), and the members per step. Ratios are
+stop the member + start an engine + add it; when several cells return at once their
+engines are started together first, `prepare_engines_s` in the JSON, not in the
+per-move time), and the members per step. Ratios are
 split's (and colocate's) `steps_s` over elastic's. JSON goes to
 `benchmarks/results/live_elastic.json`.
 """
@@ -40,6 +45,7 @@ SOURCE = "tests.e2e.paced_rollouts:make_run_group"
 
 def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, work: Path) -> dict:
     run_dir = work / policy
+    name, _, variant = policy.partition("-")
     latencies = [args.fast_s] * (args.group_size - 1) + [args.slow_s]
     command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
                f"run.model_dir={model_dir}", f"learner.num_steps={args.num_steps}",
@@ -47,10 +53,11 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, work: Pat
                "learner.lr=0.001", f"rollout.source={SOURCE}",
                f"rollout.scaffold_options={{num_turns: {args.num_turns}, "
                f"max_tokens: {args.max_tokens}, tool_latency_s: {latencies}}}",
-               f"pool.policy={policy}", f"pool.num_cells={args.num_cells}",
+               f"pool.policy={name}", f"pool.num_cells={args.num_cells}",
+               f"pool.resident_members={str(variant == 'resident').lower()}",
                f"pool.num_session_slots={args.num_session_slots}",
                f"pool.num_training_cells={args.num_training_cells}", "pool.max_staleness=1"]
-    if policy != "split":
+    if name != "split":
         command.append("learner.max_staleness=0")
     started_s = time.perf_counter()
     with open(work / f"{policy}.log", "wb") as log:
@@ -85,6 +92,7 @@ def summarize(policy: str, run_dir: Path, total_s: float) -> dict:
             "to_training_s": mean(moves("MoveToTraining")),
             "num_to_rollout": len(moves("MoveToRollout")),
             "to_rollout_s": mean(moves("MoveToRollout")),
+            "prepare_engines_s": round(sum(moves("PrepareEngines")), 2),
             "members_per_step": [r["num_members"] for r in records],
             "train_s_per_step": [round(r["train_s"], 2) for r in records],
             "rollout_s_per_step": [round(r["rollout_s"], 2) for r in records],
@@ -93,7 +101,7 @@ def summarize(policy: str, run_dir: Path, total_s: float) -> dict:
 
 def table(rows: list[dict]) -> str:
     elastic = next((r for r in rows if r["policy"] == "elastic"), None)
-    lines = ["| policy | total s | steps s | vs elastic | step s | rollout s | train s | "
+    lines = ["| policy | total s | steps s | steps s ÷ elastic's | step s | rollout s | train s | "
              "moves to train (s each) | moves to rollout (s each) | members/step |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for r in rows:
@@ -108,7 +116,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default="split,elastic,colocate")
+    parser.add_argument("--policies", default="split,elastic,elastic-resident,colocate")
     parser.add_argument("--num-steps", type=int, default=3)
     parser.add_argument("--num-cells", type=int, default=3)
     parser.add_argument("--num-training-cells", type=int, default=1)

@@ -30,6 +30,34 @@ from typing import Any
 from undertow.learner.pool.config import PoolConfig
 
 
+class ResidentMembers:
+    """`MemberSlots` whose member processes outlive their cell's training turns.
+
+    `ProcessMembers` ends a member when its cell returns to rollout, so every move to
+    training pays a process start and a model load (about 10 s on a busy 2-core machine).
+    Here a cell's member is started on its first move and stays, idle and holding its
+    model in memory, while the cell serves; `stop` only lets it be. That is safe because
+    a member works through the steps it is sent in order and one it is sent too late for
+    is refused at once (`Member.join` returns False when the roster has closed).
+    """
+
+    def __init__(self, members: Any):
+        self.members = members
+
+    def start(self, cell_id: int) -> None:
+        if cell_id not in self.members.running:
+            self.members.start(cell_id)
+
+    def join(self, cell_id: int, step: int) -> None:
+        self.members.join(cell_id, step)
+
+    def stop(self, cell_id: int) -> None:
+        return None
+
+    def close(self) -> None:
+        self.members.close()
+
+
 @contextlib.contextmanager
 def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
                        store_dir: Path) -> Iterator[Any]:
@@ -67,6 +95,8 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
     members = ProcessMembers(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
                              num_threads=pool.threads_per_cell,
                              reference_dir=str(model_dir) if loss.kl_coef else None)
+    if pool.resident_members:
+        members = ResidentMembers(members)
     cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
     try:
         outcome = _run_cells(pool, sections, model_dir, learner, members, cells,

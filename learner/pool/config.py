@@ -21,6 +21,9 @@ class PoolConfig:
     engine is counted to hold at once. `num_training_cells` and `max_staleness` are read
     by `split` only. `timeout_s` bounds how long a training member waits for a step to
     open (the rollout tail of the step comes before that) and the step's final sum.
+    `resident_members` keeps a cell's learner member process (and its copy of the model)
+    alive while the cell serves, so that moving to training skips a process start and
+    a model load; off, the member ends when its cell leaves training.
     """
 
     policy: str = "elastic"
@@ -30,6 +33,7 @@ class PoolConfig:
     threads_per_cell: int = 1
     num_session_slots: int = 2
     timeout_s: float = 3600.0
+    resident_members: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

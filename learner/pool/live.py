@@ -149,7 +149,10 @@ class PoolLoop:
                 return
             returning = [d.cell_id for d in decisions if isinstance(d, MoveToRollout)]
             if len(returning) > 1:
+                begun_s = self._now()
                 self.sessions.prepare(returning)
+                self._record({"event": "PrepareEngines", "cell_ids": returning,
+                              "begun_s": begun_s, "cells": self._roles()})
             for decision in decisions:
                 begun_s = self._now()
                 self.pool.carry_out([decision])

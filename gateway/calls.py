@@ -147,6 +147,13 @@ class CallRunner:
                 "messages or completion.", param="messages")
         return min(wanted if wanted is not None else self.default_max_tokens, room)
 
+    async def complete(self, session: Session, request: CallRequest) -> Outcome:
+        """The recorded `Outcome` of a call whose reply is not streamed."""
+        outcome = None
+        async for item in self.stream(session, request):
+            outcome = item if isinstance(item, Outcome) else outcome
+        return outcome
+
     async def stream(self, session: Session, request: CallRequest
                      ) -> AsyncIterator[Delta | Outcome]:
         """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""

@@ -252,9 +252,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = parse_request(body, config.max_n)
         call = mark_retry(call, request, session, raw)
         if not body.get("stream"):
-            outcome = None
-            async for item in runner.stream(session, call):
-                outcome = item if isinstance(item, Outcome) else outcome
+            outcome = await runner.complete(session, call)
             return web.json_response(completion_body(runner, call, outcome,
                                                      bool(body.get("logprobs"))))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -94,9 +94,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = mark_retry(parse_request(runner, body, config.max_n), request, session, raw)
         want_logprobs = body.get("logprobs") is not None
         if not body.get("stream"):
-            outcome = None
-            async for item in runner.stream(session, call):
-                outcome = item if isinstance(item, Outcome) else outcome
+            outcome = await runner.complete(session, call)
             return web.json_response(completion_body(runner, call, outcome, want_logprobs))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await _stream(request, runner, session, call, config, want_logprobs,

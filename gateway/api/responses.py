@@ -290,9 +290,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         body, raw = await read_json(request, config.max_body_bytes)
         call = mark_retry(parse_request(body), request, session, raw)
         if not body.get("stream"):
-            outcome = None
-            async for item in runner.stream(session, call):
-                outcome = item if isinstance(item, Outcome) else outcome
+            outcome = await runner.complete(session, call)
             return web.json_response(response_body(call, body, outcome,
                                                    outcome.choices[0].call_id))
         return await _stream(request, runner, session, call, body, config)

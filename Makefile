@@ -57,5 +57,9 @@ test: setup setup-vllm setup-agents docker-daemon
 lint: setup
 	$(PY) -m ruff check .
 
-bench: setup setup-vllm
-	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m benchmarks.engine
+# Every benchmark, one after another (hours on a 2-core machine); each writes
+# benchmarks/results/NAME.json and prints its table. One alone: python -m benchmarks.NAME
+BENCHMARKS := engine gateway sandboxes rollout learner migration elastic live_elastic
+bench: setup setup-vllm docker-daemon
+	for name in $(BENCHMARKS); do \
+		UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m benchmarks.$$name || exit 1; done

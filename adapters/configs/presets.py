@@ -21,10 +21,19 @@ program talks to the gateway; it does not see the sandbox's repository).
 - SWE-agent (`sweagent run`, installed from its git repository; it is not on PyPI):
   litellm model `openai/{model}` with `api_base`/`api_key` of the session, and a
   deployment that runs its commands in the session's existing container.
-- OpenHands (`pip install openhands-ai`, headless `python -m openhands.core.main`):
-  `LLM_MODEL=openai/{model}`, `LLM_BASE_URL`, `LLM_API_KEY` of the session; its runtime
-  set to the session's container through `SANDBOX_*`/`RUNTIME` settings of the version
-  used.
+- OpenHands (`openhands-ai==0.62.0` from PyPI, Python 3.12 or 3.13, in its own
+  virtualenv: `make setup-openhands`), headless `python -m openhands.core.main -f FILE
+  -i N`: `LLM_MODEL=openai/{model}`, `LLM_BASE_URL`/`LLM_API_KEY` of the session, and
+  its `cli` runtime (`RUNTIME=cli`: commands and edits run directly where OpenHands
+  runs, in `WORKSPACE_BASE`), so it is set up like the CLIs above: in the sandbox (the
+  task image must hold OpenHands; its workspace is the repository) or, on the host, in
+  the session's folder. Its `docker` runtime builds an image from Docker Hub at start,
+  which cannot be done here. No browser (`ENABLE_BROWSER=false`), litellm's bundled
+  cost map, and every event logged. After each plain-text reply it tells the model to
+  continue (`--no-auto-continue` in `extra_args` reads stdin instead); it exits when
+  the model calls `finish` or after `max_iterations` steps. The 1.x releases of
+  `openhands-ai` no longer hold this headless entry point (it moved to the `openhands`
+  CLI package on the OpenHands SDK).
 """
 
 from undertow.adapters.command import CommandScaffold
@@ -74,10 +83,16 @@ def swe_agent(program: str = "sweagent", extra_args: str = "") -> CommandScaffol
     return CommandScaffold(command=command, where="host", name="swe-agent")
 
 
-def openhands(program: str = "python -m openhands.core.main", max_iterations: int = 30,
-              extra_args: str = "") -> CommandScaffold:
-    command = (f"{program} -f {{problem_file}} -i {max_iterations} {extra_args}")
+def openhands(where: str = "sandbox", program: str = "python -m openhands.core.main",
+              max_iterations: int = 30, extra_args: str = "") -> CommandScaffold:
+    command = f"{program} -f {{problem_file}} -i {max_iterations} {extra_args}"
+    in_sandbox = where == "sandbox"
     env = {"LLM_MODEL": "openai/{model}", "LLM_BASE_URL": "{base_url}",
-           "LLM_API_KEY": "{api_key}", "RUNTIME": "docker",
-           "SANDBOX_USE_HOST_NETWORK": "false", "WORKSPACE_BASE": "{session_dir}/workspace"}
-    return CommandScaffold(command=command, where="host", env=env, name="openhands")
+           "LLM_API_KEY": "{api_key}", "RUNTIME": "cli", "ENABLE_BROWSER": "false",
+           "AGENT_ENABLE_BROWSING": "false", "LOG_ALL_EVENTS": "true",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "WORKSPACE_BASE": "{repo_dir}" if in_sandbox else "{session_dir}/workspace",
+           "FILE_STORE_PATH": "/tmp/openhands" if in_sandbox else "{session_dir}/openhands"}
+    if in_sandbox:
+        command = f"cd {{repo_dir}} && {command}"
+    return CommandScaffold(command=command, where=where, env=env, name="openhands")

@@ -1,4 +1,5 @@
-"""Claude Code and Codex CLI (npm packages) run against the gateway through their presets.
+"""Claude Code, Codex CLI (npm packages) and OpenHands (PyPI) run against the gateway
+through their presets.
 
 They run on the host (`where="host"`): the check is that each real CLI reaches the
 session's gateway endpoint with the API it speaks (Claude Code: Anthropic Messages at
@@ -7,6 +8,11 @@ provider), and that its calls land in the session's tree. The scripted engine an
 with plain text, which each CLI prints before exiting. Install them with
 `npm install --prefix .cache/agents @anthropic-ai/claude-code @openai/codex`; the tests
 skip when a CLI is absent.
+
+OpenHands (`make setup-openhands`: its own Python 3.12 virtualenv `.venv-openhands`)
+speaks Chat Completions through litellm with its `cli` runtime; to each plain-text reply
+it answers "continue" until its iteration limit, then exits. The test skips when the
+virtualenv is absent.
 """
 
 import os
@@ -14,7 +20,7 @@ import shutil
 
 import pytest
 
-from undertow.adapters.configs.presets import claude_code, codex
+from undertow.adapters.configs.presets import claude_code, codex, openhands
 from undertow.adapters.rollout import Rollout, RolloutConfig
 
 from .conftest import REPO, run_containers
@@ -27,6 +33,15 @@ def find_cli(name: str) -> str | None:
     return str(local) if local.exists() else shutil.which(name)
 
 
+async def run_on_host(scaffold, scripted_gateway, bundled_tasks, connection, tmp_path):
+    os.environ.setdefault("HOME", str(tmp_path))
+    task = bundled_tasks["calclang__calclang-2"]
+    config = RolloutConfig(timeout_s=120, out_dir=tmp_path, progress_interval_s=0)
+    rollout = Rollout([task], scaffold, scripted_gateway.admin, connection, config)
+    [result] = (await rollout.run()).sessions
+    return rollout, result
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("preset,program", [(claude_code, "claude"), (codex, "codex")])
 async def test_cli_talks_to_the_gateway(preset, program, scripted_gateway, bundled_tasks,
@@ -34,14 +49,28 @@ async def test_cli_talks_to_the_gateway(preset, program, scripted_gateway, bundl
     path = find_cli(program)
     if path is None:
         pytest.skip(f"{program} is not installed (npm install --prefix .cache/agents ...)")
-    os.environ.setdefault("HOME", str(tmp_path))
-    scaffold = preset(where="host", program=path)
-    task = bundled_tasks["calclang__calclang-2"]
-    config = RolloutConfig(timeout_s=120, out_dir=tmp_path, progress_interval_s=0)
-    rollout = Rollout([task], scaffold, scripted_gateway.admin, connection, config)
-    [result] = (await rollout.run()).sessions
+    rollout, result = await run_on_host(preset(where="host", program=path), scripted_gateway,
+                                        bundled_tasks, connection, tmp_path)
 
     assert result.num_calls >= 1, (result.cause, result.log_tail)
     assert "No tool call here." in result.log_tail, result.log_tail
+    assert result.cause == "exited", result.log_tail
+    assert run_containers(rollout.run_id) == []
+
+
+@pytest.mark.docker
+async def test_openhands_talks_to_the_gateway(scripted_gateway, bundled_tasks, connection,
+                                              tmp_path):
+    python = REPO / ".venv-openhands" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("OpenHands is not installed (make setup-openhands)")
+    scaffold = openhands(where="host", program=f"{python} -m openhands.core.main",
+                         max_iterations=2)
+    rollout, result = await run_on_host(scaffold, scripted_gateway, bundled_tasks,
+                                        connection, tmp_path)
+
+    assert result.num_calls >= 1, (result.cause, result.log_tail)
+    assert "No tool call here." in result.log_tail, result.log_tail  # its events, logged
+    assert "maximum iteration" in result.log_tail, result.log_tail
     assert result.cause == "exited", result.log_tail
     assert run_containers(rollout.run_id) == []

@@ -8,7 +8,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-agents docker-daemon run test lint bench
+.PHONY: setup setup-vllm setup-agents setup-openhands docker-daemon run test lint bench
 
 # The CPU build of torch is pinned and installed first, so that no later
 # requirement resolves a CUDA build.
@@ -42,6 +42,19 @@ $(AGENTS)/.installed:
 
 setup-agents: $(AGENTS)/.installed
 
+# OpenHands, from PyPI, for the adapter tests: its last release with the headless
+# `python -m openhands.core.main` entry point, which needs Python 3.12 or 3.13 (pyenv's
+# when `python3.12` is not on the PATH), so in its own virtualenv (ours is Python 3.11).
+OPENHANDS_VENV ?= .venv-openhands
+OPENHANDS_PYTHON ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12)),python3.12)
+$(OPENHANDS_VENV)/.installed:
+	test -x $(OPENHANDS_VENV)/bin/python || $(OPENHANDS_PYTHON) -m venv $(OPENHANDS_VENV)
+	$(OPENHANDS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OPENHANDS_VENV)/bin/python -m pip install -q openhands-ai==0.62.0
+	touch $@
+
+setup-openhands: $(OPENHANDS_VENV)/.installed
+
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
@@ -50,7 +63,7 @@ docker-daemon: setup
 run: setup docker-daemon
 	$(PY) -m undertow.cli train
 
-test: setup setup-vllm setup-agents docker-daemon
+test: setup setup-vllm setup-agents setup-openhands docker-daemon
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 

@@ -60,16 +60,6 @@ def _until(predicate, what):
         time.sleep(0.02)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The members run one thread each; so does this process's reference computation
-    (several intra-op threads on a shared, loaded CPU are many times slower)."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
-
-
 @pytest.fixture
 def pool_parts(tiny_model_dir, tmp_path):
     policy = PolicyModel.load(tiny_model_dir, dtype=torch.float32)

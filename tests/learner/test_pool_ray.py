@@ -91,14 +91,6 @@ def ray_cluster(tmp_path_factory):
     assert not _alive(started), f"Ray processes left after ray.shutdown(): {_alive(started)}"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
-
-
 class RecordingMembers:
     """Passes the pool's calls on to real members and writes them down."""
 

@@ -2,35 +2,54 @@
 
     python -m benchmarks.gateway [--num-calls 200] [--skip-litellm]
 
-(a) Added latency per call. One built-in engine (tiny model) and, in front of it, the gateway
-    (`undertow gateway serve`, a subprocess) and LiteLLM's own proxy server (`litellm --config`,
-    a subprocess, forwarding to the engine's `/v1/chat/completions` as `openai/<name>`). The
-    same request (one short user message, `max_tokens` 2, greedy) goes, in rotating order, to:
-    the engine's `/generate` with the rendered prompt IDs (what the gateway sends), the engine's
-    `/v1/chat/completions`, the gateway (a new session per call, so every call renders its
-    prompt; once with the default `--store-sync fsync`, whose fsync per call is most of its
-    added latency on a slow disk, and once with `flush`), and LiteLLM's proxy. Calls are
-    sequential. Added latency = path - baseline: the gateway against `/generate`, LiteLLM
-    against the engine's `/v1/chat/completions` (each proxy against the endpoint it forwards
-    to); both baselines are reported.
+(a) Added latency per call, measured in pairs. One built-in engine (tiny model) and, in
+    front of it, the gateway (`undertow gateway serve`, a subprocess; once with the default
+    `--store-sync flush` and once with `fsync`) and LiteLLM's own proxy server (`litellm
+    --config`, a subprocess, forwarding to the engine's `/v1/chat/completions` as
+    `openai/<name>`). The request: one short user message, `max_tokens` 2, greedy; the
+    gateway gets a new session per call, so every call renders its prompt in full. Each
+    proxy is paired with the engine endpoint it forwards to: the gateway with `/generate`
+    (sent the rendered prompt IDs, as the gateway sends them), LiteLLM with the engine's
+    `/v1/chat/completions`. A third gateway pair takes `/generate` with `stream: true`, as
+    the gateway itself asks the engine (it streams, so that a generation can resume on
+    another engine): a diagnostic of how much of the added time is the engine streaming;
+    the headline keeps the non-streamed baseline. In each round every pair runs its two
+    calls back to back, the direct one first in even rounds and second in odd ones, and
+    the pairs take turns in going first. Added latency = the proxied call's time - its
+    pair's direct call's time; p50 and p99 of those differences are the headline (engine
+    time, ~10-50 ms per call and noisy on a loaded machine, cancels within a pair); the
+    difference of the two medians is reported too. Process CPU per call of the gateway
+    and of LiteLLM's proxy comes from /proc/PID/task/*/schedstat (nanoseconds, all
+    threads).
 (b) Gateway CPU per call as a session's history grows: for each history size H (1k ... 128k
     tokens, made of 1k-token user turns and short assistant turns, sent once and rendered in
-    full), `NUM_CPU_CALLS` calls each add the returned assistant message and a ~64-token user
-    message (token truth). The gateway's process CPU time (utime + stime of all its threads,
-    /proc/PID/stat) over those calls / their number. The tiny model's context is 40,960, so
-    this part runs against the scripted engine of the gateway tests (a real HTTP server
-    speaking SGLang's `/generate`, replaying a fixed completion), with the gateway's context
-    limit raised; engine time is not gateway CPU, so this measures the same thing.
+    full), a session whose later calls each add the returned assistant message and a
+    ~64-token user message (token truth; so each history grows by ~4.7k tokens over the
+    run, and the measured prompt sizes are reported). The sizes take turns call by call in
+    one gateway process (default store mode), so load on the machine hits them alike; a
+    call's CPU is the gateway's CPU time (schedstat, all threads) from just before its
+    request to 20 ms after its reply (work after the reply's last byte belongs to it).
+    Median and mean per size; the target compares medians. The tiny model's context is
+    40,960, so this part runs against the scripted engine of the gateway tests (a real
+    HTTP server speaking SGLang's `/generate`, replaying a fixed completion), with the
+    gateway's context limit raised; engine time is not gateway CPU, so this measures the
+    same thing.
 (c) Storage of a 50-turn session (~200-token user turns, 24 sampled tokens per reply) through
     the gateway to the built-in engine: bytes of the store's file against a per-call log
     (JSON lines with each call's prompt IDs and completion IDs; and with logprobs too).
 
+Store modes (`--store-sync`): `flush` (default) writes each call's record to the OS before
+the reply's last byte (survives the gateway being killed) and fsyncs in the background
+within 1 s; `fsync` also waits for the fsync before the last byte (survives a power loss).
+The headline figures use the default, `flush`; `fsync` is reported beside it.
+
 Writes `benchmarks/results/gateway.json` and prints a Markdown table. The machine is shared:
-compare numbers within one run.
+compare numbers within one run; the load average is recorded.
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -54,8 +73,11 @@ RESULTS = Path(__file__).parent / "results" / "gateway.json"
 ADMIN_TOKEN = "bench-admin-token"
 LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 4  # the proxy refuses to start without one
 HISTORY_TOKENS = (1_000, 8_000, 32_000, 128_000)
-NUM_CPU_CALLS = 40
+NUM_CPU_CALLS = 60
+NUM_WARMUP = 10
+SETTLE_S = 0.02
 NUM_STORAGE_TURNS = 50
+STREAMED = "gateway (flush), vs streamed"  # paired with /generate streamed, as the gateway asks
 TIMEOUT = aiohttp.ClientTimeout(total=600)
 WORDS = random.Random(0).sample(
     ["file", "test", "error", "line", "return", "value", "import", "class", "patch", "diff",
@@ -74,10 +96,14 @@ def text_of(num_tokens: int, renderer: Renderer, seed: int) -> str:
     return " ".join(words[:max(1, int(len(words) * ratio))])
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of every thread of process `pid`."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_ns(pid: int) -> int:
+    """CPU time of every live thread of process `pid`, in ns (schedstat: exact, unlike
+    /proc/PID/stat's 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):  # the thread ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def free_port() -> int:
@@ -87,7 +113,7 @@ def free_port() -> int:
 
 
 async def start_gateway(engine_url: str, model_dir: Path, store_dir: Path,
-                        context_length: int = 0, store_sync: str = "fsync"
+                        context_length: int = 0, store_sync: str = "flush"
                         ) -> tuple[asyncio.subprocess.Process, str]:
     command = [sys.executable, "-m", "undertow.cli", "gateway", "serve", "--engine", engine_url,
                "--model", str(model_dir), "--store", str(store_dir), "--port", "0",
@@ -151,21 +177,39 @@ async def post(http: aiohttp.ClientSession, url: str, body: dict,
         return payload
 
 
+async def post_read(http: aiohttp.ClientSession, url: str, body: dict) -> None:
+    """POST and read the whole reply (a JSON body, or an SSE stream to its end)."""
+    async with http.post(url, json=body) as reply:
+        await reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"{url} answered {reply.status}")
+
+
 async def open_session(http, gateway_url: str, group: str) -> dict:
     return await post(http, gateway_url + "/admin/sessions", {"group": group},
                       {"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
 
-def percentiles(values: list[float]) -> dict:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return {"p50_ms": 1e3 * statistics.median(ordered),
-            "p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-            "num_calls": len(ordered)}
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary_ms(seconds: list[float]) -> dict:
+    return {"p50_ms": 1e3 * statistics.median(seconds), "p99_ms": 1e3 * percentile(seconds, 0.99),
+            "num_calls": len(seconds)}
+
+
+async def timed(call) -> float:
+    """Seconds until the awaitable `call` (a request not yet sent) is answered."""
+    started = time.perf_counter()
+    await call
+    return time.perf_counter() - started
 
 
 async def latency(engine_url: str, model_dir: Path, work_dir: Path, num_calls: int,
                   with_litellm: bool) -> dict:
-    """Part (a): per-call latency of each path, and the gateway's CPU per call."""
+    """Part (a): paired added latency of each proxy against the endpoint it forwards to."""
     renderer = Renderer(model_dir)
     messages = [{"role": "user", "content": "Say hello."}]
     prompt_ids = renderer.encode(renderer.render(messages, add_generation_prompt=True))
@@ -173,51 +217,74 @@ async def latency(engine_url: str, model_dir: Path, work_dir: Path, num_calls: i
     generate = {"input_ids": prompt_ids, "return_logprob": True,
                 "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
     gateways = {sync: await start_gateway(engine_url, model_dir, work_dir / f"store-a-{sync}",
-                                          store_sync=sync) for sync in ("fsync", "flush")}
+                                          store_sync=sync) for sync in ("flush", "fsync")}
     litellm = None
     try:
         litellm = await start_litellm(engine_url, work_dir) if with_litellm else None
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-            sessions = {sync: [await open_session(http, url, "latency")
-                               for _ in range(num_calls + 10)]
-                        for sync, (_, url) in gateways.items()}
-
-            def gateway_call(sync):
-                def call(i):
-                    session = sessions[sync][i]
-                    key = {"Authorization": f"Bearer {session['api_key']}"}
-                    return post(http, session["base_url"] + "/chat/completions", chat, key)
-                return call
-
-            paths = {"engine /generate": lambda i: post(http, engine_url + "/generate", generate),
-                     "engine /v1/chat/completions":
-                         lambda i: post(http, engine_url + "/v1/chat/completions", chat),
-                     "gateway": gateway_call("fsync"),
-                     "gateway (store-sync flush)": gateway_call("flush")}
+            pids = {f"gateway ({sync})": process.pid for sync, (process, _) in gateways.items()}
+            pids[STREAMED] = pids["gateway (flush)"]
+            pairs = {}
+            for name, sync, direct_body in (("gateway (flush)", "flush", generate),
+                                            ("gateway (fsync)", "fsync", generate),
+                                            (STREAMED, "flush", {**generate, "stream": True})):
+                url = gateways[sync][1]
+                sessions = [await open_session(http, url, "latency")
+                            for _ in range(num_calls + NUM_WARMUP)]
+                pairs[name] = (
+                    lambda i, body=direct_body: post_read(http, engine_url + "/generate", body),
+                    lambda i, sessions=sessions: post(
+                        http, sessions[i]["base_url"] + "/chat/completions", chat,
+                        {"Authorization": f"Bearer {sessions[i]['api_key']}"}))
             if litellm:
-                paths["litellm proxy"] = lambda i: post(
-                    http, litellm[1] + "/v1/chat/completions", chat,
-                    {"Authorization": f"Bearer {LITELLM_KEY}"})
-            seconds = {name: [] for name in paths}
-            gateway_cpu_s = 0.0
-            for i in range(num_calls + 10):
-                names = list(paths)
-                for name in names[i % len(names):] + names[:i % len(names)]:
-                    cpu_before = cpu_seconds(gateways["fsync"][0].pid)
-                    started = time.perf_counter()
-                    await paths[name](i)
-                    elapsed = time.perf_counter() - started
-                    if i >= 10:
-                        seconds[name].append(elapsed)
-                        if name == "gateway":
-                            gateway_cpu_s += cpu_seconds(gateways["fsync"][0].pid) - cpu_before
+                pids["litellm proxy"] = litellm[0].pid
+                pairs["litellm proxy"] = (
+                    lambda i: post(http, engine_url + "/v1/chat/completions", chat),
+                    lambda i: post(http, litellm[1] + "/v1/chat/completions", chat,
+                                   {"Authorization": f"Bearer {LITELLM_KEY}"}))
+            samples = await run_pairs(pairs, pids, num_calls)
     finally:
         for process, _ in gateways.values():
             await stop(process)
         if litellm:
             await stop(litellm[0])
-    result = {name: percentiles(values) for name, values in seconds.items()}
-    result["gateway"]["cpu_ms_per_call"] = 1e3 * gateway_cpu_s / num_calls
+    return samples
+
+
+async def run_pairs(pairs: dict, pids: dict, num_calls: int) -> dict:
+    """Rounds of back-to-back (direct, proxied) calls; see (a) in the module docstring."""
+    raw = {name: {"direct_s": [], "proxied_s": [], "added_s": [], "cpu_ms": []}
+           for name in pairs}
+    names = list(pairs)
+    for i in range(num_calls + NUM_WARMUP):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            direct, proxied = pairs[name]
+            cpu_before = cpu_ns(pids[name])
+            if i % 2 == 0:
+                direct_s = await timed(direct(i))
+                proxied_s = await timed(proxied(i))
+            else:
+                proxied_s = await timed(proxied(i))
+                direct_s = await timed(direct(i))
+            cpu_ms = (cpu_ns(pids[name]) - cpu_before) / 1e6
+            if i >= NUM_WARMUP:
+                row = raw[name]
+                row["direct_s"].append(direct_s)
+                row["proxied_s"].append(proxied_s)
+                row["added_s"].append(proxied_s - direct_s)
+                row["cpu_ms"].append(cpu_ms)
+    result = {}
+    for name, row in raw.items():
+        added = row["added_s"]
+        result[name] = {
+            "direct": summary_ms(row["direct_s"]), "proxied": summary_ms(row["proxied_s"]),
+            "added_p50_ms": 1e3 * statistics.median(added),
+            "added_p99_ms": 1e3 * percentile(added, 0.99),
+            "added_mean_ms": 1e3 * statistics.fmean(added),
+            "median_difference_ms": 1e3 * (statistics.median(row["proxied_s"])
+                                           - statistics.median(row["direct_s"])),
+            "cpu_ms_per_call_p50": statistics.median(row["cpu_ms"]),
+            "num_pairs": len(added)}
     return result
 
 
@@ -234,8 +301,44 @@ def history_messages(num_tokens: int, renderer: Renderer) -> list[dict]:
     return messages
 
 
+class HistorySession:
+    """One growing conversation at the gateway, for part (b)."""
+
+    def __init__(self, http, session: dict, messages: list[dict]):
+        self.http, self.messages = http, messages
+        self.url = session["base_url"] + "/chat/completions"
+        self.headers = {"Authorization": f"Bearer {session['api_key']}",
+                        "Content-Type": "application/json"}
+        self.reply: dict | None = None
+        self.cpu_ms: list[float] = []
+        self.wall_ms: list[float] = []
+        self.prompt_tokens: list[int] = []
+        self.request_bytes = 0
+
+    def next_body(self, renderer: Renderer, seed: int) -> bytes:
+        if self.reply is not None:
+            self.messages = self.messages + [self.reply["choices"][0]["message"], {
+                "role": "user", "content": text_of(64, renderer, seed)}]
+        body = json.dumps({"model": "tiny", "messages": self.messages, "max_tokens": 16})
+        self.request_bytes = len(body)
+        return body.encode()
+
+    async def call(self, body: bytes, pid: int, measure: bool) -> None:
+        cpu_before, started = cpu_ns(pid), time.perf_counter()
+        async with self.http.post(self.url, data=body, headers=self.headers) as answer:
+            self.reply = await answer.json()
+            if answer.status != 200:
+                raise RuntimeError(f"the gateway answered {answer.status}: {self.reply}")
+        wall_s = time.perf_counter() - started
+        await asyncio.sleep(SETTLE_S)
+        if measure:
+            self.cpu_ms.append((cpu_ns(pid) - cpu_before) / 1e6)
+            self.wall_ms.append(1e3 * wall_s)
+            self.prompt_tokens.append(self.reply["usage"]["prompt_tokens"])
+
+
 async def cpu_by_history(model_dir: Path, work_dir: Path) -> list[dict]:
-    """Part (b): gateway CPU per token-truth call at each history size."""
+    """Part (b): gateway CPU per token-truth call at each history size, sizes interleaved."""
     renderer = Renderer(model_dir)
     im_end = renderer.tokenizer.token_to_id("<|im_end|>")
     engine = ScriptedEngine(default=renderer.encode("Done; next step.") + [im_end],
@@ -246,39 +349,32 @@ async def cpu_by_history(model_dir: Path, work_dir: Path) -> list[dict]:
     engine_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     gateway, gateway_url = await start_gateway(engine_url, model_dir, work_dir / "store-b",
                                                context_length=2**18)
-    rows = []
     try:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-            for num_tokens in HISTORY_TOKENS:
-                session = await open_session(http, gateway_url, f"history-{num_tokens}")
-                url = session["base_url"] + "/chat/completions"
-                key = {"Authorization": f"Bearer {session['api_key']}"}
-                messages = history_messages(num_tokens, renderer)
-                reply = await post(http, url, {"model": "tiny", "messages": messages,
-                                               "max_tokens": 16}, key)
-                cpu_s, wall_s, num_prompt = 0.0, 0.0, []
-                for i in range(NUM_CPU_CALLS + 3):
-                    messages = messages + [reply["choices"][0]["message"], {
-                        "role": "user", "content": text_of(64, renderer, 50_000 + i)}]
-                    body = json.dumps({"model": "tiny", "messages": messages, "max_tokens": 16})
-                    cpu_before, started = cpu_seconds(gateway.pid), time.perf_counter()
-                    async with http.post(url, data=body, headers={
-                            **key, "Content-Type": "application/json"}) as answer:
-                        reply = await answer.json()
-                    if i >= 3:
-                        wall_s += time.perf_counter() - started
-                        cpu_s += cpu_seconds(gateway.pid) - cpu_before
-                        num_prompt.append(reply["usage"]["prompt_tokens"])
-                rows.append({"history_tokens": num_tokens,
-                             "prompt_tokens_measured": [min(num_prompt), max(num_prompt)],
-                             "num_messages": len(messages),
-                             "request_bytes": len(body),
-                             "cpu_ms_per_call": 1e3 * cpu_s / NUM_CPU_CALLS,
-                             "wall_ms_per_call": 1e3 * wall_s / NUM_CPU_CALLS})
-                print(f"  history {num_tokens}: {rows[-1]}", flush=True)
+            sessions = [HistorySession(http, await open_session(http, gateway_url, f"h{n}"),
+                                       history_messages(n, renderer))
+                        for n in HISTORY_TOKENS]
+            for session in sessions:  # the first call renders the history in full
+                await session.call(session.next_body(renderer, 0), gateway.pid, False)
+            for i in range(NUM_CPU_CALLS + 3):
+                for session in sessions if i % 2 == 0 else sessions[::-1]:
+                    body = session.next_body(renderer, 50_000 + i)
+                    await session.call(body, gateway.pid, measure=i >= 3)
     finally:
         await stop(gateway)
         await runner.cleanup()
+    rows = []
+    for num_tokens, session in zip(HISTORY_TOKENS, sessions, strict=True):
+        rows.append({"history_tokens": num_tokens,
+                     "prompt_tokens_measured": [min(session.prompt_tokens),
+                                                max(session.prompt_tokens)],
+                     "num_messages": len(session.messages),
+                     "request_bytes": session.request_bytes,
+                     "cpu_ms_per_call_p50": statistics.median(session.cpu_ms),
+                     "cpu_ms_per_call_mean": statistics.fmean(session.cpu_ms),
+                     "wall_ms_per_call_p50": statistics.median(session.wall_ms),
+                     "num_calls": len(session.cpu_ms)})
+        print(f"  history {num_tokens}: {rows[-1]}", flush=True)
     return rows
 
 
@@ -325,23 +421,27 @@ async def storage(engine_url: str, model_dir: Path, work_dir: Path) -> dict:
 
 def summarise(report: dict) -> dict:
     lat, cpu = report["latency"], report["cpu_by_history"]
-    gateway_ms = lat["gateway"]["p50_ms"] - lat["engine /generate"]["p50_ms"]
-    flush_ms = lat["gateway (store-sync flush)"]["p50_ms"] - lat["engine /generate"]["p50_ms"]
-    summary = {"gateway_added_p50_ms": gateway_ms, "gateway_flush_added_p50_ms": flush_ms,
-               "gateway_added_p99_ms": lat["gateway"]["p99_ms"] - lat["engine /generate"]["p99_ms"],
-               "gateway_added_p50_vs_openai_endpoint_ms":
-                   lat["gateway"]["p50_ms"] - lat["engine /v1/chat/completions"]["p50_ms"]}
+    gateway, fsync = lat["gateway (flush)"], lat["gateway (fsync)"]
+    summary = {"store_sync_of_headline": "flush",
+               "gateway_added_p50_ms": gateway["added_p50_ms"],
+               "gateway_added_p99_ms": gateway["added_p99_ms"],
+               "gateway_fsync_added_p50_ms": fsync["added_p50_ms"],
+               "gateway_fsync_added_p99_ms": fsync["added_p99_ms"]}
     if "litellm proxy" in lat:
-        litellm_ms = (lat["litellm proxy"]["p50_ms"]
-                      - lat["engine /v1/chat/completions"]["p50_ms"])
-        summary.update(litellm_added_p50_ms=litellm_ms, litellm_added_p99_ms=(
-            lat["litellm proxy"]["p99_ms"] - lat["engine /v1/chat/completions"]["p99_ms"]),
-            litellm_over_gateway_added=litellm_ms / max(gateway_ms, 1e-3))
-    summary["cpu_128k_over_1k"] = cpu[-1]["cpu_ms_per_call"] / cpu[0]["cpu_ms_per_call"]
+        litellm = lat["litellm proxy"]
+        summary.update(litellm_added_p50_ms=litellm["added_p50_ms"],
+                       litellm_added_p99_ms=litellm["added_p99_ms"],
+                       litellm_over_gateway_added=litellm["added_p50_ms"]
+                       / max(gateway["added_p50_ms"], 1e-3),
+                       litellm_over_gateway_fsync_added=litellm["added_p50_ms"]
+                       / max(fsync["added_p50_ms"], 1e-3))
+    summary["cpu_128k_over_1k"] = cpu[-1]["cpu_ms_per_call_p50"] / cpu[0]["cpu_ms_per_call_p50"]
+    summary["cpu_128k_over_1k_mean"] = (cpu[-1]["cpu_ms_per_call_mean"]
+                                        / cpu[0]["cpu_ms_per_call_mean"])
     summary["storage_ratio"] = report["storage"]["ratio_vs_ids_log"]
     summary["targets"] = {
-        "added_p50_le_2ms": gateway_ms <= 2.0,
-        "added_p50_le_2ms_store_sync_flush": flush_ms <= 2.0,
+        "added_p50_le_2ms": gateway["added_p50_ms"] <= 2.0,
+        "added_p50_le_2ms_store_sync_fsync": fsync["added_p50_ms"] <= 2.0,
         "litellm_ge_5x": summary.get("litellm_over_gateway_added", 0) >= 5,
         "cpu_128k_within_2x": summary["cpu_128k_over_1k"] <= 2.0,
         "storage_ge_10x": summary["storage_ratio"] >= 10}
@@ -350,28 +450,30 @@ def summarise(report: dict) -> dict:
 
 def markdown(report: dict) -> str:
     lat, summary = report["latency"], report["summary"]
-    lines = ["| path | p50 ms | p99 ms |", "| --- | ---: | ---: |"]
-    lines += [f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |"
-              for name, row in lat.items()]
-    lines += ["", "| added latency (p50 / p99) | ms |", "| --- | ---: |",
-              f"| gateway - engine /generate | {summary['gateway_added_p50_ms']:.2f} / "
-              f"{summary['gateway_added_p99_ms']:.2f} |",
-              f"| gateway (store-sync flush) - engine /generate | "
-              f"{summary['gateway_flush_added_p50_ms']:.2f} |",
-              f"| gateway - engine /v1/chat/completions | "
-              f"{summary['gateway_added_p50_vs_openai_endpoint_ms']:.2f} |"]
-    if "litellm_added_p50_ms" in summary:
-        lines += [f"| LiteLLM proxy - engine /v1/chat/completions | "
-                  f"{summary['litellm_added_p50_ms']:.2f} / "
-                  f"{summary['litellm_added_p99_ms']:.2f} |",
-                  f"| LiteLLM added / gateway added (p50) | "
-                  f"{summary['litellm_over_gateway_added']:.1f}x |"]
-    lines += [f"| gateway CPU per call | {lat['gateway']['cpu_ms_per_call']:.2f} |", "",
-              "| history tokens | messages | request KB | gateway CPU ms/call | wall ms/call |",
-              "| ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {row['history_tokens']:,} | {row['num_messages']} | "
-              f"{row['request_bytes'] / 1024:.0f} | {row['cpu_ms_per_call']:.2f} | "
-              f"{row['wall_ms_per_call']:.2f} |" for row in report["cpu_by_history"]]
+    lines = ["| path (paired with) | direct p50 ms | proxied p50 ms | added p50 / p99 ms "
+             "(paired) | difference of medians ms | proxy CPU ms/call |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    baselines = {"gateway (flush)": "engine /generate", "gateway (fsync)": "engine /generate",
+                 STREAMED: "engine /generate, stream=true",
+                 "litellm proxy": "engine /v1/chat/completions"}
+    lines += [f"| {name} ({baselines[name]}) | {row['direct']['p50_ms']:.2f} | "
+              f"{row['proxied']['p50_ms']:.2f} | {row['added_p50_ms']:.2f} / "
+              f"{row['added_p99_ms']:.2f} | {row['median_difference_ms']:.2f} | "
+              f"{row['cpu_ms_per_call_p50']:.2f} |" for name, row in lat.items()]
+    if "litellm_over_gateway_added" in summary:
+        lines += ["", f"LiteLLM added / gateway added (paired p50): "
+                  f"{summary['litellm_over_gateway_added']:.1f}x with `flush` (default), "
+                  f"{summary['litellm_over_gateway_fsync_added']:.1f}x with `fsync`."]
+    lines += ["", "| history tokens | prompt tokens measured | messages (last) | request KB "
+              "(last) | gateway CPU ms/call p50 | mean | wall ms/call p50 |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {row['history_tokens']:,} | {row['prompt_tokens_measured'][0]:,}-"
+              f"{row['prompt_tokens_measured'][1]:,} | {row['num_messages']} | "
+              f"{row['request_bytes'] / 1024:.0f} | {row['cpu_ms_per_call_p50']:.2f} | "
+              f"{row['cpu_ms_per_call_mean']:.2f} | {row['wall_ms_per_call_p50']:.2f} |"
+              for row in report["cpu_by_history"]]
+    lines += ["", f"CPU per call at 128k / at 1k: {summary['cpu_128k_over_1k']:.2f}x (medians), "
+              f"{summary['cpu_128k_over_1k_mean']:.2f}x (means)."]
     st = report["storage"]
     lines += ["", "| 50-turn session | bytes | tokens |", "| --- | ---: | ---: |",
               f"| tree store | {st['store_bytes']:,} | {st['unique_tokens']:,} |",
@@ -379,7 +481,8 @@ def markdown(report: dict) -> str:
               f"| per-call log (ids + logprobs) | {st['per_call_log_with_logprobs_bytes']:,} | |",
               f"| ratio (ids log / store) | {st['ratio_vs_ids_log']:.1f}x | |", "",
               "targets: " + ", ".join(f"{k}={'met' if v else 'MISSED'}"
-                                      for k, v in summary["targets"].items())]
+                                      for k, v in summary["targets"].items()),
+              f"load average at the end: {report['machine']['load_average']}"]
     return "\n".join(lines)
 
 
@@ -405,9 +508,11 @@ def main() -> None:
     parser.add_argument("--num-calls", type=int, default=200)
     parser.add_argument("--skip-litellm", action="store_true")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="undertow-bench-gateway-") as work_dir:
         report = asyncio.run(run(Path(work_dir), args.num_calls, not args.skip_litellm))
     report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                         "load_average_at_start": load_before,
                          "load_average": os.getloadavg()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")

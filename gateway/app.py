@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ _API_NAMES = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions
               ("/v1/messages/count_tokens", "count_tokens"), ("/v1/messages", "messages"),
               ("/v1/responses", "responses"), ("/v1/models", "models"))
 
+GC_THRESHOLD_ALLOCATIONS = 50_000
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("store", TreeStore)
 SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
@@ -154,6 +156,8 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
 
 async def _serve_forever(config: GatewayConfig) -> None:
     app = create_app(config)
+    gc.collect()
+    gc.freeze()  # the replayed trees: see `tune_gc`
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
@@ -166,7 +170,23 @@ async def _serve_forever(config: GatewayConfig) -> None:
         await runner.cleanup()
 
 
+def tune_gc() -> None:
+    """Makes the garbage collector cheap for a process that holds long lists of token IDs.
+
+    A call's prompt is a list of up to context-length IDs, alive while it runs;
+    CPython's young-generation collection runs every 700 net allocations of containers
+    (parsing one request's messages makes hundreds) and traverses every element of each
+    young list, so at 128k tokens of history collections took about a fifth of the
+    gateway's CPU per call (perf). Collecting every 50,000 allocations makes that
+    negligible; the objects alive once the store is replayed (its trees) are frozen, so
+    no collection traverses them again. Memory held by garbage cycles is freed a little
+    later; nothing else changes. It is process-wide, so only the gateway's own process
+    (`serve`) calls it; a process that embeds the gateway decides for itself."""
+    gc.set_threshold(GC_THRESHOLD_ALLOCATIONS, *gc.get_threshold()[1:])
+
+
 def serve(config: GatewayConfig) -> None:
     """Runs the gateway until interrupted."""
+    tune_gc()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_forever(config))

@@ -21,7 +21,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
@@ -29,7 +29,7 @@ from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.resume import assistant_message, head_record
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
-from undertow.gateway.tokentruth import Head, Prompt, build_prompt
+from undertow.gateway.tokentruth import Head, Prompt, build_prompt, extend_json
 from undertow.gateway.toolparsers import Content, Event, create_parser
 
 
@@ -101,10 +101,12 @@ class Choice:
 
 @dataclass(frozen=True)
 class Outcome:
+    """A recorded call, as the APIs format it. It holds no prompt (a session remembers
+    its last replies for SDK retries, and a long history's IDs would stay alive)."""
+
     choices: list[Choice]
     num_prompt_tokens: int
     num_cached_tokens: int
-    prompt: Prompt
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -128,8 +130,18 @@ class CallRunner:
         if request.prompt_ids is not None:
             return Prompt(list(request.prompt_ids), None, None, 0, (), "")
         tree = self.store.tree(session.group)
+
+        def path_token_ids(leaf: int) -> list[int]:
+            """A list the prompt may own: the newest head's own (it gives it up, see
+            `_leave_head`), else a new one from the tree."""
+            newest = session.heads[-1] if session.heads else None
+            if newest is not None and newest.leaf == leaf and newest.token_ids is not None:
+                session.heads[-1] = replace(newest, token_ids=None)
+                return newest.token_ids
+            return tree.path_token_ids(leaf)
+
         prompt = build_prompt(self.renderer, request.messages, request.tools, session.heads,
-                              tree.path_token_ids)
+                              path_token_ids)
         self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
         if prompt.branch:
             self.metrics.branches.inc(reason=prompt.branch)
@@ -251,7 +263,7 @@ class CallRunner:
         finish_reason, cached, first_token_s = None, 0, None
         params = request.sampling.to_engine(max_new_tokens, index)
         async for chunk in self.pool.generate(session.session_id, prompt.token_ids, params,
-                                              call_id):
+                                              call_id, input_ids_json=prompt.token_ids_json):
             first_token_s = first_token_s or time.time()
             token_ids += chunk.token_ids
             logprobs += chunk.logprobs
@@ -275,6 +287,7 @@ class CallRunner:
     async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
                       results: list[dict], started_s: float) -> Outcome:
         tree = self.store.tree(session.group)
+        num_prompt = len(prompt.token_ids)
         futures, choices = [], []
         head = (head_record(prompt, session.heads, self._parses_tools(request))
                 if request.messages is not None else None)
@@ -295,21 +308,33 @@ class CallRunner:
             choice = self._choice(result, request)
             choices.append(choice)
             if request.messages is not None:
-                session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
-                                      choice.message, tree.calls[-1].leaf,
-                                      len(prompt.token_ids),
-                                      self.renderer.closing_text(choice.token_ids)),
-                                 self.sessions.num_heads)
+                self._leave_head(session, request, prompt, choice, tree.calls[-1].leaf,
+                                 num_prompt)
         session.num_calls += 1
         await asyncio.gather(*futures)
-        self.metrics.prompt_tokens.inc(len(prompt.token_ids), api=request.api)
+        self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
         self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
                                            api=request.api)
         first = [r["first_token_s"] for r in results if r["first_token_s"]]
         if first:
             self.metrics.time_to_first_token_s.observe(min(first) - started_s, api=request.api)
-        return Outcome(choices, len(prompt.token_ids),
-                       max(result["cached_tokens"] for result in results), prompt)
+        return Outcome(choices, num_prompt, max(result["cached_tokens"] for result in results))
+
+    def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
+                    choice: Choice, leaf: int, num_prompt: int) -> None:
+        """The head this choice leaves for the session's next call. With one choice, the
+        prompt's list of IDs, extended in place by the completion, becomes the head's
+        (the path to `leaf`): nothing reads a recorded call's prompt list again, and the
+        next call takes it over instead of copying 128k IDs out of the tree."""
+        token_ids = prompt.token_ids if request.n == 1 else None
+        if token_ids is not None:
+            token_ids += choice.token_ids
+        ids_json = (extend_json(prompt.token_ids_json, choice.token_ids)
+                    if prompt.token_ids_json is not None else None)
+        session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
+                              choice.message, leaf, num_prompt,
+                              self.renderer.closing_text(choice.token_ids), prompt.messages,
+                              ids_json, token_ids), self.sessions.num_heads)
 
     def _choice(self, result: dict, request: CallRequest) -> Choice:
         message: dict[str, Any] = {"role": "assistant", "content": None}

@@ -14,8 +14,10 @@ class GatewayConfig:
 
     `context_length` of 0 means: take the model directory's limit.
     `keepalive_s` is the longest silence on a streaming reply before a keep-alive.
-    `store_sync`: "fsync" (a delivered call survives a power loss) or "flush" (it
-    survives the gateway being killed; see `store.py`).
+    `store_sync`: "flush" (the default: a delivered call is written to the OS before its
+    reply ends, so it survives the gateway being killed; files are fsync'ed in the
+    background within a second) or "fsync" (the reply also waits for the fsync, so a
+    delivered call survives a power loss); see `store.py`.
     """
 
     model_dir: Path
@@ -32,7 +34,7 @@ class GatewayConfig:
     max_n: int = 16
     keepalive_s: float = 10.0
     num_heads_per_session: int = 16
-    store_sync: str = "fsync"
+    store_sync: str = "flush"
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
@@ -45,7 +47,7 @@ class GatewayConfig:
             raise ValueError(f"max_n={self.max_n} must be in 1..128")
         if self.num_heads_per_session < 1:
             raise ValueError(f"num_heads_per_session={self.num_heads_per_session} must be >= 1")
-        if self.store_sync not in ("fsync", "flush"):
-            raise ValueError(f"store_sync={self.store_sync!r} must be 'fsync' or 'flush'")
+        if self.store_sync not in ("flush", "fsync"):
+            raise ValueError(f"store_sync={self.store_sync!r} must be 'flush' or 'fsync'")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port")

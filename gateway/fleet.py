@@ -22,12 +22,15 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from undertow.gateway.engines.protocol import Engine as EngineDriver
 from undertow.gateway.engines.protocol import EngineError
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.router import EngineState
+
+if TYPE_CHECKING:
+    from undertow.gateway.migration import StagedResume
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,8 @@ class Attempt:
     """One request of a generation to one engine. `interrupted_by` is set when the
     pool itself aborts it ("pause" or "migrate"), so that its abort is resumed.
     `token_ids` are its input, `output_ids` what the engine returned so far; a KV
-    migration (`migration.py`) sets `handover`, and the resume waits for it."""
+    migration (`migration.py`) sets `handover`, and the resume waits for it, then
+    continues from `staged` (where the migration staged the history's KV) if set."""
 
     rid: str
     engine: Engine
@@ -46,6 +50,7 @@ class Attempt:
     token_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     handover: asyncio.Event | None = None
+    staged: StagedResume | None = None
 
 
 @dataclass(eq=False)

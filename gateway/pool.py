@@ -63,7 +63,12 @@ from undertow.gateway.engines.protocol import (
 )
 from undertow.gateway.fleet import Attempt, Engine, Fleet
 from undertow.gateway.metrics import GatewayMetrics
-from undertow.gateway.migration import MigrationConfig, migrate_attempt
+from undertow.gateway.migration import (
+    MigrationConfig,
+    StagedResume,
+    migrate_attempt,
+    resume_stream,
+)
 from undertow.gateway.router import EngineLoad, EngineState, Router, RouterConfig
 
 __all__ = ["PAUSE_MODES", "EnginePool", "GenerationChunk", "PoolBusy", "PoolConfig", "PoolError",
@@ -181,12 +186,16 @@ class EnginePool:
     # -- generation ---------------------------------------------------------------------
 
     async def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
-                       rid: str) -> AsyncIterator[GenerationChunk]:
-        """Streams the generation's new tokens; see the module doc for the contract."""
+                       rid: str, *, input_ids_json: bytes | None = None
+                       ) -> AsyncIterator[GenerationChunk]:
+        """Streams the generation's new tokens; see the module doc for the contract.
+        `input_ids_json`, the JSON array of `input_ids` where the caller has it, is sent
+        as it is (a resume, whose input has grown, is serialised anew)."""
         produced: list[int] = []
         max_new = sampling_params.get("max_new_tokens", SamplingParams.max_new_tokens)
         cause: str | None = None
         cached_tokens = 0
+        staged: StagedResume | None = None  # a KV migration's staging, for the next attempt
         for num_attempt in itertools.count():
             if cause is not None:
                 self.metrics.resumes.inc(cause=cause)
@@ -196,9 +205,11 @@ class EnginePool:
                 return
             attempt_rid = rid if num_attempt == 0 else f"{rid}-resume{num_attempt}"
             params = _remaining_params(sampling_params, len(produced))
-            attempt = await self._admit(session_id, input_ids + produced, attempt_rid,
+            prompt_ids = input_ids + produced if produced else input_ids  # never mutated
+            attempt = await self._admit(session_id, prompt_ids, attempt_rid,
                                         admitted=num_attempt > 0, waits=bool(produced))
-            pieces = self._stream_attempt(attempt, input_ids + produced, params)
+            pieces = self._stream_attempt(attempt, prompt_ids, params, staged,
+                                          None if produced else input_ids_json)
             try:
                 async with contextlib.aclosing(pieces):
                     async for piece in pieces:
@@ -225,38 +236,55 @@ class EnginePool:
                     await self._mark_dead(attempt.engine, str(error))
             if attempt.handover is not None:  # a KV migration finishes its copy first
                 await attempt.handover.wait()
+            staged = attempt.staged
 
     async def _stream_attempt(self, attempt: Attempt, input_ids: list[int],
-                              params: SamplingParams) -> AsyncIterator[GenerateChunk]:
+                              params: SamplingParams, staged: StagedResume | None = None,
+                              input_ids_json: bytes | None = None
+                              ) -> AsyncIterator[GenerateChunk]:
         """The engine's pieces for one attempt. A task reads the engine into a queue, so
         that the attempt ends (and stops counting as in flight) when the ENGINE is done,
-        however slowly the consumer reads; the consumer leaving aborts the request."""
+        however slowly the consumer reads; the consumer leaving aborts the request.
+        A consumer that leaves once it has the finishing piece leaves the pump to read
+        the engine's end of stream (`[DONE]`, microseconds later) on its own: aborting
+        a finished request would cost the engine a request and the gateway its
+        keep-alive connection (a new TCP connection for the next generation)."""
         queue: asyncio.Queue = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(attempt, input_ids, params, queue),
+        pump = asyncio.create_task(self._pump(attempt, input_ids, params, queue, staged,
+                                              input_ids_json),
                                    name=f"generate-{attempt.rid}")
+        finished = False
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
+                finished = item.finish_reason is not None
                 yield item
         finally:
-            if not pump.done():
+            if finished and not pump.done():
+                self._background.add(pump)
+                pump.add_done_callback(self._background.discard)
+            elif not pump.done():
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
 
     async def _pump(self, attempt: Attempt, input_ids: list[int], params: SamplingParams,
-                    queue: asyncio.Queue) -> None:
+                    queue: asyncio.Queue, staged: StagedResume | None = None,
+                    input_ids_json: bytes | None = None) -> None:
         engine = attempt.engine
-        request = GenerateRequest(input_ids=tuple(input_ids), sampling_params=params,
-                                  rid=attempt.rid, return_logprob=True)
+        request = GenerateRequest(input_ids=input_ids, sampling_params=params,
+                                  rid=attempt.rid, return_logprob=True,
+                                  input_ids_json=input_ids_json)
+        finished = False  # the engine sent its finishing piece: nothing is left to abort
         try:
-            async for piece in engine.client.generate_stream(request):
+            async for piece in resume_stream(engine, request, staged):
                 attempt.output_ids.extend(piece.output_ids)
+                finished = piece.finish_reason is not None
                 queue.put_nowait(piece)
             queue.put_nowait(None)
         except asyncio.CancelledError:
-            if engine.state is not EngineState.DEAD:
+            if engine.state is not EngineState.DEAD and not finished:
                 self._spawn(self._abort_quietly(engine, attempt.rid))
             raise
         except Exception as error:  # handed to the consumer, which decides
@@ -282,8 +310,7 @@ class EnginePool:
             if decision.engine_id is not None and self._admitting.is_set():
                 engine = self.engine(decision.engine_id)
                 self.router.assign(session_id, engine.engine_id, token_ids)
-                attempt = Attempt(rid, engine, session_id=session_id,
-                                  token_ids=list(token_ids))
+                attempt = Attempt(rid, engine, session_id=session_id, token_ids=token_ids)
                 engine.attempts.add(attempt)
                 self.metrics.engine_generations.inc(engine=engine.engine_id)
                 self.fleet.publish_load(engine)
@@ -384,19 +411,26 @@ class EnginePool:
                              mode: str = "drain") -> dict[str, Any]:
         """pause(mode) -> update_weights_from_disk on every live engine -> resume().
         An engine whose update fails is drained (it serves stale weights) and named
-        in the result."""
+        in the result. `pool_weights` in the result are the weights an engine that
+        joins or returns later is given: the pushed ones when at least one live engine
+        loaded them, or when no engine was live (nothing could refuse them; an engine
+        that cannot load them is then refused when it joins); otherwise the previous."""
         async with self._updating:
             await self.pause(mode)
             try:
                 failed = await self._load_weights(str(model_path), str(weight_version))
             finally:
                 await self.resume()
+        weights = self.fleet.weights
         return {"weight_version": str(weight_version), "failed": failed,
                 "updated": [e.engine_id for e in self.engines
-                            if e.weight_version == str(weight_version)]}
+                            if e.weight_version == str(weight_version)],
+                "pool_weights": None if weights is None else
+                {"model_path": weights[0], "weight_version": weights[1]}}
 
     async def _load_weights(self, model_path: str, weight_version: str) -> dict[str, str]:
-        """update_weights_from_disk on every live engine; drains those that fail."""
+        """update_weights_from_disk on every live engine; drains those that fail.
+        Records the weights as the pool's unless every live engine failed them."""
         live = [e for e in self.engines if e.state is not EngineState.DEAD]
         results = await asyncio.gather(
             *(e.client.update_weights_from_disk(model_path, weight_version) for e in live),
@@ -408,7 +442,7 @@ class EnginePool:
                 await self.drain_engine(engine.engine_id)
             else:
                 engine.weight_version = weight_version
-        if len(failed) < len(live):  # weights that no engine loads are not the pool's
+        if not live or len(failed) < len(live):  # weights every engine refused are not
             self.fleet.weights = (model_path, weight_version)
         return failed
 

@@ -7,7 +7,9 @@ retry of a reply it never received is answered again, not recorded twice).
 
 Heads are rebuilt from the store on restart (`resume.py`), so token truth survives
 it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
-retry waits for its original) live in memory only.
+retry waits for its original) live in memory only, as does `known_messages` (by API:
+the last request's messages as sent and as parsed, so that an API parses only what a
+request adds to them).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import hashlib
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from undertow.gateway.errors import BadRequest, NotFound, Unauthorized
@@ -44,10 +46,21 @@ class Session:
     closed: bool = False
     reward: float | None = None
     num_calls: int = 0
+    known_messages: dict[str, Any] = field(default_factory=dict)
 
     def add_head(self, head: Head, num_heads: int) -> None:
+        """Adds the newest head, keeping at most `num_heads`. Only heads that share the
+        newest one's messages keep them (older ones are matched by their keys), and only
+        the newest keeps its IDs (as a list and as JSON), so a session holds about one copy
+        of its history however many heads it has."""
         self.heads.append(head)
         del self.heads[:-num_heads]
+        for index, old in enumerate(self.heads[:-1]):
+            if (old.token_ids_json is not None or old.token_ids is not None
+                    or (old.messages is not None and old.messages is not head.messages)):
+                keep = old.messages if old.messages is head.messages else None
+                self.heads[index] = replace(old, messages=keep, token_ids_json=None,
+                                            token_ids=None)
 
     def remember_reply(self, fingerprint: str, reply: Any) -> None:
         self.replies[fingerprint] = reply

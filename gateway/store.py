@@ -5,13 +5,21 @@ event: `session_open` (ID, group, the SHA-256 of its key, metadata), `call` (a
 `CallRecord`: only the tokens new to the tree, so the file grows with unique
 tokens), or `session_close` (reward, metadata).
 
-Write-ahead: `append` returns only after the line is written, flushed and
-fsync'ed; the API sends the last byte of a reply only after that. With
-`sync="flush"` the line is handed to the operating system but not fsync'ed: a
-delivered call still survives the gateway being killed (SIGKILL), not the machine
-losing power, and a call is ~3 ms faster on a disk whose fsync takes that long. One writer task
-commits lines in the order they were queued (group commit: one fsync per file per
-batch), so a group's file holds its records in the order they were applied to the
+Write-ahead: a call's line is written before the API sends the last byte of its
+reply. What "written" means is the store's `sync` mode:
+
+- `flush` (the default): `submit` hands the line to the operating system at once
+  (`write(2)` on the group's file, before it returns), so a delivered call survives
+  the gateway being killed (SIGKILL, a crash, OOM): the kernel holds the bytes. The
+  files are fsync'ed in the background, grouped, at most `fsync_interval_s` after a
+  write, and on `close`; so a power loss or kernel crash can lose the calls of the
+  last `fsync_interval_s` (1 s), delivered or not. The reply waits for no disk.
+- `fsync`: the reply waits until its line is fsync'ed, so a delivered call also
+  survives a power loss; one writer task commits lines in the order they were queued
+  (group commit: one fsync per file per batch). It costs a call one fsync
+  (milliseconds on a slow disk).
+
+Either way a group's file holds its records in the order they were applied to the
 tree, which replay needs to rebuild the same node IDs.
 
 On start-up `replay` reads every file; a torn last line (the process died while
@@ -21,7 +29,9 @@ writing it; its reply was never sent) is cut off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -32,7 +42,9 @@ from typing import Any, BinaryIO
 from undertow.gateway.errors import BadRequest
 from undertow.gateway.tree import CallRecord, Tree
 
-SYNC_MODES = ("fsync", "flush")
+log = logging.getLogger(__name__)
+SYNC_MODES = ("flush", "fsync")
+FSYNC_INTERVAL_S = 1.0
 GROUP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -51,12 +63,17 @@ class _Pending:
 
 
 class TreeStore:
-    """Trees by group, plus their write-ahead log under `directory`."""
+    """Trees by group, plus their write-ahead log under `directory` (see the module
+    docstring for what each `sync` mode guarantees)."""
 
-    def __init__(self, directory: Path, create: bool = True, sync: str = "fsync"):
+    def __init__(self, directory: Path, create: bool = True, sync: str = "flush",
+                 fsync_interval_s: float = FSYNC_INTERVAL_S):
         if sync not in SYNC_MODES:
             raise ValueError(f"sync={sync!r}: choose one of {SYNC_MODES}")
+        if fsync_interval_s < 0:
+            raise ValueError(f"fsync_interval_s={fsync_interval_s} must be >= 0")
         self.sync = sync
+        self.fsync_interval_s = fsync_interval_s
         self.directory = Path(directory)
         if create:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -64,8 +81,10 @@ class TreeStore:
             raise FileNotFoundError(f"no tree store at {self.directory}")
         self.trees: dict[str, Tree] = {}
         self._files: dict[str, BinaryIO] = {}
-        self._queue: list[_Pending] = []
+        self._queue: list[_Pending] = []  # `fsync` mode: lines not yet written
+        self._unsynced: set[str] = set()  # `flush` mode: groups written since their fsync
         self._wakeup: asyncio.Event | None = None
+        self._closing: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
 
     def tree(self, group: str) -> Tree:
@@ -89,71 +108,107 @@ class TreeStore:
                 yield event
 
     async def start(self) -> None:
-        self._wakeup = asyncio.Event()
+        self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
         self._writer = asyncio.create_task(self._write_forever(), name="tree-store-writer")
 
     async def close(self) -> None:
+        """Writes and fsyncs whatever is pending, then closes the files."""
         if self._writer is not None:
-            self._writer.cancel()
+            self._closing.set()
+            self._wakeup.set()
             await asyncio.gather(self._writer, return_exceptions=True)
             self._writer = None
         if self._queue:
             self._write_batch(self._queue)
             self._queue = []
+        self._fsync_files(self._take_unsynced())
         for handle in self._files.values():
             handle.close()
         self._files.clear()
 
     def submit(self, group: str, event: dict[str, Any]) -> asyncio.Future:
-        """Queues one event line now (so lines keep the order of the calls to `submit`);
-        the future resolves once it is on disk (fsync'ed)."""
+        """Writes (`flush`) or queues (`fsync`) one event line now, so that lines keep
+        the order of the calls to `submit`; the future resolves once the line is as
+        durable as the mode promises (at once for `flush`: the OS has it)."""
         if self._wakeup is None:
             raise RuntimeError("TreeStore.start() must run before submit()")
         line = (json.dumps(event, ensure_ascii=False, separators=(",", ":"),
                            allow_nan=False) + "\n").encode()
-        pending = _Pending(group, line, asyncio.get_running_loop().create_future())
-        self._queue.append(pending)
+        done = asyncio.get_running_loop().create_future()
+        if self.sync == "flush":
+            handle = self._file(group)
+            handle.write(line)
+            handle.flush()
+            self._unsynced.add(group)
+            done.set_result(None)
+        else:
+            self._queue.append(_Pending(group, line, done))
         self._wakeup.set()
-        return pending.done
+        return done
 
     async def append(self, group: str, event: dict[str, Any]) -> None:
-        """Writes one event line and waits until it is on disk."""
+        """Writes one event line and waits until it is as durable as the mode promises."""
         await asyncio.shield(self.submit(group, event))
 
     async def _write_forever(self) -> None:
-        while True:
+        """`fsync` mode: commits queued lines in batches. `flush` mode: fsyncs written
+        files, at most `fsync_interval_s` after their first unsynced write."""
+        while not self._closing.is_set():
             await self._wakeup.wait()
             self._wakeup.clear()
-            batch, self._queue = self._queue, []
-            if not batch:
-                continue
-            try:
-                if self.sync == "fsync":
-                    await asyncio.to_thread(self._write_batch, batch)
-                else:
-                    self._write_batch(batch)
-            except OSError as error:
-                for pending in batch:
-                    if not pending.done.done():
-                        pending.done.set_exception(error)
-                continue
+            if self.sync == "fsync":
+                await self._commit_queue()
+            elif self._unsynced:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), self.fsync_interval_s)
+                try:
+                    await asyncio.to_thread(self._fsync_files, self._take_unsynced())
+                except OSError as error:
+                    log.error("tree store: fsync failed (%s); calls written since the last "
+                              "fsync are safe from a gateway crash, not from a power loss",
+                              error)
+
+    async def _commit_queue(self) -> None:
+        batch, self._queue = self._queue, []
+        if not batch:
+            return
+        try:
+            await asyncio.to_thread(self._write_batch, batch)
+        except OSError as error:
             for pending in batch:
                 if not pending.done.done():
-                    pending.done.set_result(None)
+                    pending.done.set_exception(error)
+            return
+        for pending in batch:
+            if not pending.done.done():
+                pending.done.set_result(None)
+
+    def _file(self, group: str) -> BinaryIO:
+        handle = self._files.get(group)
+        if handle is None:
+            handle = open(self.directory / f"{group}.jsonl", "ab")  # noqa: SIM115
+            self._files[group] = handle
+        return handle
+
+    def _take_unsynced(self) -> list[BinaryIO]:
+        handles = [self._files[group] for group in self._unsynced]
+        self._unsynced.clear()
+        return handles
+
+    @staticmethod
+    def _fsync_files(handles: list[BinaryIO]) -> None:
+        for handle in handles:
+            os.fsync(handle.fileno())
 
     def _write_batch(self, batch: list[_Pending]) -> None:
         touched: dict[str, BinaryIO] = {}
         for pending in batch:
-            handle = self._files.get(pending.group)
-            if handle is None:
-                handle = open(self.directory / f"{pending.group}.jsonl", "ab")  # noqa: SIM115
-                self._files[pending.group] = handle
+            handle = self._file(pending.group)
             handle.write(pending.line)
             touched[pending.group] = handle
         for handle in touched.values():
             handle.flush()
-            if self.sync == "fsync":
-                os.fsync(handle.fileno())
+            os.fsync(handle.fileno())
 
 
 def _read_events(path: Path, repair: bool) -> Iterator[dict[str, Any]]:

@@ -15,7 +15,13 @@ history is never re-tokenized, so no retokenization drift can reach training.
 
 Messages are compared in a canonical form, not as text, so that scaffolds that
 re-send history with re-serialized tool arguments, dropped tool-call IDs, dropped
-reasoning or whitespace-stripped content still extend their session.
+reasoning or whitespace-stripped content still extend their session. The newest
+head also keeps the request's messages themselves: a scaffold that re-sends its
+history unchanged (the usual case) is recognised by comparing the messages as they
+are (list and string equality in C, tens of microseconds for hundreds of messages),
+and only the new messages get canonical keys; any difference falls back to the
+canonical keys of the whole request. So the cost of a call follows its new messages,
+not its history.
 
 Otherwise the prompt is rendered in full and labelled with why the session branched:
 `retry` (the same messages again), `rewrite` (earlier history changed, e.g. context
@@ -28,8 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from undertow.gateway.render import Renderer
 
@@ -40,7 +48,13 @@ RETRY, REWRITE, SUBAGENT = "retry", "rewrite", "subagent"
 class Head:
     """A conversation state a session may extend: the request's canonical message keys,
     its tools' key, the returned assistant message (internal chat form), and the
-    tree leaf ending that call's prompt + completion (its IDs are read from the tree)."""
+    tree leaf ending that call's prompt + completion (its IDs are read from the tree).
+    `messages`, when kept (the newest heads only, see `Session.add_head`), are the
+    request's messages in internal chat form, one per key; never mutated.
+    `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
+    the path to `leaf` (that call's prompt and completion); `token_ids`, when kept (the
+    newest head only, until a prompt takes it over), is that path as a list the head
+    owns: no one else holds or mutates it."""
 
     call_id: str
     message_keys: tuple[str, ...]
@@ -49,12 +63,18 @@ class Head:
     leaf: int
     num_prompt_tokens: int
     closing_text: str
+    messages: list[dict] | None = None
+    token_ids_json: bytes | None = None
+    token_ids: list[int] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
 class Prompt:
     """The token IDs to send, where they came from and the branch they start (if any).
-    `extends_leaf` is the tree leaf whose path is exactly the first `num_reused_tokens`."""
+    `extends_leaf` is the tree leaf whose path is exactly the first `num_reused_tokens`.
+    `messages` are the request's messages for the head this call will leave (sharing
+    the objects of the head it extended, so a session keeps one copy of its history).
+    `token_ids_json` is the JSON array of `token_ids` (None only for raw prompt IDs)."""
 
     token_ids: list[int]
     branch: str | None
@@ -63,6 +83,8 @@ class Prompt:
     message_keys: tuple[str, ...]
     tools_key: str
     extends_leaf: int | None = None
+    messages: list[dict] | None = None
+    token_ids_json: bytes | None = None
 
     @property
     def token_truth(self) -> bool:
@@ -133,28 +155,75 @@ def same_assistant(sent: dict, returned: dict) -> bool:
 def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
                  heads: Sequence[Head], path_token_ids: Callable[[int], list[int]]) -> Prompt:
     """The prompt for `messages`, by token truth from the newest head it extends,
-    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree."""
-    keys = tuple(message_key(message) for message in messages)
+    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree
+    into a list the prompt then owns (and extends)."""
+    keys = _Keys(messages)
     tkey = tools_key(tools)
     for position, head in enumerate(reversed(heads)):
         num_head = len(head.message_keys)
-        if (tkey != head.tools_key or len(keys) <= num_head + 1
-                or keys[:num_head] != head.message_keys
+        if tkey != head.tools_key or len(messages) <= num_head + 1:
+            continue
+        same_history = (head.messages is not None
+                        and messages[:num_head] == head.messages)  # equal -> same keys
+        if ((not same_history and keys.all()[:num_head] != head.message_keys)
                 or not same_assistant(messages[num_head], head.assistant)):
             continue
         suffix = renderer.render_suffix(messages, num_head + 1, tools)
         if suffix is None:
             break
-        reused = path_token_ids(head.leaf)
-        token_ids = reused + renderer.encode(head.closing_text + suffix)
+        new_ids = renderer.encode(head.closing_text + suffix)
+        token_ids = path_token_ids(head.leaf)
+        num_reused = len(token_ids)
+        token_ids += new_ids
+        ids_json = (extend_json(head.token_ids_json, new_ids)
+                    if head.token_ids_json is not None else orjson.dumps(token_ids))
         branch = None if position == 0 else _older_head_reason(head, heads[-1])
-        return Prompt(token_ids, branch, head.call_id, len(reused), keys, tkey, head.leaf)
+        if same_history:
+            return Prompt(token_ids, branch, head.call_id, num_reused,
+                          keys.after(head.message_keys), tkey, head.leaf,
+                          head.messages + messages[num_head:], ids_json)
+        return Prompt(token_ids, branch, head.call_id, num_reused, keys.all(), tkey,
+                      head.leaf, list(messages), ids_json)
     for head in reversed(heads):
-        if head.message_keys == keys and head.tools_key == tkey:
+        if head.tools_key == tkey and (head.messages == messages
+                                       or head.message_keys == keys.all()):
             reused = path_token_ids(head.leaf)[:head.num_prompt_tokens]
-            return Prompt(reused, RETRY, head.call_id, len(reused), keys, tkey)
+            return Prompt(reused, RETRY, head.call_id, len(reused), head.message_keys, tkey,
+                          messages=head.messages, token_ids_json=orjson.dumps(reused))
     token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
-    return Prompt(token_ids, _full_render_reason(keys, heads), None, 0, keys, tkey)
+    return Prompt(token_ids, _full_render_reason(keys.all(), heads), None, 0, keys.all(), tkey,
+                  messages=list(messages), token_ids_json=orjson.dumps(token_ids))
+
+
+def extend_json(ids_json: bytes, token_ids: Sequence[int]) -> bytes:
+    """The JSON array `ids_json` with `token_ids` appended: one copy of the bytes, not a
+    serialisation of the whole list."""
+    if not token_ids:
+        return ids_json
+    tail = orjson.dumps(list(token_ids))
+    if ids_json == b"[]":
+        return tail
+    return b",".join((memoryview(ids_json)[:-1], memoryview(tail)[1:]))
+
+
+class _Keys:
+    """The canonical keys of a request's messages, computed only when needed: all of
+    them (`all`), or only those after a history already known to be equal (`after`)."""
+
+    def __init__(self, messages: list[dict]):
+        self.messages = messages
+        self._all: tuple[str, ...] | None = None
+
+    def all(self) -> tuple[str, ...]:
+        if self._all is None:
+            self._all = tuple(message_key(message) for message in self.messages)
+        return self._all
+
+    def after(self, history_keys: tuple[str, ...]) -> tuple[str, ...]:
+        if self._all is None:
+            self._all = history_keys + tuple(message_key(message)
+                                             for message in self.messages[len(history_keys):])
+        return self._all
 
 
 def _older_head_reason(head: Head, newest: Head) -> str:

@@ -1,28 +1,47 @@
-"""A training step whose data-parallel membership grows while it runs (issue 7).
+"""A streaming training step whose data-parallel membership grows while it runs (issue 7).
 
 QwenGyre moves cells from rollout to training one at a time while a step is already
-training, so the learner cannot fix its data-parallel group up front. This module runs
-one step of `objective.backward_step` across a membership that grows between
-micro-steps, and sums the gradient so that it equals the single-process one.
+training, and trains a step's groups as they finish, so the learner can fix neither its
+data-parallel group nor its data up front. This module runs one step of the objective
+(`objective.backward_step`) over micro-batches that arrive while the step runs, on a
+membership that grows between micro-steps, and sums the gradient so that it equals the
+single-process one over the whole step.
 
 Roles, all on one `torch.distributed.TCPStore` that the coordinator serves on
 127.0.0.1 with a port chosen by the OS (`Coordinator.address`):
 
-- The **coordinator** (the learner's main process, rank 0) owns the step: it writes
-  the step's start weights and its packed micro-batches to one file, opens a roster
-  and a claim queue in the store, and at the end receives the summed gradient into
-  its policy's `.grad`, ready for clipping and the optimizer.
+- The **coordinator** (the learner's main process, rank 0) owns the step: `open_step`
+  writes the step's start weights to a file and opens a roster and an empty claim
+  queue in the store; `append` adds the micro-batches of a chunk of complete groups
+  (every session closed, so their group-relative advantages are known) to the queue,
+  as often as groups finish; `finish_step` closes the queue, receives the summed
+  gradient, applies the whole step's normaliser and leaves it in its policy's `.grad`,
+  ready for clipping and the optimizer.
 - A **member** (one process per training cell, long-lived: `member_main`) joins a step
   whenever its cell arrives in training: it adds itself to the roster (an atomic
   `compare_set` on a list of names, so its rank is its join order), loads the step's
   start weights (which are the current weights: the optimizer only steps after the
   reduction) and claims micro-batches by drawing tickets from a counter
   (`add("next", 1)`: each ticket is handed out once, so each micro-batch is trained
-  exactly once), accumulating their gradients.
-- When the last ticket has been drawn the coordinator closes the roster (the same
-  atomic `compare_set`; a member arriving later is refused and waits for the next
-  step), and the coordinator and the members on the closed roster form one process
-  group for this step only and `reduce` (sum) their flattened gradients to rank 0.
+  exactly once). Ticket i waits for queue entry i, which is a micro-batch or the end
+  mark that `finish_step` puts after the last one; a member that draws the end mark
+  passes it on to the next ticket, so every member drawing past the end stops.
+- When the end mark has been drawn the coordinator closes the roster (the same atomic
+  `compare_set`; a member arriving later is refused and waits for the next step), and
+  the coordinator and the members on the closed roster form one process group for this
+  step only and `reduce` (sum) their flattened gradients to rank 0.
+
+Why the streamed gradient is exact: the losses weight every term by a normaliser
+counted over the whole step (`losses.term_weights`), which is not known until the
+step's last group has finished (DAPO's token mean divides by the step's trainable
+tokens, the others by its sessions). Every loss here factors into a part that only
+needs the term's own group (e.g. 1/|T_s| of GRPO, all known once the group is
+complete) and one count over the step that is a sum over groups (`STEP_COUNTS`: the
+terms, or the sessions with a term). Members weight each term by the first part times
+its chunk's count (`chunk_weights`, an unnormalised sum), and the coordinator divides
+the summed gradient by the step's count. So the step's gradient is the sum of the
+micro-batches' gradients, whoever computed them and whenever their groups arrived;
+only the order of the float additions differs from one process accumulating them all.
 
 Why a fresh group per step and no collective before the end: torch.distributed cannot
 grow a group in place, and re-forming one at every join would stop every member at a
@@ -31,17 +50,6 @@ independent, the claim queue lives in the store, and the weights are constant un
 the optimizer steps, so a joiner reads the step's start snapshot (a file here; on GPUs
 it could equally be a broadcast from rank 0 in the end-of-step group of the previous
 step). Only the final sum needs a group, and by then the membership is fixed.
-
-Why the sum is exact: the losses weight every term by a normaliser counted over the
-whole step (`losses.step_weights`), never per micro-batch, so the step's gradient is
-the sum of the micro-batches' gradients, whoever computed them. Only the order of the
-float additions differs from one process accumulating them all.
-
-Micro-batches become claimable when the coordinator releases them (`release`; all at
-`open_step` by default). A member holding a ticket that is not yet released waits for
-it. This lets the learner hand out work as it goes, and lets tests pace the members
-deterministically. The packed step itself is fixed when the step opens, since the
-normalisers need all of its terms.
 
 Backends: "gloo" (CPU, tested here) and "nccl" (GPU; the gradient buffer then lives on
 the member's device). Everything else is backend-independent.
@@ -54,6 +62,7 @@ import datetime
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,33 +70,94 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from undertow.learner.errors import LearnerError
-from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
+from undertow.learner.errors import EmptyStepError, LearnerError
+from undertow.learner.losses import LossConfig, micro_batch_loss, term_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep
 
 HOST = "127.0.0.1"
 POLL_S = 0.02
 OPEN, CLOSED = "open:", "closed:"
+END = "end"
 
 
 class MembershipError(LearnerError):
     """A member failed, or the step did not finish within its timeout."""
 
 
+def _num_terms(term_session: torch.Tensor) -> int:
+    return int(term_session.numel())
+
+
+def _num_sessions(term_session: torch.Tensor) -> int:
+    return int(torch.unique(term_session).numel())
+
+
+# Per loss name: the count over the whole step that its normaliser divides by, as a
+# function of a chunk's term sessions; summing it over disjoint chunks of whole groups
+# gives the step's count (see the module docstring).
+STEP_COUNTS: dict[str, Callable[[torch.Tensor], int]] = {
+    "token_mean": _num_terms, "grpo": _num_sessions, "dr_grpo": _num_sessions,
+    "gyre": _num_sessions}
+
+
+def step_count(config: LossConfig, chunk: PackedStep) -> int:
+    """This chunk's share of the count that the step's normaliser divides by."""
+    if config.name not in STEP_COUNTS:
+        raise MembershipError(f"loss {config.name!r} has no streaming normaliser; add its "
+                              "step-wide count to elastic.STEP_COUNTS")
+    return STEP_COUNTS[config.name](chunk.term_session)
+
+
+def chunk_weights(config: LossConfig, chunk: PackedStep) -> torch.Tensor:
+    """(N,) float64 unnormalised weight of each term of `chunk` (whole groups): its
+    weight in a step made of this chunk alone, times the chunk's `step_count`. Divided
+    by the step's total count it is the term's weight in the whole step."""
+    return term_weights(config, chunk.term_session, chunk.term_path) * step_count(config, chunk)
+
+
+def backward_micro_batch(policy: PolicyModel, chunk: PackedStep, weights: torch.Tensor,
+                         index: int, config: LossConfig,
+                         reference: PolicyModel | None = None) -> dict[str, float]:
+    """Scores micro-batch `index` of `chunk`, backpropagates its loss with the terms
+    weighted by `weights` (`chunk_weights`), and returns its stats (one iteration of
+    `objective.backward_step`'s loop)."""
+    micro_batch = chunk.micro_batches[index]
+    scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
+    ref_logprobs = None
+    if config.kl_coef:
+        if reference is None:
+            raise MembershipError("LossConfig.kl_coef > 0 needs the member to be started "
+                                  "with reference_dir")
+        with torch.no_grad():
+            ref_logprobs = reference.score(micro_batch).logprobs
+    loss, stats = micro_batch_loss(config, chunk, micro_batch, weights, scores.logprobs,
+                                   scores.entropy, ref_logprobs)
+    loss.backward()
+    return stats
+
+
 @dataclass
 class ElasticStepResult:
     """What one elastic step did. `claims[name]` are the micro-batch indices member
-    `name` trained (together a partition of range(num_micro_batches));
-    `weights_digests[name]` is the digest of the weights it trained with; `ranks` lists
-    the members in rank order (rank 0 is the coordinator); `stats` are summed over
-    members as `backward_step` sums them over micro-batches."""
+    `name` trained (together a partition of range(num_micro_batches), in the order the
+    coordinator appended them); `weights_digests[name]` is the digest of the weights it
+    trained with; `ranks` lists the members in rank order (rank 0 is the coordinator);
+    `stats` are summed over members as `backward_step` sums them over micro-batches
+    ("loss" and "loss_abs_sum" with the whole step's normaliser applied);
+    `num_chunks` counts the appends; `drain_s` is how long `finish_step` waited for
+    the queue's end to be drawn, `reduce_s` how long the final sum took (the members
+    still training their last micro-batches included)."""
 
     step: int
     ranks: list[str]
     claims: dict[str, list[int]]
     weights_digests: dict[str, str]
+    num_micro_batches: int = 0
+    num_chunks: int = 0
     stats: dict[str, float] = field(default_factory=dict)
+    drain_s: float = 0.0
+    reduce_s: float = 0.0
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -143,9 +213,10 @@ def _set_flat_gradient(model: torch.nn.Module, flat: torch.Tensor) -> None:
 class Coordinator:
     """Rank 0 of every elastic step; serves the store. One step is open at a time.
 
-    Invariants: between `open_step` and `finish_step` the policy's weights must not
-    change (members train with the snapshot taken at `open_step`); `finish_step`
-    replaces the policy's `.grad` with the step's summed gradient.
+    Invariants: between `open_step` and `finish_step` (or `abort_step`) the policy's
+    weights must not change (members train with the snapshot taken at `open_step`);
+    each appended chunk holds whole groups, and no group is appended twice;
+    `finish_step` replaces the policy's `.grad` with the step's normalised gradient.
     """
 
     def __init__(self, policy: PolicyModel, work_dir: str | Path, backend: str = "gloo",
@@ -156,43 +227,57 @@ class Coordinator:
         self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
         self._step: int | None = None
-        self._num_micro_batches = 0
-        self._num_released = 0
+        self._config: LossConfig | None = None
+        self._num_micro_batches = self._num_chunks = self._count = 0
 
     @property
     def address(self) -> tuple[str, int]:
         return HOST, self.store.port
 
-    def open_step(self, step: int, packed: PackedStep, config: LossConfig,
-                  num_released: int | None = None) -> str:
-        """Publishes the step (start weights, micro-batches, loss config) and opens its
-        roster and queue; returns the digest of the start weights."""
+    @property
+    def step_open(self) -> bool:
+        return self._step is not None
+
+    def open_step(self, step: int, config: LossConfig) -> str:
+        """Publishes the step's start weights and loss, opens its roster and its (empty)
+        queue; returns the digest of the start weights."""
         if self._step is not None:
             raise MembershipError(f"step {self._step} is still open; finish it before "
                                   f"opening step {step}")
+        for stale in self.work_dir.glob("step-*.pt"):   # left by an aborted step
+            stale.unlink()
         path = self.work_dir / f"step-{step}.pt"
-        torch.save({"weights": self.policy.model.state_dict(), "packed": packed,
-                    "loss": dataclasses.asdict(config)}, path)
+        torch.save({"weights": self.policy.model.state_dict()}, path)
         digest = weights_digest(self.policy.model)
         store = _step_store(self.store, step)
         store.set("membership", OPEN)
-        store.set("num_micro_batches", str(len(packed.micro_batches)))
-        store.set("spec", json.dumps({"path": str(path), "weights_digest": digest}))
-        self._step, self._num_micro_batches, self._num_released = \
-            step, len(packed.micro_batches), 0
-        self.release(len(packed.micro_batches) if num_released is None else num_released)
+        store.set("spec", json.dumps({"path": str(path), "weights_digest": digest,
+                                      "loss": dataclasses.asdict(config)}))
+        self._step, self._config = step, config
+        self._num_micro_batches = self._num_chunks = self._count = 0
         return digest
 
-    def release(self, num: int) -> None:
-        """Makes micro-batches [0, num) claimable (never takes a release back)."""
+    def append(self, chunk: PackedStep) -> None:
+        """Adds the micro-batches of `chunk` (the packed trees of whole, complete groups)
+        to the step's queue, claimable at once."""
         store = self._open_store()
-        for index in range(self._num_released, min(num, self._num_micro_batches)):
-            store.set(f"released/{index}", "1")
-        self._num_released = max(self._num_released, min(num, self._num_micro_batches))
+        path = self.work_dir / f"step-{self._step}-chunk-{self._num_chunks}.pt"
+        torch.save(chunk, path)
+        self._count += step_count(self._config, chunk)
+        self._num_chunks += 1
+        for index in range(len(chunk.micro_batches)):
+            store.set(f"mb/{self._num_micro_batches}",
+                      json.dumps({"chunk": str(path), "index": index}))
+            self._num_micro_batches += 1
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches appended to the open step so far."""
+        return self._num_micro_batches
 
     def num_claimed(self) -> int:
-        """Tickets drawn so far (may exceed the number of micro-batches: a member
-        learns that the queue is empty by drawing a ticket past its end)."""
+        """Tickets drawn so far (may exceed the micro-batches appended: a member holding
+        a ticket past the end of the queue waits for the next append)."""
         return self._open_store().add("next", 0)
 
     def members(self) -> list[str]:
@@ -202,28 +287,51 @@ class Coordinator:
         return names.split(",") if names else []
 
     def finish_step(self) -> ElasticStepResult:
-        """Waits until every micro-batch is claimed, closes the roster, sums the
-        members' gradients into the policy's `.grad`, and returns what happened."""
+        """Closes the queue, waits until every micro-batch is claimed, closes the roster,
+        sums the members' gradients, divides by the step's count into the policy's
+        `.grad`, and returns what happened. Raises EmptyStepError (the step aborted) if
+        no term was appended."""
         step, store = self._step, self._open_store()
-        if self._num_released < self._num_micro_batches:
-            self.release(self._num_micro_batches)
+        if self._count == 0:
+            self.abort_step()
+            raise EmptyStepError(f"step {step}: no trainable token was appended; check "
+                                 "that the gateway recorded completions")
+        started_s = time.perf_counter()
+        store.set(f"mb/{self._num_micro_batches}", END)
         self._wait(store, "drained")
         names = self._close_roster(store)
         store.set("world_size", str(len(names) + 1))
+        drained_s = time.perf_counter()
         buffer = torch.zeros_like(_flat_gradient(self.policy.model))
         _reduce_to_coordinator(self.backend, store, 0, len(names) + 1, buffer, self.timeout_s)
-        _set_flat_gradient(self.policy.model, buffer)
+        reduced_s = time.perf_counter()
+        _set_flat_gradient(self.policy.model, buffer / self._count)
         reports = [json.loads(store.get(f"report/{name}")) for name in names]
-        (self.work_dir / f"step-{step}.pt").unlink()   # a late member is refused before reading it
-        self._step = None
+        self._remove_files(step)   # a late member is refused before reading them
         stats: dict[str, float] = {}
         for report in reports:
             for key, value in report["stats"].items():
                 stats[key] = stats.get(key, 0.0) + value
-        return ElasticStepResult(
+        for key in ("loss", "loss_abs_sum"):
+            if key in stats:
+                stats[key] /= self._count
+        result = ElasticStepResult(
             step=step, ranks=["coordinator", *names],
             claims={r["name"]: r["claimed"] for r in reports},
-            weights_digests={r["name"]: r["weights_digest"] for r in reports}, stats=stats)
+            weights_digests={r["name"]: r["weights_digest"] for r in reports},
+            num_micro_batches=self._num_micro_batches, num_chunks=self._num_chunks,
+            stats=stats, drain_s=drained_s - started_s, reduce_s=reduced_s - drained_s)
+        self._step = None
+        return result
+
+    def abort_step(self) -> None:
+        """Ends the open step without a gradient: the roster closes, the queue ends, and
+        its members drop what they computed and wait for their next step."""
+        store = self._open_store()
+        self._close_roster(store)
+        store.set(f"mb/{self._num_micro_batches}", END)
+        store.set("world_size", "0")
+        self._step = None
 
     def close(self) -> None:
         """Stops serving the store (members still attached will time out)."""
@@ -234,10 +342,15 @@ class Coordinator:
             raise MembershipError("no step is open; call open_step first")
         return _step_store(self.store, self._step)
 
+    def _remove_files(self, step: int) -> None:
+        (self.work_dir / f"step-{step}.pt").unlink()
+        for index in range(self._num_chunks):
+            (self.work_dir / f"step-{step}-chunk-{index}.pt").unlink()
+
     def _close_roster(self, store: dist.PrefixStore) -> list[str]:
         while True:
             current = store.get("membership").decode()
-            names = current[len(OPEN):]
+            names = current.split(":", 1)[1]
             closed = CLOSED + names
             if store.compare_set("membership", current, closed).decode() == closed:
                 return names.split(",") if names else []
@@ -260,8 +373,9 @@ class Coordinator:
 class Member:
     """One training cell's share of elastic steps, in its own process.
 
-    Invariants: a member trains a step only if it is on the step's closed roster, and
-    then only with that step's start weights; it holds no gradient between steps.
+    Invariants: a member trains a step only if it is on the step's roster, and then
+    only with that step's start weights; its gradient enters the step only if the
+    roster closed with it on it; it holds no gradient between steps.
     """
 
     def __init__(self, address: tuple[str, int], name: str, model_dir: str | Path,
@@ -278,7 +392,8 @@ class Member:
 
     def join(self, step: int) -> bool:
         """Joins `step` (waiting up to `timeout_s` for it to open), trains what it
-        claims and takes part in the final sum; False if the roster had already closed."""
+        claims and takes part in the final sum; False if the roster had already closed
+        or the step was aborted."""
         store = _step_store(self.store, step)
         store.wait(["spec"])
         rank = self._register(store)
@@ -290,12 +405,13 @@ class Member:
             store.set("failed", f"{self.name}: {type(error).__name__}: {error}")
             raise
         store.wait(["world_size"])
-        store.set(f"report/{self.name}", json.dumps(report))
-        buffer = _flat_gradient(self.policy.model)
-        _reduce_to_coordinator(self.backend, store, rank, int(store.get("world_size")),
-                               buffer, self.timeout_s)
+        world_size = int(store.get("world_size"))
+        if world_size:
+            store.set(f"report/{self.name}", json.dumps(report))
+            _reduce_to_coordinator(self.backend, store, rank, world_size,
+                                   _flat_gradient(self.policy.model), self.timeout_s)
         self.policy.model.zero_grad(set_to_none=True)
-        return True
+        return world_size > 0
 
     def _register(self, store: dist.PrefixStore) -> int | None:
         while True:
@@ -309,41 +425,32 @@ class Member:
 
     def _train(self, store: dist.PrefixStore) -> dict[str, Any]:
         spec = json.loads(store.get("spec"))
-        saved = torch.load(spec["path"], weights_only=False)
+        saved = torch.load(spec["path"], weights_only=True)
         self.policy.model.load_state_dict(saved["weights"])
         digest = weights_digest(self.policy.model)
         self.policy.model.zero_grad(set_to_none=True)
-        packed: PackedStep = saved["packed"]
-        config = LossConfig(**saved["loss"])
-        weights = step_weights(config, packed)
-        num_micro_batches = len(packed.micro_batches)
+        config = LossConfig(**spec["loss"])
+        chunks: dict[str, tuple[PackedStep, torch.Tensor]] = {}
         claimed, stats = [], {}
-        while (index := store.add("next", 1) - 1) < num_micro_batches:
-            if index == num_micro_batches - 1:
+        while True:
+            index = store.add("next", 1) - 1
+            store.wait([f"mb/{index}"])
+            entry = store.get(f"mb/{index}").decode()
+            if entry == END:
+                store.set(f"mb/{index + 1}", END)   # for whoever draws the next ticket
                 store.set("drained", self.name)
-            store.wait([f"released/{index}"])
-            for key, value in self._train_micro_batch(packed, config, weights, index).items():
+                break
+            where = json.loads(entry)
+            if where["chunk"] not in chunks:
+                chunk = torch.load(where["chunk"], weights_only=False)
+                chunks[where["chunk"]] = (chunk, chunk_weights(config, chunk))
+            chunk, weights = chunks[where["chunk"]]
+            for key, value in backward_micro_batch(self.policy, chunk, weights, where["index"],
+                                                   config, self.reference).items():
                 stats[key] = stats.get(key, 0.0) + value
             claimed.append(index)
         return {"name": self.name, "claimed": claimed, "stats": stats,
                 "weights_digest": digest}
-
-    def _train_micro_batch(self, packed: PackedStep, config: LossConfig,
-                           weights: torch.Tensor, index: int) -> dict[str, float]:
-        """One iteration of `objective.backward_step`'s loop, for micro-batch `index`."""
-        micro_batch = packed.micro_batches[index]
-        scores = self.policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
-        ref_logprobs = None
-        if config.kl_coef:
-            if self.reference is None:
-                raise MembershipError("LossConfig.kl_coef > 0 needs the member to be started "
-                                      "with reference_dir")
-            with torch.no_grad():
-                ref_logprobs = self.reference.score(micro_batch).logprobs
-        loss, stats = micro_batch_loss(config, packed, micro_batch, weights, scores.logprobs,
-                                       scores.entropy, ref_logprobs)
-        loss.backward()
-        return stats
 
 
 def member_main(address: tuple[str, int], name: str, model_dir: str,

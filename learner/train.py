@@ -142,7 +142,11 @@ class Learner:
                 advantages[(tree.group_id, session_id)] = value
         step = pack_step(trees, advantages, self.config.max_tokens, self.loss.paths_per_session)
         self.optimizer.zero_grad(set_to_none=True)
-        totals = self._backward(step)
+        return self.apply_gradient(trees, self._backward(step))
+
+    def apply_gradient(self, trees: list[Tree], totals: dict[str, float]) -> dict[str, float]:
+        """Clips the gradient in `.grad`, steps the optimizer and returns the metrics of
+        the step on `trees` (`totals` as `_backward` returns them)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
                                                    self.config.max_grad_norm)
         self.optimizer.step()

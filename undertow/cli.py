@@ -127,7 +127,8 @@ def _add_simulate(commands) -> None:
     simulate.add_argument("--training-cells", type=int, default=None,
                           help="split only: cells that train (default: half)")
     simulate.add_argument("--max-staleness", type=int, default=1,
-                          help="split only: how many steps the rollout weights may lag")
+                          help="split and elastic: how many steps the rollout weights may "
+                          "lag (0: synchronous)")
     simulate.add_argument("--plot", type=Path, default=None, help="write the roles timeline PNG")
     simulate.set_defaults(handler=_simulate)
 
@@ -139,6 +140,7 @@ def _simulate(args) -> int:
     spec = {"name": args.policy}
     if args.policy == "split":
         spec["num_training_cells"] = args.training_cells or max(1, args.cells // 2)
+    if args.policy in ("split", "elastic"):
         spec["max_staleness"] = args.max_staleness
     result = simulate(load_workload(args.workload), spec, num_cells=args.cells,
                       num_steps=args.steps, seed=args.seed)
@@ -163,9 +165,11 @@ def _add_gateway(commands) -> None:
     serve.add_argument("--tool-parser", default="undertow")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
     serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
-    serve.add_argument("--store-sync", choices=("fsync", "flush"), default="fsync",
-                       help="fsync each call before its reply ends (default), or only flush "
-                       "it to the OS (survives the gateway being killed, not a power loss)")
+    serve.add_argument("--store-sync", choices=("flush", "fsync"), default="flush",
+                       help="flush (default): each call is written to the OS before its reply "
+                       "ends (survives the gateway being killed) and fsync'ed in the background "
+                       "within 1 s (a power loss can lose the last second); fsync: each reply "
+                       "also waits for its fsync (survives a power loss; slower)")
     serve.set_defaults(handler=_gateway_serve)
 
 

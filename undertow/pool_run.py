@@ -11,8 +11,13 @@ Started by `train_run.train` when the run config has a `pool` section
   training cell (`local.ProcessMembers`, gloo on CPUs), so the step's gradient is computed
   by whichever cells are training;
 - `local.LocalPool` carrying out the policy's decisions, and `live.PoolLoop` driving it:
-  rollout groups are launched when the policy dispatches a batch, and a step is trained
-  once its groups have finished.
+  rollout groups are launched when the policy dispatches a batch, and a step streams
+  its groups to the training cells as they finish.
+
+Resume (`undertow train --resume`): the learner is restored from the latest checkpoint
+(weights, optimizer, the groups of unpublished steps that had finished), every cell's
+engine starts on the checkpoint's weights as their version, and the loop rebuilds the
+unpublished steps (`live.PoolLoop`), launching again the groups that were running.
 
 Threads as in `train_run`: the learner, the pool and its members' queues in the main
 thread; the gateway, engine start/stop and the rollouts on the asyncio loop in a
@@ -73,9 +78,11 @@ def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
 
 
 def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
-                    resolved: dict[str, Any], stop) -> str:
-    """Runs the training run of `sections` (run, rollout, learner, loss, advantages:
-    built dataclasses) on `pool.num_cells` cells; returns "done" or "stopped"."""
+                    resolved: dict[str, Any], stop, resume: bool = False) -> str:
+    """Runs (or, with `resume`, continues from the latest checkpoint) the training run
+    of `sections` (run, rollout, learner, loss, advantages: built dataclasses) on
+    `pool.num_cells` cells; returns "done" or "stopped"."""
+    from undertow.learner.checkpoint import latest_checkpoint
     from undertow.learner.elastic import Coordinator
     from undertow.learner.pool import Cell, make_policy
     from undertow.learner.pool.live import ElasticLearner
@@ -88,8 +95,11 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
     if run.engine_urls:
         raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
                          "engines; remove one of them")
-    learner = ElasticLearner(config, loss, sections["advantages"], model_dir, run.run_dir,
-                             resolved)
+    learner = (ElasticLearner.restore if resume else ElasticLearner)(
+        config, loss, sections["advantages"], model_dir, run.run_dir, resolved)
+    weights = (model_dir, 0)
+    if learner.state.step > 0:   # the engines serve the checkpoint's weights from the start
+        weights = (latest_checkpoint(run.run_dir) / "model", learner.state.step)
     learner.coordinator = Coordinator(learner.policy, run.run_dir / "elastic",
                                       timeout_s=pool.timeout_s)
     members = ProcessMembers(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
@@ -99,7 +109,7 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
         members = ResidentMembers(members)
     cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
     try:
-        outcome = _run_cells(pool, sections, model_dir, learner, members, cells,
+        outcome = _run_cells(pool, sections, weights, learner, members, cells,
                              make_policy(pool.policy_spec()), stop)
         print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
         return outcome
@@ -108,8 +118,8 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
         learner.coordinator.close()
 
 
-def _run_cells(pool: PoolConfig, sections: dict[str, Any], model_dir: Path, learner,
-               members, cells, policy, stop) -> str:
+def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
+               learner, members, cells, policy, stop) -> str:
     from undertow.cells import GatewayEngineSlots
     from undertow.learner.gateway_link import GatewayAdmin
     from undertow.learner.pool.live import PoolLoop
@@ -122,19 +132,22 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], model_dir: Path, lear
     )
 
     run, config = sections["run"], sections["learner"]
+    model_dir, weight_version = weights
     with background_loop() as loop, \
             engineless_gateway(loop, model_dir, run.run_dir / "store") as gateway:
         admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
         slots = GatewayEngineSlots(loop, admin, model_dir, run.run_dir / "engines",
                                    pool.threads_per_cell, config.push_mode)
+        slots.weights = (model_dir, weight_version)
         try:
             slots.start_all([cell.cell_id for cell in cells])
             print(f"undertow train: gateway {gateway.url}, {pool.num_cells} cells "
-                  f"({pool.policy}), run {run.run_dir}", flush=True)
+                  f"({pool.policy}), run {run.run_dir}, from step {weight_version}",
+                  flush=True)
             context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
                                      sections["rollout"], run.docker_url)
             source = ThreadedGroupSource(loop, load_source(context), admin)
-            cell_pool = LocalPool(cells, slots, members)
+            cell_pool = LocalPool(cells, slots, members, weight_version=weight_version)
             try:
                 return PoolLoop(learner, cell_pool, policy, source, slots, slots, stop).run()
             finally:

@@ -19,7 +19,8 @@ engine, the embedded gateway, Docker sandboxes, mini-swe-agent on the bundled ta
 (the group at the gateway whose sessions it ran and closed with rewards).
 
 Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engine
-restarts and loads the checkpoint's weights as their version before any rollout.
+restarts and loads the checkpoint's weights as their version before any rollout (in a
+pool run every cell's engine does, and the unpublished steps are rebuilt: `pool_run.py`).
 """
 
 from __future__ import annotations
@@ -275,13 +276,11 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
 
 def _train_with_pool(section: dict[str, Any] | None, resume: bool, stop: threading.Event,
                      model_dir: Path, resolved: dict[str, Any], sections: dict[str, Any]) -> str:
-    """The run on a cell pool (`pool_run.py`); without a `pool` section `train` runs as
-    before."""
+    """The run (or its resume) on a cell pool (`pool_run.py`); without a `pool` section
+    `train` runs as before."""
     from undertow.learner.pool.config import PoolConfig
     from undertow.pool_run import train_with_pool
 
     pool = build_section(PoolConfig, section, "pool")
-    if resume:
-        raise ValueError("--resume is not supported with a pool section yet; start a new "
-                         "run.run_dir")
-    return train_with_pool(pool, sections, model_dir, {**resolved, "pool": asdict(pool)}, stop)
+    return train_with_pool(pool, sections, model_dir, {**resolved, "pool": asdict(pool)}, stop,
+                           resume)

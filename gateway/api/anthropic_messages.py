@@ -24,13 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    KEEPALIVE,
+    json_reply,
     mark_retry,
     read_json,
     session_of,
     sse,
-    start_sse,
-    with_keepalive,
+    stream_events,
 )
 from undertow.gateway.api.errors import anthropic_error
 from undertow.gateway.api.openai_chat import parse_sampling
@@ -205,17 +204,16 @@ def usage(outcome: Outcome) -> dict:
 
 
 class MessageStream:
-    """Anthropic stream events: one content block per run of same-kind events."""
+    """Anthropic stream events (an `EventFormatter`): one content block per run of
+    same-kind events."""
 
     def __init__(self, call: CallRequest):
         self.call = call
         self.block: str | None = None
         self.index = -1
         self.num_tools = 0
-        self.started = False
 
-    def start(self, call_id: str) -> list[bytes]:
-        self.started = True
+    def begin(self, call_id: str) -> list[bytes]:
         return [sse({"type": "message_start", "message": {
             "id": f"msg_{call_id.removeprefix('call-')}", "type": "message", "role": "assistant",
             "model": self.call.model, "content": [], "stop_reason": None, "stop_sequence": None,
@@ -265,6 +263,12 @@ class MessageStream:
                                         "partial_json": event.arguments_json}))
         return out
 
+    def keepalive(self) -> bytes:
+        return sse({"type": "ping"}, "ping")
+
+    def error(self, error: GatewayError) -> bytes:
+        return sse(anthropic_error(error), "error")
+
     def finish(self, outcome: Outcome) -> list[bytes]:
         reason, sequence = stop_reason(outcome.choices[0])
         return self._close() + [
@@ -281,8 +285,9 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = mark_retry(parse_request(body), request, session, raw)
         if not body.get("stream"):
             outcome = await runner.complete(session, call)
-            return web.json_response(message_body(call, outcome))
-        return await _stream(request, runner, session, call, config)
+            return json_reply(message_body(call, outcome))
+        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
+                                   MessageStream(call))
 
     async def count_tokens(request: web.Request) -> web.Response:
         session_of(request, sessions)
@@ -294,27 +299,3 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/messages", messages)
         app.router.add_post(f"{prefix}/v1/messages/count_tokens", count_tokens)
-
-
-async def _stream(request, runner, session, call, config) -> web.StreamResponse:
-    formatter = MessageStream(call)
-    response = None
-    try:
-        async for item in with_keepalive(runner.stream(session, call), config.keepalive_s):
-            response = response or await start_sse(request)
-            if item is KEEPALIVE:
-                await response.write(sse({"type": "ping"}, "ping"))
-                continue
-            if not formatter.started:
-                call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
-                for data in formatter.start(call_id):
-                    await response.write(data)
-            for data in (formatter.delta(item) if isinstance(item, Delta)
-                         else formatter.finish(item)):
-                await response.write(data)
-    except GatewayError as error:
-        if response is None:
-            raise
-        await response.write(sse(anthropic_error(error), "error"))
-    await response.write_eof()
-    return response

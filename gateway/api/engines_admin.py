@@ -13,6 +13,8 @@ Mounted by the app factory with `add_engine_routes(app, pool, admin_auth)`:
 - `POST /admin/resume`: admit again; aborted generations resume from their partial output.
 - `POST /admin/update_weights` `{"model_path", "weight_version", "mode"}`: pause(mode) ->
   update_weights_from_disk on every live engine -> resume (502 naming engines that failed).
+  The reply's `pool_weights` are what an engine added or returning later loads: the
+  pushed weights also when no engine was live to take them.
 
 `admin_auth(request)` is the app's check of the admin token: it raises an aiohttp
 HTTP exception (401/403) when the request may not pass.

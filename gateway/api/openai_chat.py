@@ -9,18 +9,18 @@ handle), and the `Outcome` becomes the finish chunks, usage and `[DONE]`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    KEEPALIVE,
+    json_reply,
     mark_retry,
     read_json,
     session_of,
     sse,
-    start_sse,
-    with_keepalive,
+    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
@@ -83,13 +83,28 @@ def _content_text(content: Any, where: str) -> str:
     raise BadRequest(f"{where}: content must be a string or a list of parts", param="messages")
 
 
-def parse_messages(messages: Any) -> list[dict]:
-    """OpenAI chat messages -> internal chat form (validated, text only)."""
+@dataclass(frozen=True)
+class KnownMessages:
+    """A session's previous request's messages: as sent (`raw`) and parsed (`parsed`,
+    one per raw message, never mutated)."""
+
+    raw: list
+    parsed: list[dict]
+
+
+def parse_messages(messages: Any, known: KnownMessages | None = None) -> list[dict]:
+    """OpenAI chat messages -> internal chat form (validated, text only). When they
+    begin with `known.raw` (a scaffold re-sending its history), those reuse their parsed
+    form (the same objects: equal JSON parses to equal messages; the comparison runs in
+    C) and only the rest is parsed, so the cost follows the new messages."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", param="messages")
-    result = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
+    result: list[dict] = []
+    if known is not None and len(known.raw) <= len(messages) and (
+            messages[:len(known.raw)] == known.raw):
+        result = list(known.parsed)
+    for index in range(len(result), len(messages)):
+        message, where = messages[index], f"messages[{index}]"
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise BadRequest(f"{where} must be an object with a role in {sorted(ROLES)}",
                              param="messages")
@@ -127,7 +142,8 @@ def parse_tools(tools: Any) -> list[dict] | None:
     return tools or None
 
 
-def parse_request(body: dict[str, Any], max_n: int) -> CallRequest:
+def parse_request(body: dict[str, Any], max_n: int,
+                  known: KnownMessages | None = None) -> CallRequest:
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
@@ -146,7 +162,7 @@ def parse_request(body: dict[str, Any], max_n: int) -> CallRequest:
                                    param="response_format")
     return CallRequest(api="chat", model=body["model"],
                        sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
-                       messages=parse_messages(body.get("messages")),
+                       messages=parse_messages(body.get("messages"), known),
                        tools=parse_tools(body.get("tools")),
                        parse_tools=body.get("tool_choice") != "none", n=n)
 
@@ -195,7 +211,8 @@ def usage(outcome: Outcome) -> dict:
 
 
 class ChatStream:
-    """Formats deltas and the outcome as `chat.completion.chunk` SSE events."""
+    """Formats deltas and the outcome as `chat.completion.chunk` SSE events (an
+    `EventFormatter`)."""
 
     def __init__(self, runner, request: CallRequest, want_logprobs: bool, include_usage: bool):
         self.runner, self.request = runner, request
@@ -207,11 +224,17 @@ class ChatStream:
         return sse({"id": self.chunk_id, "object": "chat.completion.chunk", "created": 0,
                     "model": self.request.model, "choices": choices, **extra})
 
-    def first(self, call_id: str) -> bytes:
+    def begin(self, call_id: str) -> list[bytes]:
         self.chunk_id = f"chatcmpl-{call_id}"
-        return self.chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None}
-                           for index in range(self.request.n)])
+        return [self.chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}
+                            for index in range(self.request.n)])]
+
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def error(self, error: GatewayError) -> bytes:
+        return sse(openai_error(error))
 
     def delta(self, delta: Delta) -> list[bytes]:
         out = []
@@ -249,46 +272,17 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = parse_request(body, config.max_n)
+        call = parse_request(body, config.max_n, session.known_messages.get("chat"))
+        session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
         call = mark_retry(call, request, session, raw)
         if not body.get("stream"):
             outcome = await runner.complete(session, call)
-            return web.json_response(completion_body(runner, call, outcome,
-                                                     bool(body.get("logprobs"))))
+            return json_reply(completion_body(runner, call, outcome,
+                                              bool(body.get("logprobs"))))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await stream_chat(request, runner, call, session, config,
-                                 ChatStream(runner, call, bool(body.get("logprobs")),
-                                            include_usage))
+        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
+                                   ChatStream(runner, call, bool(body.get("logprobs")),
+                                              include_usage))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/chat/completions", chat_completions)
-
-
-async def stream_chat(request: web.Request, runner, call: CallRequest, session, config,
-                      formatter: ChatStream) -> web.StreamResponse:
-    """Runs the call, sending chunks as they come. Errors before the first byte are
-    ordinary error responses; after it, an `error` event ends the stream."""
-    items = with_keepalive(runner.stream(session, call), config.keepalive_s)
-    response = None
-    try:
-        async for item in items:
-            if response is None:
-                response = await start_sse(request)
-            if item is KEEPALIVE:
-                await response.write(b": keep-alive\n\n")
-                continue
-            if formatter.chunk_id is None:
-                call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
-                await response.write(formatter.first(call_id))
-            if isinstance(item, Delta):
-                for data in formatter.delta(item):
-                    await response.write(data)
-            else:
-                for data in formatter.finish(item):
-                    await response.write(data)
-    except GatewayError as error:
-        if response is None:
-            raise
-        await response.write(sse(openai_error(error)))
-    await response.write_eof()
-    return response

@@ -12,13 +12,12 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    KEEPALIVE,
+    json_reply,
     mark_retry,
     read_json,
     session_of,
     sse,
-    start_sse,
-    with_keepalive,
+    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling, usage
@@ -95,47 +94,50 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         want_logprobs = body.get("logprobs") is not None
         if not body.get("stream"):
             outcome = await runner.complete(session, call)
-            return web.json_response(completion_body(runner, call, outcome, want_logprobs))
+            return json_reply(completion_body(runner, call, outcome, want_logprobs))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await _stream(request, runner, session, call, config, want_logprobs,
-                             include_usage)
+        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
+                                   CompletionStream(runner, call, want_logprobs, include_usage))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/completions", completions)
 
 
-async def _stream(request, runner, session, call, config, want_logprobs,
-                  include_usage) -> web.StreamResponse:
-    response = None
+class CompletionStream:
+    """Formats deltas and the outcome as `text_completion` SSE events (an
+    `EventFormatter`); the stream has no opening event."""
 
-    def chunk(call_id: str, choices: list[dict], **extra) -> bytes:
+    def __init__(self, runner, call: CallRequest, want_logprobs: bool, include_usage: bool):
+        self.runner, self.call = runner, call
+        self.want_logprobs, self.include_usage = want_logprobs, include_usage
+
+    def chunk(self, call_id: str, choices: list[dict], **extra) -> bytes:
         return sse({"id": f"cmpl-{call_id}", "object": "text_completion", "created": 0,
-                    "model": call.model, "choices": choices, **extra})
+                    "model": self.call.model, "choices": choices, **extra})
 
-    try:
-        async for item in with_keepalive(runner.stream(session, call), config.keepalive_s):
-            response = response or await start_sse(request)
-            if item is KEEPALIVE:
-                await response.write(b": keep-alive\n\n")
-            elif isinstance(item, Delta):
-                text = "".join(e.text for e in item.events if isinstance(e, Content))
-                if text or (want_logprobs and item.token_ids):
-                    await response.write(chunk(item.call_id, [{
-                        "index": item.index, "text": text, "finish_reason": None,
-                        "logprobs": _logprobs(runner, item.token_ids, item.logprobs)
-                        if want_logprobs else None}]))
-            else:
-                call_id = item.choices[0].call_id
-                for choice in item.choices:
-                    await response.write(chunk(call_id, [{
-                        "index": choice.index, "text": "", "logprobs": None,
-                        "finish_reason": _finish(choice)}]))
-                if include_usage:
-                    await response.write(chunk(call_id, [], usage=usage(item)))
-                await response.write(sse("[DONE]"))
-    except GatewayError as error:
-        if response is None:
-            raise
-        await response.write(sse(openai_error(error)))
-    await response.write_eof()
-    return response
+    def begin(self, call_id: str) -> list[bytes]:
+        return []
+
+    def delta(self, delta: Delta) -> list[bytes]:
+        text = "".join(e.text for e in delta.events if isinstance(e, Content))
+        if not text and not (self.want_logprobs and delta.token_ids):
+            return []
+        logprobs = (_logprobs(self.runner, delta.token_ids, delta.logprobs)
+                    if self.want_logprobs else None)
+        return [self.chunk(delta.call_id, [{"index": delta.index, "text": text,
+                                            "finish_reason": None, "logprobs": logprobs}])]
+
+    def finish(self, outcome: Outcome) -> list[bytes]:
+        call_id = outcome.choices[0].call_id
+        out = [self.chunk(call_id, [{"index": choice.index, "text": "", "logprobs": None,
+                                     "finish_reason": _finish(choice)}])
+               for choice in outcome.choices]
+        if self.include_usage:
+            out.append(self.chunk(call_id, [], usage=usage(outcome)))
+        return out + [sse("[DONE]")]
+
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def error(self, error: GatewayError) -> bytes:
+        return sse(openai_error(error))

@@ -20,13 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    KEEPALIVE,
+    json_reply,
     mark_retry,
     read_json,
     session_of,
     sse,
-    start_sse,
-    with_keepalive,
+    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling
@@ -186,7 +185,7 @@ def response_body(call: CallRequest, body: dict, outcome: Outcome | None, call_i
 
 
 class ResponseStream:
-    """Responses API stream events, numbered by `sequence_number`."""
+    """Responses API stream events (an `EventFormatter`), numbered by `sequence_number`."""
 
     def __init__(self, call: CallRequest, body: dict):
         self.call, self.body = call, body
@@ -202,11 +201,18 @@ class ResponseStream:
         self.sequence += 1
         return sse(payload, kind)
 
-    def start(self, call_id: str) -> list[bytes]:
+    def begin(self, call_id: str) -> list[bytes]:
         self.call_id = call_id
         response = response_body(self.call, self.body, None, call_id)
         return [self.event("response.created", response=response),
                 self.event("response.in_progress", response=response)]
+
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def error(self, error: GatewayError) -> bytes:
+        return self.event("error", code=openai_error(error)["error"]["code"],
+                          message=error.message, param=error.param)
 
     def _open(self, item: dict) -> list[bytes]:
         out = self._close()
@@ -291,34 +297,10 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = mark_retry(parse_request(body), request, session, raw)
         if not body.get("stream"):
             outcome = await runner.complete(session, call)
-            return web.json_response(response_body(call, body, outcome,
-                                                   outcome.choices[0].call_id))
-        return await _stream(request, runner, session, call, body, config)
+            return json_reply(response_body(call, body, outcome,
+                                            outcome.choices[0].call_id))
+        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
+                                   ResponseStream(call, body))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/responses", create_response)
-
-
-async def _stream(request, runner, session, call, body, config) -> web.StreamResponse:
-    formatter = ResponseStream(call, body)
-    response = None
-    try:
-        async for item in with_keepalive(runner.stream(session, call), config.keepalive_s):
-            response = response or await start_sse(request)
-            if item is KEEPALIVE:
-                await response.write(b": keep-alive\n\n")
-                continue
-            if formatter.call_id is None:
-                call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
-                for data in formatter.start(call_id):
-                    await response.write(data)
-            for data in (formatter.delta(item) if isinstance(item, Delta)
-                         else formatter.finish(item)):
-                await response.write(data)
-    except GatewayError as error:
-        if response is None:
-            raise
-        await response.write(formatter.event("error", code=openai_error(error)["error"]["code"],
-                                             message=error.message, param=error.param))
-    await response.write_eof()
-    return response

@@ -13,8 +13,9 @@ Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumula
 (`meta_info.completion_tokens` tells which form a chunk has).
 
 Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `import_kv`,
-`KVPayload`; `supports_kv_transfer()` asks the engine), is optional: a real SGLang server
-reports it unsupported, and the vLLM driver does not have these methods at all.
+`stage_kv`, `release_kv`, `generate_staged_stream`, `KVPayload`, `StagedKV`, `PrefixDigest`;
+`supports_kv_transfer()` asks the engine), is optional: a real SGLang server reports it
+unsupported, and the vLLM driver does not have these methods at all.
 
 `HttpTransport` (requests, SSE, errors) is shared with the vLLM driver in `vllm.py`.
 
@@ -22,9 +23,12 @@ reports it unsupported, and the vLLM driver does not have these methods at all.
         result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
 """
 
+import array
+import hashlib
 import io
 import json
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -42,9 +46,11 @@ from undertow.gateway.engines.protocol import (
     PauseMode,
 )
 
-__all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "SGLangClient"]
+__all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
+           "StagedKV"]
 
 CONNECT_TIMEOUT_S = 10.0
+JSON_HEADERS = {"Content-Type": "application/json"}
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 
 
@@ -132,8 +138,11 @@ class HttpTransport:
         An event `{"error": ...}` raises `EngineRejected`; a stream that ends without
         `[DONE]` raises `EngineUnavailable`.
         """
+        # The body as bytes straight from orjson (tuples of IDs too): a long prompt's
+        # `input_ids` are serialised once, not also decoded to str and encoded back.
         try:
-            async with self._client().post(self.url + path, json=body) as reply:
+            async with self._client().post(self.url + path, data=orjson.dumps(body),
+                                           headers=JSON_HEADERS) as reply:
                 await self._check(reply, path)
                 async for data in _sse_data(reply.content):
                     if data == b"[DONE]":
@@ -193,6 +202,38 @@ class KVPayload:
     end: int
 
 
+@dataclass(frozen=True)
+class StagedKV:
+    """A staged KV import on an engine (Undertow's `kv_transfer` extension): the KV of the
+    first `num_tokens` tokens of a sequence whose IDs have the `PrefixDigest` `digest`, held
+    in a slot of its own until a `generate_staged_stream` names its `handle`."""
+
+    handle: str
+    num_tokens: int
+    digest: str
+
+
+class PrefixDigest:
+    """A running digest of a sequence's first `num_tokens` token IDs (BLAKE2b of int64
+    little-endian), fed span by span: the same IDs give the same digest however they were cut
+    into spans. Both ends of a KV staging compute it, each from its own record of the IDs, so
+    that a resume can only continue the prefix it names."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.num_tokens = 0
+
+    def update(self, token_ids: Sequence[int]) -> None:
+        data = array.array("q", token_ids)
+        if sys.byteorder != "little":
+            data.byteswap()
+        self._hash.update(data)
+        self.num_tokens += len(token_ids)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
 class SGLangClient:
     """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
     engine)."""
@@ -221,8 +262,13 @@ class SGLangClient:
         return _result(reply, request.rid)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        async for chunk in self._chunks("/generate", request.to_sglang(stream=True), request.rid):
+            yield chunk
+
+    async def _chunks(self, path: str, body: dict, rid: str) -> AsyncIterator[GenerateChunk]:
+        """The deltas of a streamed `/generate`-shaped reply (cumulative or incremental)."""
         num_ids = num_logprobs = num_chars = 0
-        async for event in self._http.sse("/generate", request.to_sglang(stream=True)):
+        async for event in self._http.sse(path, body):
             meta = event["meta_info"]
             output_ids = list(event.get("output_ids") or ())
             text = event.get("text") or ""
@@ -236,7 +282,7 @@ class SGLangClient:
             num_logprobs += len(logprobs)
             num_chars += len(text)
             yield GenerateChunk(
-                rid=meta.get("id", request.rid), output_ids=output_ids, text=text,
+                rid=meta.get("id", rid), output_ids=output_ids, text=text,
                 output_token_logprobs=logprobs,
                 finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
                 prompt_tokens=meta.get("prompt_tokens", 0), completion_tokens=completion_tokens,
@@ -288,14 +334,21 @@ class SGLangClient:
         return self._kv_transfer
 
     async def export_kv(self, *, rid: str | None = None, input_ids: list[int] | None = None,
-                        start: int = 0) -> KVPayload:
+                        start: int = 0, span_ids: bool = False, stop: bool = False) -> KVPayload:
         """Undertow extension: the KV of running request `rid` (its prompt and output so far),
-        or of the longest cached prefix of `input_ids`, from position `start` on."""
+        or of the longest cached prefix of `input_ids`, from position `start` on. With
+        `span_ids` the payload carries the token IDs of its own span only (enough for
+        `stage_kv`; `import_kv` needs them all); `stop` (with `rid`) aborts the request in
+        the same step, so that the payload holds the last of its KV."""
         body: dict = {"start": start}
         if rid is not None:
             body["rid"] = rid
         else:
             body["input_ids"] = list(input_ids or ())
+        if span_ids:
+            body["token_ids"] = "span"
+        if stop:
+            body["stop"] = True
         data, headers = await self._http.post_bytes("/undertow/export_kv", body=body)
         return KVPayload(data, int(headers.get("X-Undertow-KV-Start", start)),
                          int(headers.get("X-Undertow-KV-End", start)))
@@ -305,6 +358,34 @@ class SGLangClient:
         return how many of its sequence's tokens the cache now holds."""
         data, _ = await self._http.post_bytes("/undertow/import_kv", data=payload.data)
         return int(json.loads(data)["num_cached_tokens"])
+
+    async def stage_kv(self, payload: KVPayload, handle: str | None = None) -> StagedKV:
+        """Undertow extension: put a payload into a KV slot reserved for the request that
+        will continue the sequence; without `handle` a new staging (the payload starts at
+        0), with it the next span of that staging. Returns the staging as the engine holds
+        it (the digest of the IDs it received)."""
+        path = "/undertow/stage_kv" + (f"?handle={handle}" if handle is not None else "")
+        data, _ = await self._http.post_bytes(path, data=payload.data)
+        reply = json.loads(data)
+        return StagedKV(str(reply["handle"]), int(reply["num_tokens"]), str(reply["digest"]))
+
+    async def release_kv(self, handle: str) -> None:
+        """Undertow extension: free a staging that no request will use."""
+        await self._http.request("POST", "/undertow/release_kv", {"handle": handle})
+
+    async def generate_staged_stream(self, request: GenerateRequest,
+                                     staged: StagedKV) -> AsyncIterator[GenerateChunk]:
+        """Undertow extension: `generate_stream` of `request`, whose first `staged.num_tokens`
+        input IDs are staged on the engine: only the IDs after them are sent, with the
+        staging's handle and the digest of the prefix they continue. A 404 (no such
+        staging) or 409 (it holds another prefix; it is kept) raises `EngineRejected`
+        before any chunk."""
+        body = request.to_sglang(stream=True)
+        body["input_ids"] = list(request.input_ids[staged.num_tokens:])
+        body["staged_kv"] = {"handle": staged.handle, "num_tokens": staged.num_tokens,
+                             "digest": staged.digest}
+        async for chunk in self._chunks("/undertow/generate_staged", body, request.rid):
+            yield chunk
 
     async def model_info(self) -> ModelInfo:
         reply = await self._http.request("GET", "/get_model_info")

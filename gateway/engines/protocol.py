@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+import orjson
+
 __all__ = [
     "CAPABILITIES",
     "Engine",
@@ -121,27 +123,35 @@ class GenerateRequest:
     sample its continuation.
 
     Invariants: exactly one of `input_ids` and `text` is set; `rid` is unique among the
-    requests in flight on one engine (it is what `Engine.abort` names).
+    requests in flight on one engine (it is what `Engine.abort` names). `input_ids` is a
+    tuple, or a list that nobody mutates (the gateway's prompts: not copying 128k IDs
+    per call is worth the weaker guarantee). `input_ids_json`, where set, is the JSON
+    array of exactly `input_ids`, and the wire body carries it as it is (the gateway
+    builds it incrementally, call by call, so a long history is not serialised again).
     """
 
-    input_ids: tuple[int, ...] | None = None
+    input_ids: tuple[int, ...] | list[int] | None = None
     text: str | None = None
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     rid: str = field(default_factory=_new_rid)
     return_logprob: bool = False
+    input_ids_json: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.text is None):
             raise ValueError("a GenerateRequest needs exactly one of input_ids and text")
-        if self.input_ids is not None and not isinstance(self.input_ids, tuple):
+        if self.input_ids is not None and not isinstance(self.input_ids, tuple | list):
             object.__setattr__(self, "input_ids", tuple(self.input_ids))
 
     def to_sglang(self, *, stream: bool) -> dict:
-        """The JSON body of SGLang's `POST /generate`."""
+        """The JSON body of SGLang's `POST /generate`, to be serialised with orjson (which
+        writes `input_ids_json` as it is)."""
         body: dict = {"rid": self.rid, "sampling_params": self.sampling_params.to_sglang(),
                       "stream": stream}
-        if self.input_ids is not None:
-            body["input_ids"] = list(self.input_ids)
+        if self.input_ids_json is not None:
+            body["input_ids"] = orjson.Fragment(self.input_ids_json)  # orjson writes it as is
+        elif self.input_ids is not None:
+            body["input_ids"] = self.input_ids  # a JSON array either way; not copied
         else:
             body["text"] = self.text
         if self.return_logprob:

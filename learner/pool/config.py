@@ -18,9 +18,12 @@ class PoolConfig:
     """One cell pool on this machine.
 
     `num_session_slots` is a cell's C_e in the waterlevel rule: how many sessions its
-    engine is counted to hold at once. `num_training_cells` and `max_staleness` are read
-    by `split` only. `timeout_s` bounds how long a training member waits for a step to
-    open (the rollout tail of the step comes before that) and the step's final sum.
+    engine is counted to hold at once. `num_training_cells` is read by `split` only;
+    `max_staleness` by `split` and `elastic` (None: the policy's default, 1 for split
+    and 0, synchronous, for elastic; colocate is always synchronous). `timeout_s`
+    bounds how long a training member waits for a step to open or for its next
+    micro-batch (the rollout tail of the step comes before that) and the step's final
+    sum.
     `resident_members` keeps a cell's learner member process (and its copy of the model)
     alive while the cell serves, so that moving to training skips a process start and
     a model load; off, the member ends when its cell leaves training.
@@ -29,7 +32,7 @@ class PoolConfig:
     policy: str = "elastic"
     num_cells: int = 3
     num_training_cells: int = 1
-    max_staleness: int = 1
+    max_staleness: int | None = None
     threads_per_cell: int = 1
     num_session_slots: int = 2
     timeout_s: float = 3600.0
@@ -45,14 +48,16 @@ class PoolConfig:
         if self.policy == "split" and not 1 <= self.num_training_cells < self.num_cells:
             raise ValueError(f"pool.num_training_cells={self.num_training_cells} must leave "
                              f"at least one of pool.num_cells={self.num_cells} for rollout")
-        if self.max_staleness < 0:
+        if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"pool.max_staleness must be >= 0, got {self.max_staleness}")
         if self.timeout_s <= 0:
             raise ValueError(f"pool.timeout_s must be positive, got {self.timeout_s}")
 
     def policy_spec(self) -> dict:
         """The spec `policy.make_policy` takes."""
+        spec: dict = {"name": self.policy}
         if self.policy == "split":
-            return {"name": "split", "num_training_cells": self.num_training_cells,
-                    "max_staleness": self.max_staleness}
-        return {"name": self.policy}
+            spec["num_training_cells"] = self.num_training_cells
+        if self.policy in ("split", "elastic") and self.max_staleness is not None:
+            spec["max_staleness"] = self.max_staleness
+        return spec

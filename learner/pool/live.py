@@ -3,29 +3,37 @@
 The loop runs in the learner's (main) thread and repeats three things until the last
 step is published:
 
-1. Decide: snapshot the pool (each rollout cell's live sessions, each unpublished
+1. Wait up to `POLL_S` for finished groups, and count the closed sessions of the others
+   (the gateway's session list), so that w(t) of the waterlevel rule moves per session.
+2. Decide: snapshot the pool (each rollout cell's live sessions, each unpublished
    batch's progress) -> the policy (`policy.py`, the code the simulator runs) -> carry
    out its decisions with `LocalPool`: `DispatchBatch(s)` launches the groups of step s
    on the group source; `MoveToTraining(c)` drains c's engine at the gateway (its
    sessions move, its in-flight generations resume elsewhere) and starts c's learner
    member; `StartTraining(s)` sends every training cell's member into step s; after a
    publish, `MoveToRollout(c)` stops c's member and serves the new weights on c.
-2. Wait up to `POLL_S` for finished groups, and count the closed sessions of the others
-   (the gateway's session list), so that w(t) of the waterlevel rule moves per session.
-3. Train: once every group of the open step has finished, `ElasticLearner.train_step`
-   packs the step and runs its backward pass through the elastic `Coordinator`: the
-   members on the training cells compute the gradient (however many joined), this
+3. Stream: once the pool has started step s (with the elastic policy: when the first
+   cell moves to training, long before the tail of the step's sessions has finished),
+   `ElasticLearner.open_step` opens it on the elastic `Coordinator`, and every group of
+   s that finishes from then on is packed and appended to it at once
+   (`ElasticLearner.add_group`), so the members on the training cells train the
+   finished groups while the slow ones still run. When the last group is in,
+   `train_step` finishes the step: the members' gradients are summed and normalised
+   over the whole step (`elastic.py`: exactly the fixed-membership gradient), this
    process clips it and steps the optimizer; then the weights are pushed and the step
    is published.
 
-Members wait inside the step (`Member.join`) from `StartTraining` until the step opens,
-which is when its last group has finished: the packed step, and with it every loss
-normaliser, is only known then (`elastic.py`). So a cell that moves early saves its
-engine start-up and its member's model load from the critical path, not training time.
-
 Every decision is written with its start and end time to `pool_timeline.jsonl` in the
-run directory (one JSON object a line), which is how switch costs and roles over time
-are read back. Resuming a pool run is not supported (the run refuses `--resume`).
+run directory (one JSON object a line), with the step openings and the groups added,
+which is how switch costs and roles over time are read back.
+
+Stopping and resuming: when `stop` is set the loop aborts the open step (its members
+drop their partial gradient), writes a checkpoint whose pending groups are the finished
+groups of every unpublished step, and returns "stopped". A loop over a restored learner
+(`ElasticLearner.restore`) first rebuilds the unpublished steps from the checkpoint:
+their finished groups come back from it, the groups that were still running are
+launched again (same launch index, a new group ID), and the pool starts with every cell
+in rollout on the checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from undertow.gateway.tree import Tree
+from undertow.learner.advantages import group_advantages
 from undertow.learner.checkpoint import PendingGroup
 from undertow.learner.elastic import Coordinator, ElasticStepResult
-from undertow.learner.packing import PackedStep
+from undertow.learner.errors import EmptyStepError
+from undertow.learner.packing import pack_step
 from undertow.learner.pool.local import LocalPool
 from undertow.learner.pool.policy import Policy
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
@@ -67,40 +78,63 @@ class RolloutSide(Protocol):
 
 
 class ElasticLearner(Learner):
-    """A `Learner` whose backward pass is one elastic step (`elastic.Coordinator`).
+    """A `Learner` whose backward pass is one streaming elastic step (`elastic.py`).
 
-    The members on the training cells compute the step's gradient and the coordinator
-    sums it into this process's `.grad`; clipping, the optimizer and the weights stay
-    here. Members do not compute the behaviour-KL and entropy sums that the plain
-    learner logs, so `train_step` reports those as None.
+    `open_step` opens the step on the coordinator, `add_group` appends one complete
+    group's micro-batches to it (its advantages are known once every session is
+    closed), and `train_step` finishes it: the members on the training cells computed
+    the gradient (however many joined, whenever the groups came), the coordinator
+    summed and normalised it into this process's `.grad`; clipping, the optimizer and
+    the weights stay here. Members do not compute the behaviour-KL and entropy sums
+    that the plain learner logs, so `train_step` reports those as None.
     """
 
     coordinator: Coordinator
     last_result: ElasticStepResult | None = None
 
-    def _backward(self, step: PackedStep) -> dict[str, float]:
-        self.coordinator.open_step(self.state.step, step, self.loss)
+    def open_step(self) -> None:
+        """Opens the step that will produce weights `state.step + 1`."""
+        self.coordinator.open_step(self.state.step, self.loss)
+
+    def add_group(self, tree: Tree) -> int:
+        """Packs one complete group and appends it to the open step; returns the number
+        of its micro-batches (0 for a group with no trainable token: it adds no term, as
+        in the whole step's packing)."""
+        advantages = {(tree.group_id, session_id): value for session_id, value in
+                      group_advantages(tree, self.advantage_config).items()}
+        try:
+            chunk = pack_step([tree], advantages, self.config.max_tokens,
+                              self.loss.paths_per_session)
+        except EmptyStepError:
+            return 0
+        self.coordinator.append(chunk)
+        return len(chunk.micro_batches)
+
+    def train_step(self, trees: list[Tree]) -> dict[str, Any]:
+        """Finishes the open step, to which every one of `trees` has been added."""
+        self.optimizer.zero_grad(set_to_none=True)
         self.last_result = self.coordinator.finish_step()
         stats = self.last_result.stats
-        return {"loss": stats.get("loss", 0.0), "num_terms": stats.get("num_terms", 0.0),
-                "num_clipped": stats.get("num_clipped", 0.0), "kl_sum": 0.0,
-                "entropy_sum": 0.0, "kl_ref_sum": stats.get("kl_sum", 0.0)}
-
-    def train_step(self, trees) -> dict[str, Any]:
-        values = super().train_step(trees)
+        values = self.apply_gradient(trees, {
+            "loss": stats.get("loss", 0.0), "num_terms": stats.get("num_terms", 0.0),
+            "num_clipped": stats.get("num_clipped", 0.0), "kl_sum": 0.0, "entropy_sum": 0.0,
+            "kl_ref_sum": stats.get("kl_sum", 0.0)})
         values.update(kl=None, entropy=None, num_members=len(self.last_result.ranks) - 1)
         return values
 
 
 @dataclass
 class _Batch:
-    """One dispatched step: its groups by launch index, and what has finished."""
+    """One dispatched step: its groups by launch index, those finished (in the order
+    they finished), and those added to the open elastic step."""
 
     step: int
     group_ids: dict[int, str]
     dispatched_s: float
     finished: dict[int, PendingGroup] = field(default_factory=dict)
     num_closed: dict[str, int] = field(default_factory=dict)
+    added: set[int] = field(default_factory=set)
+    opened_s: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -112,7 +146,8 @@ class PoolLoop:
 
     Invariants: `batches` holds the dispatched, unpublished steps, oldest first; the
     learner's `state.step` is the number of published steps, so the open step (if
-    any) is `batches[0].step == state.step`.
+    any) is `batches[0].step == state.step`; a group is added to the elastic step once,
+    and only to the step it was launched for.
     """
 
     def __init__(self, learner: ElasticLearner, pool: LocalPool, policy: Policy,
@@ -129,15 +164,15 @@ class PoolLoop:
 
     def run(self) -> str:
         """Trains until `num_steps` are published ("done") or `stop` is set ("stopped")."""
-        self._record({"event": "start", "cells": self._roles()})
+        self._record({"event": "start", "step": self.state.step, "cells": self._roles()})
+        self._restore_batches()
         while self.state.step < self.config.num_steps:
             if self.stop.is_set():
+                self._save_stopped()
                 return "stopped"
             self._collect()
             self._decide()
-            if self.batches and self.pool.open_step == self.batches[0].step \
-                    and self.batches[0].complete:
-                self._train(self.batches.pop(0))
+            self._stream()
         return "done"  # no last decision: cells would only go back to serve nothing
 
     def _decide(self) -> None:
@@ -175,13 +210,34 @@ class PoolLoop:
         gps = self.config.groups_per_step
         batch = _Batch(step, {}, time.perf_counter())
         for index in range(step * gps, (step + 1) * gps):
-            request = GroupRequest(index=index, group_id=group_id_of(index, 0),
-                                   group_size=self.config.group_size,
-                                   weight_version=self.state.step)
-            self.source.launch(request)
-            batch.group_ids[index] = request.group_id
+            batch.group_ids[index] = self._launch(index)
         self.state.num_launched = max(self.state.num_launched, (step + 1) * gps)
         self.batches.append(batch)
+
+    def _launch(self, index: int) -> str:
+        request = GroupRequest(index=index, group_id=group_id_of(index, self.state.num_resumes),
+                               group_size=self.config.group_size,
+                               weight_version=self.state.step)
+        self.source.launch(request)
+        return request.group_id
+
+    def _restore_batches(self) -> None:
+        """The unpublished steps of a restored learner (none for a new run): finished
+        groups from the checkpoint, the others launched again."""
+        gps = self.config.groups_per_step
+        pending = {group.index: group for group in self.learner.pending}
+        for step in range(self.state.step, -(-self.state.num_launched // gps)):
+            batch = _Batch(step, {}, time.perf_counter())
+            for index in range(step * gps, (step + 1) * gps):
+                if index in pending:
+                    batch.group_ids[index] = pending[index].tree.group_id
+                    batch.finished[index] = pending[index]
+                else:
+                    batch.group_ids[index] = self._launch(index)
+            self.batches.append(batch)
+            self._record({"event": "restored", "step": step,
+                          "finished": sorted(batch.finished), "group_ids": batch.group_ids})
+        self.learner.pending = []
 
     def _collect(self) -> None:
         by_step = {batch.step: batch for batch in self.batches}
@@ -196,6 +252,27 @@ class PoolLoop:
             for batch in self.batches:
                 batch.num_closed.update({g: closed.get(g, 0) for g in batch.group_ids.values()})
 
+    def _stream(self) -> None:
+        """Opens the step the pool has started, adds its newly finished groups, and
+        finishes it once all of them are in."""
+        if not self.batches or self.pool.open_step != self.batches[0].step:
+            return
+        batch = self.batches[0]
+        if batch.opened_s is None:
+            batch.opened_s = time.perf_counter()
+            self.learner.open_step()
+            self._record({"event": "StepOpened", "step": batch.step, "cells": self._roles()})
+        for index, group in batch.finished.items():
+            if index not in batch.added:
+                batch.added.add(index)
+                num_micro_batches = self.learner.add_group(group.tree)
+                self._record({"event": "GroupAdded", "step": batch.step, "index": index,
+                              "num_micro_batches": num_micro_batches,
+                              "num_groups_left": len(batch.group_ids) - len(batch.added),
+                              "num_groups_running": len(batch.group_ids) - len(batch.finished)})
+        if batch.complete:
+            self._train(self.batches.pop(0))
+
     def _train(self, batch: _Batch) -> None:
         groups = [batch.finished[index] for index in sorted(batch.finished)]
         rollout_s = max(g.rollout_s for g in groups)
@@ -205,18 +282,36 @@ class PoolLoop:
         train_s = time.perf_counter() - train_started_s
         self.state.consumed.extend(g.index for g in groups)
         sync_started_s = time.perf_counter()
+        self.learner.pending = self._pending()
         model_dir = self.learner.save(self._is_checkpoint_step())
         self.sink.push(model_dir, self.state.step)
         self.pool.step_published(batch.step)
+        open_s = time.perf_counter() - batch.opened_s
         values.update(rollout_s=rollout_s, train_s=train_s,
                       sync_s=time.perf_counter() - sync_started_s,
                       step_s=time.perf_counter() - batch.dispatched_s,
                       staleness_mean=sum(staleness) / len(staleness),
                       staleness_max=max(staleness), num_dropped_groups=0)
         self.learner.metrics.append(self.state.step, self.state.step, values)
+        result = self.learner.last_result
         self._record({"event": "published", "step": batch.step,
                       "weight_version": self.state.step, "num_members": values["num_members"],
+                      "num_micro_batches": result.num_micro_batches,
+                      "open_s": round(open_s, 3), "train_s": round(train_s, 3),
+                      "drain_s": round(result.drain_s, 3), "reduce_s": round(result.reduce_s, 3),
                       "cells": self._roles()})
+
+    def _pending(self) -> list[PendingGroup]:
+        """The finished groups of the unpublished steps (what a checkpoint keeps)."""
+        return [group for batch in self.batches for group in batch.finished.values()]
+
+    def _save_stopped(self) -> None:
+        if self.learner.coordinator.step_open:
+            self.learner.coordinator.abort_step()
+        self.learner.pending = self._pending()
+        self.learner.save(checkpoint=True)
+        self._record({"event": "stopped", "step": self.state.step,
+                      "pending": [group.index for group in self.learner.pending]})
 
     def _is_checkpoint_step(self) -> bool:
         step = self.state.step

@@ -205,6 +205,9 @@ class ThreadMembers:
         self.member_options = member_options
         self.running: dict[int, tuple[threading.Thread, queue.Queue]] = {}
         self.errors: dict[int, BaseException] = {}
+        # transformers' model loading is not thread-safe (it patches module-level
+        # initialisation while it builds a model), so members load one at a time.
+        self.loading = threading.Lock()
 
     def start(self, cell_id: int) -> None:
         inbox: queue.Queue = queue.Queue()
@@ -239,8 +242,9 @@ class ThreadMembers:
         from undertow.learner.elastic import Member
 
         try:
-            member = Member(self.address, member_name(cell_id), self.model_dir,
-                            timeout_s=self.timeout_s, **self.member_options)
+            with self.loading:
+                member = Member(self.address, member_name(cell_id), self.model_dir,
+                                timeout_s=self.timeout_s, **self.member_options)
             while (step := inbox.get()) is not None:
                 member.join(step)
         except BaseException as error:  # reported by stop(), in the pool's thread

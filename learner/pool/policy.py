@@ -4,16 +4,22 @@ Three policies, chosen by name from `POLICIES` (the spec is a name or a plain di
 `{"name": "split", "num_training_cells": 4}`):
 
 - `colocate`: every cell rolls out the whole batch, waits for its slowest session, then every cell
-  trains, then every cell returns to rollout.
-- `split`: a fixed number of cells train, the rest roll out; asynchronous within a staleness bound
-  (the learner trains step k while the rollout cells generate step k + 1 with older weights).
-- `elastic`: QwenGyre's waterlevel rule. All cells start a step in rollout. With
-  w(t) = dispatched - finished sessions, C_R(t) the session slots of the rollout cells and C_e
-  those of the next cell to move, that cell moves to training when w(t) <= C_R(t) - C_e, i.e.
-  when the outstanding sessions fit in the rollout capacity that would remain without it. Cells
-  move one at a time (no second move while one is still switching to training); the learner
-  trains finished groups as they arrive, on a membership that grows; when the step is published
-  every training cell returns to rollout with the new weights.
+  trains, then every cell returns to rollout. Synchronous (staleness 0) by construction.
+- `split`: a fixed number of cells train, the rest roll out.
+- `elastic`: QwenGyre's waterlevel rule. With w(t) = dispatched - finished sessions (of every
+  unpublished step), C_R(t) the session slots of the rollout cells and C_e those of the next cell
+  to move, that cell moves to training when w(t) <= C_R(t) - C_e, i.e. when the outstanding
+  sessions fit in the rollout capacity that would remain without it. Cells move one at a time (no
+  second move while one is still switching to training); the learner trains finished groups as
+  they arrive, on a membership that grows. When a step is published, training cells return to
+  rollout with the new weights as far as the outstanding sessions need their slots; the others
+  stay and train the next step (with nothing left to train, all return).
+
+`split` and `elastic` take the same `max_staleness` (staleness = step - weight version that
+generated it): step s may be dispatched once step s - 1 is and the published weights are at most
+`max_staleness` steps behind it, so the next step's sessions start while the tail of the current
+one runs. `split` defaults to 1; `elastic` defaults to 0 (synchronous, what the live pool runs
+today) and takes `{"name": "elastic", "max_staleness": 1}` for the asynchronous form.
 
 No policy reads a clock or does I/O, so the live pool and the simulator share them unchanged.
 """
@@ -47,11 +53,19 @@ def _return_idle_trainers(state: PoolState) -> list[Decision]:
     return [MoveToRollout(cell.cell_id) for cell in state.cells_in(Role.TRAINING)]
 
 
-def _dispatch_after_publish(state: PoolState) -> list[Decision]:
-    """Synchronous dispatch: the next batch only once the previous step is published."""
-    if not state.batches and state.next_step < state.num_steps:
+def _dispatch_within_staleness(state: PoolState, max_staleness: int) -> list[Decision]:
+    """The next step, once the previous one is dispatched and the newest weights are at most
+    `max_staleness` steps behind it (0: only once every dispatched step is published)."""
+    last = state.batches[-1] if state.batches else None
+    if (state.next_step < state.num_steps and (last is None or last.all_dispatched)
+            and state.next_step - state.weight_version <= max_staleness):
         return [DispatchBatch(state.next_step)]
     return []
+
+
+def _check_staleness(name: str, max_staleness: int) -> None:
+    if max_staleness < 0:
+        raise PolicyConfigError(f"{name}: max_staleness={max_staleness}; give 0 or more")
 
 
 class Colocate:
@@ -60,7 +74,7 @@ class Colocate:
     name = "colocate"
 
     def decide(self, state: PoolState) -> list[Decision]:
-        decisions = _return_idle_trainers(state) + _dispatch_after_publish(state)
+        decisions = _return_idle_trainers(state) + _dispatch_within_staleness(state, 0)
         if state.batches:
             batch = state.batches[0]
             if batch.complete and not batch.training_started:
@@ -72,10 +86,10 @@ class Colocate:
 class Split:
     """A fixed set of `num_training_cells` cells trains; the others roll out.
 
-    Batch k + 1 is dispatched once batch k has finished generating and the published weights are
-    at most `max_staleness` steps behind it (staleness = step - weight version that generated it).
-    The learner opens the oldest unpublished step as soon as it is free and trains its groups as
-    they finish, so training overlaps the tail of the same batch and the next batch's rollout.
+    Asynchronous within `max_staleness` (see the module docstring): with the default of 1 the
+    learner trains step k while the rollout cells generate the tail of step k and step k + 1 on
+    older weights. The learner opens the oldest unpublished step as soon as it is free and trains
+    its groups as they finish.
     """
 
     name = "split"
@@ -84,8 +98,7 @@ class Split:
         if num_training_cells < 1:
             raise PolicyConfigError(f"split: num_training_cells={num_training_cells}; "
                                     "give at least 1 (and fewer than the number of cells)")
-        if max_staleness < 0:
-            raise PolicyConfigError(f"split: max_staleness={max_staleness}; give 0 or more")
+        _check_staleness("split", max_staleness)
         self.num_training_cells = num_training_cells
         self.max_staleness = max_staleness
 
@@ -99,37 +112,59 @@ class Split:
         spare = sorted(state.cells_in(Role.ROLLOUT), key=_move_order)
         decisions += [MoveToTraining(c.cell_id)
                       for c in spare[:max(0, self.num_training_cells - num_training)]]
-        last = state.batches[-1] if state.batches else None
-        if (state.next_step < state.num_steps and (last is None or last.complete)
-                and state.next_step - state.weight_version <= self.max_staleness):
-            decisions.append(DispatchBatch(state.next_step))
-            if last is None:
-                decisions.append(StartTraining(state.next_step))
-        if last is not None and not state.training_open:
-            decisions.append(StartTraining(state.batches[0].step))
+        dispatch = _dispatch_within_staleness(state, self.max_staleness)
+        decisions += dispatch
+        if not state.training_open and (state.batches or dispatch):
+            decisions.append(StartTraining(state.batches[0].step if state.batches
+                                           else dispatch[0].step))
         return decisions
 
 
 class Elastic:
-    """QwenGyre's waterlevel rule (see the module docstring). Staleness is always 0."""
+    """QwenGyre's waterlevel rule, synchronous or asynchronous (see the module docstring)."""
 
     name = "elastic"
 
+    def __init__(self, max_staleness: int = 0):
+        _check_staleness("elastic", max_staleness)
+        self.max_staleness = max_staleness
+
     def decide(self, state: PoolState) -> list[Decision]:
-        decisions = _return_idle_trainers(state) + _dispatch_after_publish(state)
-        if not state.batches or state.cells_heading_to(Role.TRAINING):
-            return decisions
-        batch = state.batches[0]
+        if not state.batches:
+            return _return_idle_trainers(state) + _dispatch_within_staleness(state, 0)
+        dispatch = _dispatch_within_staleness(state, self.max_staleness)
+        if dispatch:
+            return dispatch  # the next round sees the waterlevel it raises
+        outstanding = sum(batch.num_outstanding for batch in state.batches)
         rollout = state.cells_in(Role.ROLLOUT)
-        if not batch.all_dispatched or not rollout:
+        capacity = sum(c.num_session_slots for c in rollout + state.cells_heading_to(Role.ROLLOUT))
+        decisions: list[Decision] = []
+        if not state.training_open:
+            decisions += _return_for_rollout(state, outstanding - capacity)
+            if len(decisions) < len(state.cells_in(Role.TRAINING)):
+                decisions.append(StartTraining(state.batches[0].step))
+        if decisions and isinstance(decisions[0], MoveToRollout):
+            return decisions
+        if (state.cells_heading_to(Role.TRAINING) or not rollout
+                or not state.batches[-1].all_dispatched):
             return decisions
         cell = min(rollout, key=_move_order)
-        capacity = sum(c.num_session_slots for c in rollout)
-        if batch.num_outstanding <= capacity - cell.num_session_slots:
+        if outstanding <= capacity - cell.num_session_slots:
             decisions.append(MoveToTraining(cell.cell_id))
-            if not batch.training_started:
-                decisions.append(StartTraining(batch.step))
+            if not state.training_open and not decisions[:-1]:
+                decisions.append(StartTraining(state.batches[0].step))
         return decisions
+
+
+def _return_for_rollout(state: PoolState, num_short: int) -> list[Decision]:
+    """Between steps: training cells whose slots the `num_short` unplaced sessions need."""
+    decisions: list[Decision] = []
+    for cell in sorted(state.cells_in(Role.TRAINING), key=lambda c: c.cell_id):
+        if num_short <= 0:
+            break
+        decisions.append(MoveToRollout(cell.cell_id))
+        num_short -= cell.num_session_slots
+    return decisions
 
 
 def _move_order(cell: Cell) -> tuple[int, int]:

@@ -4,7 +4,10 @@
 and the cluster; `timing` the engine and learner cost models; `rollout` and `training` the two
 sides; `simulator` the event loop; `results` and `plot` what a run reports. Entry point:
 
-    result = simulate(load_workload("qwengyre_long_tail"), "elastic", num_cells=16, num_steps=8)
+    result = simulate(load_workload("qwengyre_long_tail"),
+                      {"name": "elastic", "max_staleness": 1}, num_cells=16, num_steps=8)
+
+(`"elastic"` alone is the synchronous form, staleness 0; see `undertow.learner.pool.policy`.)
 
 Errors: bad workloads raise ValueError, a missing file FileNotFoundError, a policy that stalls or
 breaks the pool's rules SimulationError (or the pool's IllegalTransition).

@@ -5,6 +5,12 @@ busy while its engine has at least one sequence generating (not while every sess
 for tools); a training cell is busy while it trains tokens or runs the optimizer step (not while
 it waits for finished groups or for the weight sync). Time per step is the makespan over the
 number of steps, since an asynchronous policy overlaps consecutive steps.
+
+The work floor is what the run's own work needs at least, per step: the slot-seconds its sessions
+held (over the slots of a cell) plus the cell-seconds its unique tokens take to train, spread over
+every cell. No policy can run those sessions and that training faster, whatever it overlaps; the
+optimizer steps, weight syncs and role switches come on top. Slot-seconds depend a little on the
+policy (a fuller engine decodes each sequence more slowly), so the floor is per run.
 """
 
 import dataclasses
@@ -63,10 +69,15 @@ class SimResult:
     num_sessions: int
     num_timed_out: int
     timeline: tuple[RoleSpan, ...]
+    work_floor_s: float = 0.0
 
     @property
     def time_per_step_s(self) -> float:
         return self.makespan_s / len(self.steps)
+
+    @property
+    def work_floor_per_step_s(self) -> float:
+        return self.work_floor_s / len(self.steps)
 
     @property
     def mean_staleness(self) -> float:
@@ -84,7 +95,8 @@ class SimResult:
         data = {
             "workload": self.workload, "policy": self.policy, "num_cells": self.num_cells,
             "seed": self.seed, "num_steps": len(self.steps), "makespan_s": self.makespan_s,
-            "time_per_step_s": self.time_per_step_s, "utilisation": self.utilisation,
+            "time_per_step_s": self.time_per_step_s,
+            "work_floor_per_step_s": self.work_floor_per_step_s, "utilisation": self.utilisation,
             "cell_s": self.cell_s, "switching_share": self.switching_share,
             "mean_staleness": self.mean_staleness, "mean_tail_share": self.mean_tail_share,
             "session_p50_s": self.session_p50_s, "session_p99_s": self.session_p99_s,
@@ -108,6 +120,9 @@ def summarise(sim: "Simulator") -> SimResult:
     total_s = sim.num_cells * sim.now_s
     utilisation["overall"] = (sim.rollout_busy_s + sim.learner.busy_cell_s) / total_s
     durations = np.array([s.finished_s - s.started_s for s in sim.sessions.values() if s.done])
+    num_tokens = sum(record.num_unique_tokens for record in sim.records)
+    work_cell_s = (durations.sum() / sim.workload.engine.num_session_slots
+                   + num_tokens / sim.workload.trainer.tokens_per_s_per_cell)
     return SimResult(
         workload=sim.workload.name, policy=_policy_label(sim.policy), num_cells=sim.num_cells,
         seed=sim.seed, makespan_s=sim.now_s, steps=tuple(sorted(sim.records, key=lambda r: r.step)),
@@ -115,12 +130,14 @@ def summarise(sim: "Simulator") -> SimResult:
         session_p50_s=float(np.percentile(durations, 50)),
         session_p99_s=float(np.percentile(durations, 99)),
         num_sessions=len(durations), num_timed_out=sum(s.timed_out for s in sim.sessions.values()),
-        timeline=tuple(sim.timeline))
+        timeline=tuple(sim.timeline), work_floor_s=float(work_cell_s) / sim.num_cells)
 
 
 def _policy_label(policy) -> str:
     if policy.name == "split":
         return f"split({policy.num_training_cells} training)"
+    if policy.name == "elastic" and getattr(policy, "max_staleness", 0):
+        return f"elastic(staleness {policy.max_staleness})"
     return policy.name
 
 

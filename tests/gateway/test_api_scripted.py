@@ -8,9 +8,11 @@ import json
 
 import anthropic
 import openai
+import orjson
 import pytest
 
 from tests.gateway.capture import calls_of, captured
+from undertow.gateway.app import SESSIONS_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -127,6 +129,25 @@ async def test_multi_turn_extends_prompt_and_completion_ids(gateway, scripted, r
     await client.chat.completions.create(model="m", messages=rewritten, tools=OPENAI_TOOLS)
     three = assert_exact(gateway, scripted, session["session_id"])
     assert three.branch == "rewrite" and three.meta["token_truth"] is False
+
+
+async def test_token_truth_hands_the_history_from_call_to_call_exactly(gateway, scripted,
+                                                                        renderer, clients):
+    """The newest head keeps its path's IDs (list and JSON) for the next call to take over;
+    what the engine receives stays exactly the tree's prompt, call after call."""
+    session = await gateway.open_session()
+    client = clients("openai", base_url=session["base_url"], api_key=session["api_key"])
+    messages = [{"role": "user", "content": "start"}]
+    for turn in range(4):
+        script(scripted, renderer, f"step {turn}")
+        reply = await client.chat.completions.create(model="m", messages=messages)
+        got = assert_exact(gateway, scripted, session["session_id"])
+        assert got.meta["token_truth"] is (turn > 0)
+        head = gateway.app[SESSIONS_KEY].get(session["session_id"]).heads[-1]
+        path = gateway.tree().path_token_ids(head.leaf)
+        assert head.token_ids == path and orjson.loads(head.token_ids_json) == path
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"next {turn}"}]
 
 
 async def test_openai_completions(gateway, scripted, renderer, clients):

@@ -10,6 +10,8 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of
+from undertow.gateway.api.openai_chat import KnownMessages, parse_messages
+from undertow.gateway.errors import BadRequest
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -109,3 +111,18 @@ async def test_admin_sessions_close_and_trees(gateway):
     status, _, _ = await post(gateway, "/v1/chat/completions", session, {
         "model": "m", "messages": [{"role": "user", "content": "after close"}]})
     assert status == 401
+
+
+async def test_known_history_is_reused_and_new_messages_are_still_validated():
+    history = [{"role": "developer", "content": "be brief"},
+               {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    parsed = parse_messages(history)
+    known = KnownMessages(history, parsed)
+    longer = parse_messages([*history, {"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": "more"}], known)
+    assert longer[:2] == parsed and longer[0] is parsed[0]  # reused, not parsed again
+    assert longer[0] == {"role": "system", "content": "be brief"}
+    with pytest.raises(BadRequest):
+        parse_messages([*history, {"role": "robot", "content": "x"}], known)
+    edited = [{"role": "developer", "content": "be verbose"}, history[1]]
+    assert parse_messages(edited, known)[0] == {"role": "system", "content": "be verbose"}

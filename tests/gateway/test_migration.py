@@ -1,7 +1,8 @@
 """Migration through the gateway (issue 7): an engine drained with `migrate` while a session
 streams; the session continues on the other engine, the scaffold sees one uninterrupted reply,
 and the stored tree holds exactly the tokens an unmigrated run samples, each with its logprob
-and weight version. With both engines built-in, the KV moves with it (`migration.py`)."""
+and weight version. With both engines built-in, the KV moves with it (`migration.py`), and a
+resume the target refuses falls back to sending all the IDs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from tests.engines.builtin_client import generate, prompt
 from tests.engines.conftest import start_builtin_engine
 from tests.gateway.capture import calls_of, captured
 from undertow.gateway.app import POOL_KEY
-from undertow.gateway.migration import MigrationConfig
+from undertow.gateway.engines.client import PrefixDigest, SGLangClient, StagedKV
+from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.fleet import Engine
+from undertow.gateway.migration import MigrationConfig, StagedResume, resume_stream
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
@@ -88,3 +92,37 @@ async def test_drained_engines_session_continues_with_its_tree_exact(
         assert len(moved) == 1 and len(input_ids) + 5 <= moved[0] < len(input_ids) + NUM_TOKENS
     else:
         assert moved == []
+    # The resume started from the staging (no fallback to re-prefill), which is used up.
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "undertow.gateway.migration" and r.levelno >= logging.WARNING] == []
+    async with aiohttp.ClientSession() as http:
+        for url in engine_pair:
+            async with http.get(url + "/get_server_info") as reply:
+                assert (await reply.json())["num_staged_tokens"] == 0
+
+
+async def test_resume_refused_for_another_prefix_falls_back_to_the_whole_ids(engine_pair):
+    """A staging named with the digest of another prefix: the engine refuses it, the resume
+    sends all the IDs instead and continues exactly, and the gateway frees the staging."""
+    source_url, target_url = engine_pair
+    staged_ids, resumed_ids = prompt(8, 200), prompt(9, 200)
+    async with aiohttp.ClientSession() as http, SGLangClient(source_url) as source, \
+            SGLangClient(target_url) as target:
+        expected = await generate(http, target_url, input_ids=resumed_ids, return_logprob=True,
+                                  sampling_params={"max_new_tokens": 20, "temperature": 0.0})
+        await generate(http, source_url, input_ids=staged_ids,
+                       sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        staging = await target.stage_kv(
+            await source.export_kv(input_ids=staged_ids[:-1], span_ids=True))
+        digest = PrefixDigest()
+        digest.update(resumed_ids[:-1])
+        engine = Engine("e1", target_url, target)
+        request = GenerateRequest(input_ids=resumed_ids, return_logprob=True,
+                                  sampling_params=SamplingParams(max_new_tokens=20,
+                                                                 temperature=0.0))
+        pieces = [piece async for piece in resume_stream(engine, request, StagedResume(
+            engine, StagedKV(staging.handle, staging.num_tokens, digest.hexdigest())))]
+        async with http.get(target_url + "/get_server_info") as reply:
+            num_staged = (await reply.json())["num_staged_tokens"]
+    assert [t for p in pieces for t in p.output_ids] == expected["output_ids"]
+    assert num_staged == 0

@@ -329,6 +329,20 @@ async def test_engines_added_and_removed_at_run_time(engines, tiny_model_dir):
             await pool.add_engine(one.url.rsplit(":", 1)[0] + ":1")
 
 
+async def test_weights_pushed_with_no_live_engine_go_to_engines_added_later(engines,
+                                                                             other_model_dir):
+    async with running_pool([]) as pool:
+        result = await pool.update_weights(str(other_model_dir), 3)
+        assert result["failed"] == {} and result["updated"] == []
+        assert result["pool_weights"] == {"model_path": str(other_model_dir),
+                                          "weight_version": "3"}
+        (engine,) = engines(1)  # started from the original weights, version 0
+        added = await pool.add_engine(engine.url)
+        assert added.weight_version == "3"
+        chunks = await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r"))
+        assert versions_of(chunks) == [3, 3]
+
+
 async def test_consumer_leaving_mid_stream_aborts_on_the_engine(engines):
     (engine,) = engines(1)
     async with running_pool([engine.url]) as pool:
@@ -351,6 +365,7 @@ async def test_failed_weight_update_drains_the_engine(engines, tmp_path):
         result = await pool.update_weights(str(tmp_path / "missing"), 5)
         (engine_id,) = result["failed"]
         assert result["updated"] == [] and pool.fleet.weights is None
+        assert result["pool_weights"] is None
         assert pool.engine(engine_id).state is EngineState.DRAINING
         assert (await pool.add_engine(engine.url)).state is EngineState.HEALTHY
         chunks = await collect(pool.generate("s1", PROMPT, {**GREEDY, "max_new_tokens": 2}, "r"))

@@ -15,17 +15,19 @@ import openai
 import pytest
 
 from tests.gateway.conftest import ADMIN_TOKEN
+from undertow.gateway.store import TreeStore
 from undertow.gateway.trees_cli import show, stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LISTENING = "undertow gateway listening on "
 
 
-async def start_gateway_process(engine_url: str, model_dir, store_dir):
+async def start_gateway_process(engine_url: str, model_dir, store_dir, store_sync="flush"):
     env = dict(os.environ, UNDERTOW_ADMIN_TOKEN=ADMIN_TOKEN)
     process = subprocess.Popen(
         [sys.executable, "-m", "undertow.cli", "gateway", "serve", "--engine", engine_url,
-         "--model", str(model_dir), "--store", str(store_dir), "--port", "0"],
+         "--model", str(model_dir), "--store", str(store_dir), "--port", "0",
+         "--store-sync", store_sync],
         stdout=subprocess.PIPE, text=True, env=env)
     line = await asyncio.to_thread(process.stdout.readline)
     if not line.startswith(LISTENING):
@@ -49,12 +51,13 @@ async def admin(http, method: str, url: str, **kwargs):
         return await reply.json()
 
 
+@pytest.mark.parametrize("store_sync", ["flush", "fsync"])
 async def test_sigkill_and_restart_keeps_every_delivered_call(scripted, tiny_model_dir,
-                                                              tmp_path):
+                                                              tmp_path, store_sync):
     import aiohttp
 
     store = tmp_path / "store"
-    process, url = await start_gateway_process(scripted.url, tiny_model_dir, store)
+    process, url = await start_gateway_process(scripted.url, tiny_model_dir, store, store_sync)
     async with aiohttp.ClientSession() as http:
         try:
             session = await admin(http, "POST", f"{url}/admin/sessions", json={"group": "task1"})
@@ -103,3 +106,27 @@ async def test_store_grows_with_unique_tokens(gateway, scripted):
     contexts = [len(tree.path_token_ids(call.leaf)) for call in tree.calls]
     assert sum(stored) == tree.num_unique_tokens
     assert stored[-1] * 4 < contexts[-1]  # a late call stores only its new tokens
+
+
+async def test_flush_mode_hands_the_line_to_the_os_before_submit_returns(tmp_path):
+    store = TreeStore(tmp_path, sync="flush", fsync_interval_s=60.0)
+    await store.start()
+    try:
+        done = store.submit("g1", {"kind": "session_close", "session_id": "s", "reward": 1.0})
+        # no await in between: another process reading the file sees the line already
+        assert done.done()
+        assert json.loads((tmp_path / "g1.jsonl").read_bytes())["reward"] == 1.0
+    finally:
+        await store.close()
+    assert json.loads((tmp_path / "g1.jsonl").read_bytes())["session_id"] == "s"
+
+
+async def test_fsync_mode_resolves_once_the_line_is_written(tmp_path):
+    store = TreeStore(tmp_path, sync="fsync")
+    await store.start()
+    try:
+        done = store.submit("g1", {"kind": "session_close", "session_id": "s", "reward": 0.5})
+        await done
+        assert json.loads((tmp_path / "g1.jsonl").read_bytes())["reward"] == 0.5
+    finally:
+        await store.close()

@@ -1,9 +1,19 @@
 """Rendering and token truth on the tiny model's real tokenizer and chat template."""
 
+import orjson
 import pytest
 
 from undertow.gateway.render import Detokenizer, Renderer
-from undertow.gateway.tokentruth import RETRY, REWRITE, SUBAGENT, Head, build_prompt
+from undertow.gateway.sessions import Session
+from undertow.gateway.tokentruth import (
+    RETRY,
+    REWRITE,
+    SUBAGENT,
+    Head,
+    build_prompt,
+    extend_json,
+    message_key,
+)
 from undertow.gateway.tree import Tree
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -119,3 +129,44 @@ def test_detokenizer_streams_the_same_text_as_a_full_decode(renderer):
     pieces.append(detokenizer.flush())
     assert "".join(pieces) == renderer.decode(token_ids) == text
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+def record_like_runner(renderer, tree, heads, messages, completion_text, sessions_head):
+    """`record`, keeping the head's messages and IDs' JSON as `CallRunner` does."""
+    prompt = build_prompt(renderer, messages, None, heads, tree.path_token_ids)
+    completion = renderer.encode(completion_text) + [renderer.tokenizer.token_to_id("<|im_end|>")]
+    tree.add_call(f"c{len(tree.calls)}", "s", prompt.token_ids, completion,
+                  [-0.5] * len(completion), [0] * len(completion), branch=prompt.branch)
+    sessions_head(Head(f"c{len(tree.calls) - 1}", prompt.message_keys, prompt.tools_key,
+                       {"role": "assistant", "content": completion_text}, tree.calls[-1].leaf,
+                       len(prompt.token_ids), renderer.closing_text(completion),
+                       prompt.messages, extend_json(prompt.token_ids_json, completion)))
+    return prompt
+
+
+def test_unchanged_history_takes_the_fast_path_with_the_same_keys_and_json(renderer):
+    tree, session = Tree("g"), Session("s", "g", "k", 0.0)
+
+    def add(head):
+        session.add_head(head, 4)
+
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "one"}]
+    prompts = [record_like_runner(renderer, tree, session.heads, messages, "first", add)]
+    for turn, reply in enumerate(("second", "third")):
+        messages = [*messages, {"role": "assistant", "content": ["first", "second"][turn]},
+                    {"role": "user", "content": f"more {turn}"}]
+        prompts.append(record_like_runner(renderer, tree, session.heads, messages, reply, add))
+    # the same conversation re-sent with re-serialised (canonically equal) history
+    resent = [dict(message, content=f" {message['content']} ") for message in messages]
+    resent += [{"role": "assistant", "content": "third"}, {"role": "user", "content": "end"}]
+    prompts.append(build_prompt(renderer, resent, None, session.heads, tree.path_token_ids))
+    for prompt in prompts:
+        assert orjson.loads(prompt.token_ids_json) == prompt.token_ids
+    assert all(prompt.token_truth and prompt.branch is None for prompt in prompts[1:])
+    assert prompts[2].messages[:2] == messages[:2]
+    assert prompts[2].messages[0] is prompts[0].messages[0]  # one copy of the history
+    assert prompts[-1].message_keys == tuple(message_key(m) for m in resent)
+    assert [head.token_ids_json is not None for head in session.heads] == [False, False, True]
+    retried = build_prompt(renderer, messages[:2], None, session.heads, tree.path_token_ids)
+    assert retried.branch == RETRY
+    assert orjson.loads(retried.token_ids_json) == retried.token_ids

@@ -128,6 +128,63 @@ def test_elastic_weighs_each_cells_own_capacity():
     assert make_policy("elastic").decide(PoolState(cells, (batch(finished=15),))) == []
 
 
+def test_elastic_refuses_a_negative_staleness():
+    with pytest.raises(PolicyConfigError, match="max_staleness=-1"):
+        make_policy({"name": "elastic", "max_staleness": -1})
+
+
+# ---- elastic, asynchronous (max_staleness 1)
+
+def async_elastic():
+    return make_policy({"name": "elastic", "max_staleness": 1})
+
+
+def test_async_elastic_dispatches_up_to_its_staleness_one_step_per_round():
+    policy = async_elastic()
+    assert policy.decide(PoolState(rollout_cells(0, 0, 0, 0), num_steps=4)) == [DispatchBatch(0)]
+    state = PoolState(rollout_cells(8, 8, 8, 8), (batch(finished=0),), num_steps=4)
+    assert policy.decide(state) == [DispatchBatch(1)]
+    both = PoolState(rollout_cells(8, 8, 8, 8), (batch(finished=0), batch(0, step=1)), 0, 4)
+    assert policy.decide(both) == []
+
+
+def test_async_elastic_counts_the_next_steps_queued_sessions_in_the_waterlevel():
+    # Step 0 is down to 4 outstanding, but step 1's 32 wait for slots: w = 36 > 32 - 8.
+    running = (batch(finished=28), batch(finished=0, step=1))
+    state = PoolState(rollout_cells(8, 8, 8, 8), running, num_steps=4)
+    assert async_elastic().decide(state) == []
+    # Once step 1 is half done, w = 4 + 16 = 20 <= 24: the emptiest cell moves for step 0.
+    running = (batch(finished=28), batch(finished=16, step=1))
+    state = PoolState(rollout_cells(8, 7, 3, 2), running, num_steps=4)
+    assert async_elastic().decide(state) == [MoveToTraining(3), StartTraining(0)]
+
+
+def test_async_elastic_keeps_the_cells_the_next_step_does_not_need():
+    cells = (*rollout_cells(8, 8), *(Cell(i, Role.TRAINING, 8) for i in (2, 3, 4)))
+    # Step 0 published; step 1, the last, has 20 outstanding on 16 rollout slots.
+    state = PoolState(cells, (batch(finished=12, step=1),), weight_version=1, num_steps=2)
+    assert async_elastic().decide(state) == [MoveToRollout(2), StartTraining(1)]
+    # With 12 outstanding nobody waits for a slot: every training cell trains step 1 at once.
+    state = PoolState(cells, (batch(finished=20, step=1),), weight_version=1, num_steps=2)
+    assert async_elastic().decide(state) == [StartTraining(1)]
+
+
+def test_async_elastic_returns_every_cell_when_a_new_step_fills_the_slots():
+    cells = (*rollout_cells(4, 4), *(Cell(i, Role.TRAINING, 8) for i in (2, 3)))
+    # Step 0 published: step 2 (32 sessions) is dispatched first, then the cells go back.
+    state = PoolState(cells, (batch(finished=24, step=1),), weight_version=1, num_steps=4)
+    assert async_elastic().decide(state) == [DispatchBatch(2)]
+    both = (batch(finished=24, step=1), batch(finished=0, step=2))
+    state = PoolState(cells, both, weight_version=1, num_steps=4)
+    assert async_elastic().decide(state) == [MoveToRollout(2), MoveToRollout(3)]
+
+
+def test_async_elastic_returns_every_cell_when_nothing_is_left_to_train():
+    cells = (*rollout_cells(0), Cell(1, Role.TRAINING, 8))
+    assert async_elastic().decide(PoolState(cells, (), weight_version=3, num_steps=3)) \
+        == [MoveToRollout(1)]
+
+
 # ---- colocate and split
 
 def test_colocate_trains_only_after_the_slowest_session():
@@ -143,7 +200,16 @@ def test_split_sets_up_its_ratio_then_keeps_it():
     start = policy.decide(PoolState(rollout_cells(0, 0, 0, 0), num_steps=4))
     assert start == [MoveToTraining(3), MoveToTraining(2), DispatchBatch(0), StartTraining(0)]
     cells = (*rollout_cells(4, 4), Cell(2, Role.TRAINING, 8), Cell(3, Role.TRAINING, 8))
-    assert policy.decide(PoolState(cells, (batch(finished=3, started=True),), num_steps=4)) == []
+    running = (batch(finished=3, started=True), batch(finished=0, step=1))
+    assert policy.decide(PoolState(cells, running, num_steps=4)) == []
+
+
+def test_split_dispatches_the_next_step_while_the_tail_runs():
+    policy = make_policy({"name": "split", "num_training_cells": 1, "max_staleness": 1})
+    cells = (*rollout_cells(8, 8), Cell(2, Role.TRAINING, 8))
+    # Step 0 has 16 sessions still running on weights 0; step 1 may already queue behind them.
+    assert policy.decide(PoolState(cells, (batch(finished=16, started=True),), 0, 4)) \
+        == [DispatchBatch(1)]
 
 
 def test_split_respects_its_staleness_bound():

@@ -124,7 +124,7 @@ class TraceRecord:
     placements: dict = field(default_factory=dict)
 
 
-def run_trace(policy_model, coordinator, members, packed, config,
+def run_trace(policy_model, coordinator, members, chunks, config,
               while_both_train=lambda: None) -> TraceRecord:
     """The trace of `test_pool_local.py`, recorded instead of asserted; calls
     `while_both_train` while cells 1 and 2 are both in the step."""
@@ -143,13 +143,18 @@ def run_trace(policy_model, coordinator, members, packed, config,
     decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=0),))
     pool.update_sessions({2: 0})
     decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=2),))
-    coordinator.open_step(0, packed, config, num_released=0)
+    coordinator.open_step(0, config)
     _until(lambda: coordinator.num_claimed() >= 1, "cell 2 holds the first ticket")
+    coordinator.append(chunks[0])    # the first group is complete; the second runs on
+    num_first = len(chunks[0].micro_batches)
+    _until(lambda: coordinator.num_claimed() >= num_first + 1, "cell 2 trained group 1")
     pool.update_sessions({0: 1, 1: 1})
     decide_and_carry_out((BatchProgress(0, 6, 6, num_finished=4, training_started=True),))
-    _until(lambda: coordinator.num_claimed() >= 2, "cell 1 joined and holds a ticket")
+    _until(lambda: coordinator.num_claimed() >= num_first + 2,
+           "cell 1 joined and holds a ticket")
     record.roster = coordinator.members()
     while_both_train()
+    coordinator.append(chunks[1])
     result = coordinator.finish_step()
     record.gradients, record.loss = _gradients(policy_model), result.stats["loss"]
     record.claims = {name: len(claimed) for name, claimed in result.claims.items()}
@@ -161,13 +166,15 @@ def run_trace(policy_model, coordinator, members, packed, config,
 
 @pytest.fixture
 def step(tiny_model_dir, random_trees):
-    """The policy, the packed step and its single-process gradient and loss."""
+    """The policy, the step's groups each packed alone (as they stream in), and the
+    single-process gradient and loss of the whole step."""
     policy_model = PolicyModel.load(tiny_model_dir, dtype=torch.float32)
     config = LossConfig()
     packed = pack_step(random_trees, _advantages(random_trees), 40)
     policy_model.model.zero_grad(set_to_none=True)
     stats = backward_step(policy_model, packed, config)
-    return policy_model, packed, config, _gradients(policy_model), stats["loss"]
+    chunks = [pack_step([tree], _advantages([tree]), 40) for tree in random_trees]
+    return policy_model, chunks, config, _gradients(policy_model), stats["loss"]
 
 
 def _run(backend, step, tiny_model_dir, work_dir):
@@ -175,7 +182,7 @@ def _run(backend, step, tiny_model_dir, work_dir):
 
     from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
 
-    policy_model, packed, config, _expected, _loss = step
+    policy_model, chunks, config, _expected, _loss = step
     coordinator = Coordinator(policy_model, work_dir, timeout_s=TIMEOUT_S)
     placements = {}
     if backend == "ray":
@@ -191,7 +198,7 @@ def _run(backend, step, tiny_model_dir, work_dir):
         members = ThreadMembers(coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
         while_both_train = lambda: None  # noqa: E731
     try:
-        record = run_trace(policy_model, coordinator, members, packed, config, while_both_train)
+        record = run_trace(policy_model, coordinator, members, chunks, config, while_both_train)
     finally:
         members.close()
         coordinator.close()
@@ -205,7 +212,7 @@ def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
 
     from undertow.learner.pool.ray_backend import cell_resource
 
-    _policy, packed, _config, expected, expected_loss = step
+    _policy, chunks, _config, expected, expected_loss = step
     local = _run("local", step, tiny_model_dir, tmp_path / "local")
     on_ray = _run("ray", step, tiny_model_dir, tmp_path / "ray")
 
@@ -218,7 +225,7 @@ def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
     assert on_ray.roster == local.roster == [member_name(2), member_name(1)]
     assert on_ray.dispatched == local.dispatched == [1]
     assert all(on_ray.claims[member_name(i)] >= 1 for i in (1, 2))
-    assert sum(on_ray.claims.values()) == len(packed.micro_batches)
+    assert sum(on_ray.claims.values()) == sum(len(c.micro_batches) for c in chunks)
     _assert_gradients_close(on_ray.gradients, local.gradients)
     _assert_gradients_close(on_ray.gradients, expected)
     assert on_ray.loss == pytest.approx(local.loss, rel=1e-5)

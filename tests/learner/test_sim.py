@@ -37,8 +37,9 @@ def small_workload(time_limit_s=600.0, **engine):
     })
 
 
+ASYNC_ELASTIC = {"name": "elastic", "max_staleness": 1}
 POLICIES = ["colocate", {"name": "split", "num_training_cells": 1},
-            {"name": "split", "num_training_cells": 2}, "elastic"]
+            {"name": "split", "num_training_cells": 2}, "elastic", ASYNC_ELASTIC]
 
 
 def run(policy, workload=None, num_cells=4, num_steps=3, seed=0):
@@ -92,6 +93,24 @@ def test_staleness_follows_the_policy():
         == [0, 1, 1]
     synchronous = {"name": "split", "num_training_cells": 1, "max_staleness": 0}
     assert run(synchronous)[1].mean_staleness == 0
+    assert [s.staleness for s in run(ASYNC_ELASTIC)[1].steps] == [0, 1, 1]
+
+
+def test_async_elastic_starts_the_next_step_before_the_current_one_is_published():
+    sim, result = run(ASYNC_ELASTIC)
+    steps = result.steps
+    assert all(steps[k + 1].dispatched_s < steps[k].published_s for k in range(2))
+    # Step 2 waits for step 0's weights (staleness 1), never for step 1's.
+    assert steps[2].dispatched_s == pytest.approx(steps[0].published_s)
+    started = {step: min(s.started_s for s in sim.sessions.values() if s.plan.step == step)
+               for step in (1, 2)}
+    assert started[1] < steps[0].rollout_done_s and started[2] < steps[1].rollout_done_s
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_no_run_beats_its_work_floor(policy):
+    _, result = run(policy)
+    assert 0 < result.work_floor_per_step_s <= result.time_per_step_s
 
 
 def test_elastic_moves_cells_while_the_tail_runs_and_returns_them():
@@ -192,7 +211,8 @@ def test_undertow_simulate_prints_a_table_and_writes_a_png(name, tmp_path, capsy
                  "--steps", "1", "--seed", "1", "--plot", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
-    assert "| time/step (s) |" in printed and f"| {name} | elastic | 8 | 1 |" in printed
+    assert "| time/step (s) |" in printed
+    assert f"| {name} | elastic(staleness 1) | 8 | 1 |" in printed
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -208,14 +208,18 @@ class Qwen3:
             torch.arange(0, half, dtype=torch.float64) / half))
         self.cos = self.sin = torch.empty(0, config.head_dim)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin, each (n, 1, head_dim), for rotate-half RoPE."""
-        needed = int(positions.max()) + 1
-        if needed > self.cos.shape[0]:
-            count = -(-needed // 1024) * 1024
+    def reserve_positions(self, num_positions: int) -> None:
+        """Have the rotary tables cover positions 0..num_positions-1 (grown in 1024s), so
+        that no step has to extend them (a KV import calls it before its request runs)."""
+        if num_positions > self.cos.shape[0]:
+            count = -(-num_positions // 1024) * 1024
             freqs = torch.outer(torch.arange(count, dtype=torch.float64), self.inv_freq)
             self.cos = torch.cat([freqs.cos(), freqs.cos()], -1).float()
             self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).float()
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin, each (n, 1, head_dim), for rotate-half RoPE."""
+        self.reserve_positions(int(positions.max()) + 1)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor, cos, sin):

@@ -93,6 +93,27 @@ def _sse(payload) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
+async def stream_reply(engine, http: web.Request, request: Request) -> web.StreamResponse:
+    """Run `request` and stream its `/generate` reply as SSE (see `server.py`)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    await response.prepare(http)
+    incremental = engine.config.incremental_streaming_output
+    sent_tokens, sent_text = 0, ""
+    async with contextlib.aclosing(engine.updates(request)) as updates:
+        async for num_tokens, finished in updates:
+            reply = sglang_reply(engine, request, num_tokens, finished,
+                                 start=sent_tokens if incremental else 0)
+            if incremental:
+                full_text = reply["text"]
+                reply["text"] = full_text[len(sent_text):]
+                sent_tokens, sent_text = num_tokens, full_text
+            await response.write(_sse(reply))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
 class NativeApi:
     """Handlers of SGLang's native routes."""
 
@@ -111,27 +132,7 @@ class NativeApi:
             return web.json_response(replies if batch else replies[0])
         if batch:
             raise BadRequest("streaming a batch is not supported; send one request per prompt")
-        return await self._stream(http, requests[0])
-
-    async def _stream(self, http: web.Request, request: Request) -> web.StreamResponse:
-        engine = self.engine
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
-        await response.prepare(http)
-        incremental = engine.config.incremental_streaming_output
-        sent_tokens, sent_text = 0, ""
-        async with contextlib.aclosing(engine.updates(request)) as updates:
-            async for num_tokens, finished in updates:
-                reply = sglang_reply(engine, request, num_tokens, finished,
-                                     start=sent_tokens if incremental else 0)
-                if incremental:
-                    full_text = reply["text"]
-                    reply["text"] = full_text[len(sent_text):]
-                    sent_tokens, sent_text = num_tokens, full_text
-                await response.write(_sse(reply))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        return await stream_reply(engine, http, requests[0])
 
     async def abort_request(self, http: web.Request) -> web.Response:
         body = await read_json(http, default={})

@@ -30,7 +30,8 @@ class Request:
 
     Invariants: `output_ids`, `output_logprobs` (and `output_top_logprobs` when asked) grow
     together by one entry per sampled token; `finish_reason` is set once, last; `kv_length` is
-    how many positions of input_ids + output_ids have KV in the request's slot.
+    how many positions of input_ids + output_ids have KV in the request's slot;
+    `staged_handle` names the staged KV import it claimed (`staging.py`) until admitted.
     """
 
     rid: str
@@ -54,10 +55,16 @@ class Request:
     match: object = None
     epoch: int = -1
     weight_version: str | None = None
+    staged_handle: str | None = None
 
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0
+
+    @property
+    def last_id(self) -> int:
+        """The token at position `kv_length` while running: the next one a decode step reads."""
+        return self.output_ids[-1] if self.output_ids else self.input_ids[-1]
 
     @property
     def all_ids(self) -> list[int]:

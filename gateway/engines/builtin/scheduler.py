@@ -7,9 +7,12 @@ updates included, happens between two model steps; then admit waiting requests w
 prefill the rest alone, sample the first token); then run one decode step for all running
 requests together; finished requests leave the batch at once (their KV goes into the prefix
 cache, their slot is refilled by compaction) and the next waiting request joins on the next
-iteration. Outputs are handed to `publish` once per iteration, as (request, number of output
-tokens, finished) snapshots; `publish` must be thread-safe (the server posts them to its event
-loop), so the torch work never runs on the event loop.
+iteration. A request that continues a staged KV import (`staging.py`, a migration's) starts in
+that import's slot instead of copying from the cache, and when only its last token is not
+staged it skips the prefill and joins the decode step as if it had been running all along.
+Outputs are handed to `publish` once per iteration, as (request, number of output tokens,
+finished) snapshots; `publish` must be thread-safe (the server posts them to its event loop),
+so the torch work never runs on the event loop.
 """
 
 import concurrent.futures
@@ -24,6 +27,7 @@ from undertow.gateway.engines.builtin.model import Qwen3, SlotKV, Weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
 from undertow.gateway.engines.builtin.sampling import sample
+from undertow.gateway.engines.builtin.staging import StagedSlots
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +35,12 @@ Update = tuple[Request, int, bool]
 
 
 class Scheduler:
-    """Owns the running batch, the waiting queue, the KV slots and the prefix cache.
+    """Owns the running batch, the waiting queue, the KV slots, the staged KV imports and
+    the prefix cache.
 
-    Invariants: `running[i]` occupies KV slot i; only the worker thread touches the model,
-    the slots and the cache; other threads call `add`, `call` and read the counters.
+    Invariants: `running[i]` occupies KV slot i, `staged.entries[j]` slot len(running) + j;
+    only the worker thread touches the model, the slots and the cache; other threads call
+    `add`, `call`, `staged.claim` and read the counters.
     """
 
     def __init__(self, model: Qwen3, cache: RadixCache, decode: Callable[[list[int]], str],
@@ -49,6 +55,7 @@ class Scheduler:
         self.weight_version = weight_version
         self.context_length = model.config.max_position_embeddings
         self.kv = SlotKV(model.config)
+        self.staged = StagedSlots(self.kv)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.paused = False
@@ -111,6 +118,7 @@ class Scheduler:
                     future.set_result(command())
                 except Exception as error:  # the caller gets it through the future
                     future.set_exception(error)
+            self.staged.expire(len(self.running))
             if not self.paused:
                 self._admit()
                 if self.running:
@@ -141,32 +149,57 @@ class Scheduler:
     def _prefill(self, request: Request) -> None:
         ids = request.all_ids
         fresh = not request.output_ids
-        max_match = len(ids) - 1
-        if fresh and request.wants_input_logprobs:
-            max_match = min(max_match, max(request.logprob_start_len - 1, 0))
-        match = self.cache.match(ids, max_match)
-        self.cache.lock(match)
-        request.match, request.epoch = match, self.epoch
-        if fresh:
-            request.cached_tokens = match.length
         slot = len(self.running)
+        request.epoch = self.epoch
+        start = self._take_staged(request, slot)
+        staged = start is not None
+        if start is None:
+            start = self._reuse_cached(request, ids, slot)
         self.kv.reserve(slot + 1, len(ids) + 1)
-        for position, kv in self.cache.spans(match):  # node by node: no concatenated copy
-            self.kv.write(slot, position, kv)
-        first = 0
-        if fresh and request.wants_input_logprobs:
-            first = max(request.logprob_start_len, 1) - 1 - match.length
-        logits = self.model.prefill(self.kv, slot, ids[match.length:], match.length,
-                                    slice(first if fresh and request.wants_input_logprobs
-                                          else -1, None))
-        request.kv_length = len(ids)
+        request.kv_length = start
         self.running.append(request)
+        if staged and start == len(ids) - 1 and request.params.max_new_tokens:
+            return  # all but its last token staged: it joins the next decode step, no prefill
+        first = -1
+        if fresh and request.wants_input_logprobs:
+            first = max(request.logprob_start_len, 1) - 1 - start
+        logits = self.model.prefill(self.kv, slot, ids[start:], start, slice(first, None))
+        request.kv_length = len(ids)
         if fresh and request.wants_input_logprobs:
             self._record_input_logprobs(request, logits[:-1])
         if fresh and request.params.max_new_tokens == 0:
             self._retire(request, {"type": "length", "length": 0})
             return
         self._sample([request], logits[-1:])
+
+    def _take_staged(self, request: Request, slot: int) -> int | None:
+        """For a request that claimed a staged import: move it into `slot` and return how
+        many positions it holds; None otherwise (or when a weight update dropped it)."""
+        handle, request.staged_handle = request.staged_handle, None
+        entry = None if handle is None else self.staged.take(handle, slot)
+        if entry is None:
+            return None
+        if not request.output_ids:
+            request.cached_tokens = entry.num_tokens
+        return entry.num_tokens
+
+    def _reuse_cached(self, request: Request, ids: list[int], slot: int) -> int:
+        """Copy the longest cached prefix of `ids` into `slot` (locked while the request
+        runs); return its length."""
+        fresh = not request.output_ids
+        max_match = len(ids) - 1
+        if fresh and request.wants_input_logprobs:
+            max_match = min(max_match, max(request.logprob_start_len - 1, 0))
+        match = self.cache.match(ids, max_match)
+        self.cache.lock(match)
+        request.match = match
+        if fresh:
+            request.cached_tokens = match.length
+        self.staged.vacate(slot)
+        self.kv.reserve(slot + 1, len(ids) + 1)
+        for position, kv in self.cache.spans(match):  # node by node: no concatenated copy
+            self.kv.write(slot, position, kv)
+        return match.length
 
     def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
         start = request.logprob_start_len
@@ -184,7 +217,7 @@ class Scheduler:
         rows = self.running
         positions = [r.kv_length for r in rows]
         self.kv.reserve(len(rows), max(positions) + 1)
-        logits = self.model.decode(self.kv, [r.output_ids[-1] for r in rows], positions)
+        logits = self.model.decode(self.kv, [r.last_id for r in rows], positions)
         for r in rows:
             r.kv_length += 1
         self.num_steps += 1
@@ -228,11 +261,14 @@ class Scheduler:
             return {"type": "length", "length": len(r.output_ids)}
         return None
 
-    def _retire(self, request: Request, reason: dict | None) -> None:
-        """Finish `request` (or, with reason None, send it back to waiting: retract)."""
+    def _retire(self, request: Request, reason: dict | None, cache_kv: bool = True,
+                release: bool = True) -> None:
+        """Finish `request` (or, with reason None, send it back to waiting: retract); its KV
+        goes into the prefix cache unless not `cache_kv`; the slots' memory is freed when
+        nothing is left in them, unless not `release` (then `release_idle` does it)."""
         if request in self.running:
             slot = self.running.index(request)
-            if request.epoch == self.epoch:
+            if cache_kv and request.epoch == self.epoch:
                 self.cache.insert(request.all_ids[:request.kv_length],
                                   lambda start, end: self.kv.read(slot, start, end))
             last = len(self.running) - 1
@@ -240,8 +276,12 @@ class Scheduler:
                 self.kv.move(last, slot, self.running[last].kv_length)
                 self.running[slot] = self.running[last]
             self.running.pop()
-            if not self.running:
-                self.kv.release()
+            self.staged.fill_hole(len(self.running))
+            if release:
+                self.release_idle()
+        if request.staged_handle is not None:  # it claimed a staged import, never admitted
+            self.staged.unclaim(request.staged_handle)
+            request.staged_handle = None
         if request.match is not None:
             self.cache.unlock(request.match)
             request.match = None
@@ -266,6 +306,19 @@ class Scheduler:
             self._retire(request, _abort(message))
         return len(victims)
 
+    def stop_migrated(self, request: Request) -> None:
+        """Abort `request`, whose KV has moved to another engine: it is not cached here, and
+        the slots' memory is not freed now (freeing a long context's takes milliseconds)
+        but by a later `release_idle`, once the request's last KV and its stream's end have
+        been sent."""
+        self._retire(request, _abort("Abort: migrated to another engine (Undertow KV "
+                                     "transfer)"), cache_kv=False, release=False)
+
+    def release_idle(self) -> None:
+        """Free the slots' memory when no request runs and no staged import waits."""
+        if not self.running and not self.staged.entries:
+            self.kv.release()
+
     def pause(self, mode: str) -> int:
         """SGLang's pause modes: abort all, retract all to waiting, or keep all in place."""
         self.paused = True
@@ -287,6 +340,8 @@ class Scheduler:
         self.model.weights = weights
         self.epoch += 1
         self.cache.flush()
+        self.staged.drop_all()
+        self.release_idle()
         if weight_version is not None:
             self.weight_version = weight_version
 

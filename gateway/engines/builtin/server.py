@@ -156,6 +156,7 @@ class Engine:
             "num_waiting_reqs": self.scheduler.num_waiting,
             "num_used_tokens": sum(r.kv_length for r in running),
             "num_cached_tokens": self.cache.num_tokens,
+            "num_staged_tokens": sum(e.num_tokens for e in list(self.scheduler.staged.entries)),
             "cache_bytes_used": self.cache.num_bytes,
             "paused": self.scheduler.paused,
             "num_decode_steps": self.scheduler.num_steps,

@@ -36,10 +36,11 @@ counted over the whole step (`losses.term_weights`), which is not known until th
 step's last group has finished (DAPO's token mean divides by the step's trainable
 tokens, the others by its sessions). Every loss here factors into a part that only
 needs the term's own group (e.g. 1/|T_s| of GRPO, all known once the group is
-complete) and one count over the step that is a sum over groups (`STEP_COUNTS`: the
-terms, or the sessions with a term). Members weight each term by the first part times
-its chunk's count (`chunk_weights`, an unnormalised sum), and the coordinator divides
-the summed gradient by the step's count. So the step's gradient is the sum of the
+complete) and one count over the step that is a sum over groups
+(`losses.STEP_COUNTS`: the terms, or the sessions with a term). Members weight each
+term by the first part times its chunk's count (`losses.chunk_weights`, an
+unnormalised sum), and the coordinator divides the summed gradient by the step's
+count. So the step's gradient is the sum of the
 micro-batches' gradients, whoever computed them and whenever their groups arrived;
 only the order of the float additions differs from one process accumulating them all.
 
@@ -62,7 +63,6 @@ import datetime
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,9 @@ import torch
 import torch.distributed as dist
 
 from undertow.learner.errors import EmptyStepError, LearnerError
-from undertow.learner.losses import LossConfig, micro_batch_loss, term_weights
+from undertow.learner.losses import LossConfig, chunk_weights, step_count
 from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_micro_batch
 from undertow.learner.packing import PackedStep
 
 HOST = "127.0.0.1"
@@ -83,58 +84,6 @@ END = "end"
 
 class MembershipError(LearnerError):
     """A member failed, or the step did not finish within its timeout."""
-
-
-def _num_terms(term_session: torch.Tensor) -> int:
-    return int(term_session.numel())
-
-
-def _num_sessions(term_session: torch.Tensor) -> int:
-    return int(torch.unique(term_session).numel())
-
-
-# Per loss name: the count over the whole step that its normaliser divides by, as a
-# function of a chunk's term sessions; summing it over disjoint chunks of whole groups
-# gives the step's count (see the module docstring).
-STEP_COUNTS: dict[str, Callable[[torch.Tensor], int]] = {
-    "token_mean": _num_terms, "grpo": _num_sessions, "dr_grpo": _num_sessions,
-    "gyre": _num_sessions}
-
-
-def step_count(config: LossConfig, chunk: PackedStep) -> int:
-    """This chunk's share of the count that the step's normaliser divides by."""
-    if config.name not in STEP_COUNTS:
-        raise MembershipError(f"loss {config.name!r} has no streaming normaliser; add its "
-                              "step-wide count to elastic.STEP_COUNTS")
-    return STEP_COUNTS[config.name](chunk.term_session)
-
-
-def chunk_weights(config: LossConfig, chunk: PackedStep) -> torch.Tensor:
-    """(N,) float64 unnormalised weight of each term of `chunk` (whole groups): its
-    weight in a step made of this chunk alone, times the chunk's `step_count`. Divided
-    by the step's total count it is the term's weight in the whole step."""
-    return term_weights(config, chunk.term_session, chunk.term_path) * step_count(config, chunk)
-
-
-def backward_micro_batch(policy: PolicyModel, chunk: PackedStep, weights: torch.Tensor,
-                         index: int, config: LossConfig,
-                         reference: PolicyModel | None = None) -> dict[str, float]:
-    """Scores micro-batch `index` of `chunk`, backpropagates its loss with the terms
-    weighted by `weights` (`chunk_weights`), and returns its stats (one iteration of
-    `objective.backward_step`'s loop)."""
-    micro_batch = chunk.micro_batches[index]
-    scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
-    ref_logprobs = None
-    if config.kl_coef:
-        if reference is None:
-            raise MembershipError("LossConfig.kl_coef > 0 needs the member to be started "
-                                  "with reference_dir")
-        with torch.no_grad():
-            ref_logprobs = reference.score(micro_batch).logprobs
-    loss, stats = micro_batch_loss(config, chunk, micro_batch, weights, scores.logprobs,
-                                   scores.entropy, ref_logprobs)
-    loss.backward()
-    return stats
 
 
 @dataclass

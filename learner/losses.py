@@ -142,6 +142,38 @@ def step_weights(config: LossConfig, step: PackedStep) -> torch.Tensor:
     return term_weights(config, step.term_session, step.term_path)
 
 
+def _num_terms(term_session: torch.Tensor) -> int:
+    return int(term_session.numel())
+
+
+def _num_sessions(term_session: torch.Tensor) -> int:
+    return int(torch.unique(term_session).numel())
+
+
+# Per loss: the count over the whole step that its normaliser divides by, as a function
+# of a chunk's term sessions. Every loss's weight is a part known from the term's own
+# group times 1 / this count, and the count of a step is the sum of the counts of its
+# disjoint chunks of whole groups; so a step streamed in chunks can weight each chunk by
+# `chunk_weights` and divide the summed gradient by the step's count at the end.
+STEP_COUNTS = {"token_mean": _num_terms, "grpo": _num_sessions, "dr_grpo": _num_sessions,
+               "gyre": _num_sessions}
+
+
+def step_count(config: LossConfig, chunk: PackedStep) -> int:
+    """This chunk's share of the count that the step's normaliser divides by."""
+    if config.name not in STEP_COUNTS:
+        raise LossConfigError(f"loss {config.name!r} has no streaming normaliser; add its "
+                              "step-wide count to losses.STEP_COUNTS")
+    return STEP_COUNTS[config.name](chunk.term_session)
+
+
+def chunk_weights(config: LossConfig, chunk: PackedStep) -> torch.Tensor:
+    """(N,) float64 unnormalised weight of each term of `chunk` (whole groups): its
+    weight in a step made of this chunk alone, times the chunk's `step_count`. Divided
+    by the step's total count it is the term's weight in the whole step."""
+    return step_weights(config, chunk) * step_count(config, chunk)
+
+
 def _no_correction(logprobs, behaviour, config):
     return torch.exp(logprobs - behaviour), torch.ones_like(logprobs)
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import torch
 
+from undertow.learner.errors import LossConfigError
 from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep
@@ -27,18 +28,29 @@ def backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
     "num_clipped", ... see `losses.token_terms`)."""
     weights = step_weights(config, step)
     totals: dict[str, float] = defaultdict(float)
-    for micro_batch in step.micro_batches:
-        scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
-        ref_logprobs = None
-        if config.kl_coef:
-            if reference is None:
-                raise ValueError("LossConfig.kl_coef > 0 needs a reference model")
-            with torch.no_grad():
-                ref_logprobs = reference.score(micro_batch).logprobs
-        loss, stats = micro_batch_loss(config, step, micro_batch, weights, scores.logprobs,
-                                       scores.entropy, ref_logprobs)
-        if backward:
-            loss.backward()
+    for index in range(len(step.micro_batches)):
+        stats = backward_micro_batch(policy, step, weights, index, config, reference, backward)
         for name, value in stats.items():
             totals[name] += value
     return dict(totals)
+
+
+def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.Tensor,
+                         index: int, config: LossConfig, reference: PolicyModel | None = None,
+                         backward: bool = True) -> dict[str, float]:
+    """Scores micro-batch `index` of `step`, backpropagates its share of the loss with
+    the terms weighted by `weights` (`losses.step_weights`, or `losses.chunk_weights`
+    for a streamed step) and returns its stats."""
+    micro_batch = step.micro_batches[index]
+    scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
+    ref_logprobs = None
+    if config.kl_coef:
+        if reference is None:
+            raise LossConfigError("LossConfig.kl_coef > 0 needs a reference model")
+        with torch.no_grad():
+            ref_logprobs = reference.score(micro_batch).logprobs
+    loss, stats = micro_batch_loss(config, step, micro_batch, weights, scores.logprobs,
+                                   scores.entropy, ref_logprobs)
+    if backward:
+        loss.backward()
+    return stats

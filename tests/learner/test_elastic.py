@@ -34,15 +34,12 @@ from undertow.learner.advantages import AdvantageConfig, group_advantages
 from undertow.learner.elastic import (
     Coordinator,
     MembershipError,
-    backward_micro_batch,
-    chunk_weights,
-    step_count,
     weights_digest,
 )
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.losses import LOSSES, LossConfig, step_weights
+from undertow.learner.losses import LOSSES, LossConfig, chunk_weights, step_count, step_weights
 from undertow.learner.model import PolicyModel
-from undertow.learner.objective import backward_step
+from undertow.learner.objective import backward_micro_batch, backward_step
 from undertow.learner.packing import pack_step
 from undertow.learner.pool.local import ProcessMembers, member_name
 

@@ -126,9 +126,10 @@ def _add_simulate(commands) -> None:
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--training-cells", type=int, default=None,
                           help="split only: cells that train (default: half)")
-    simulate.add_argument("--max-staleness", type=int, default=1,
+    simulate.add_argument("--max-staleness", type=int, default=None,
                           help="split and elastic: how many steps the rollout weights may "
-                          "lag (0: synchronous)")
+                          "lag (0: synchronous; default: the policy's, as in `undertow "
+                          "train`: 1 for split, 0 for elastic)")
     simulate.add_argument("--plot", type=Path, default=None, help="write the roles timeline PNG")
     simulate.set_defaults(handler=_simulate)
 
@@ -140,7 +141,7 @@ def _simulate(args) -> int:
     spec = {"name": args.policy}
     if args.policy == "split":
         spec["num_training_cells"] = args.training_cells or max(1, args.cells // 2)
-    if args.policy in ("split", "elastic"):
+    if args.policy in ("split", "elastic") and args.max_staleness is not None:
         spec["max_staleness"] = args.max_staleness
     result = simulate(load_workload(args.workload), spec, num_cells=args.cells,
                       num_steps=args.steps, seed=args.seed)

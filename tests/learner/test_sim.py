@@ -208,12 +208,18 @@ def test_simulate_accepts_a_json_workload(tmp_path):
 def test_undertow_simulate_prints_a_table_and_writes_a_png(name, tmp_path, capsys):
     out = tmp_path / "roles.png"
     code = main(["simulate", "--workload", name, "--policy", "elastic", "--cells", "8",
-                 "--steps", "1", "--seed", "1", "--plot", str(out)])
+                 "--steps", "1", "--seed", "1", "--max-staleness", "1", "--plot", str(out)])
     printed = capsys.readouterr().out
     assert code == 0
     assert "| time/step (s) |" in printed
     assert f"| {name} | elastic(staleness 1) | 8 | 1 |" in printed
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_undertow_simulate_defaults_to_the_policy_staleness_of_undertow_train(capsys):
+    assert main(["simulate", "--workload", "short_tail", "--policy", "elastic",
+                 "--cells", "4", "--steps", "1"]) == 0
+    assert "| short_tail | elastic | 4 | 1 |" in capsys.readouterr().out
 
 
 def test_undertow_simulate_rejects_an_unknown_policy(capsys):

@@ -18,6 +18,7 @@ to resume after a restart (`resume.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -206,26 +207,18 @@ class CallRunner:
         prompt = self.prompt(session, request)
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)
         started_s = time.time()
-        queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._run_choice(session, request, prompt, index,
-                                                      max_new_tokens, queue))
-                 for index in range(request.n)]
         replay: list[Delta | Outcome] = []
         results: list[dict] = []
-        try:
-            while len(results) < request.n:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
+        items = (self._one_choice(session, request, prompt, max_new_tokens) if request.n == 1
+                 else self._choices(session, request, prompt, max_new_tokens))
+        async with contextlib.aclosing(items):
+            async for item in items:
                 if isinstance(item, dict):
                     results.append(item)
                     continue
                 replay.append(item)
                 yield item
-            outcome = await self._record(session, request, prompt, results, started_s)
-        finally:
-            for task in tasks:
-                task.cancel()
+        outcome = await self._record(session, request, prompt, results, started_s)
         replay.append(outcome)
         if request.fingerprint:
             session.remember_reply(request.fingerprint, replay)
@@ -240,21 +233,57 @@ class CallRunner:
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
                              f"[0, {vocab_size})", param="prompt")
 
+    async def _one_choice(self, session: Session, request: CallRequest, prompt: Prompt,
+                          max_new_tokens: int) -> AsyncIterator[Delta | dict]:
+        """The one choice's deltas, then its result, sampled in the caller's task (a call
+        with n = 1, nearly all of them, needs no task and queue of its own)."""
+        samples = self._sample(session, request, prompt, 0, f"call-{secrets.token_hex(8)}",
+                               max_new_tokens)
+        async with contextlib.aclosing(samples):
+            while True:
+                try:
+                    item = await anext(samples)
+                except StopAsyncIteration:
+                    return
+                except Exception as error:
+                    raise _translate_pool_error(error) from None
+                yield item
+
+    async def _choices(self, session: Session, request: CallRequest, prompt: Prompt,
+                       max_new_tokens: int) -> AsyncIterator[Delta | dict]:
+        """The deltas of `request.n` choices sampled side by side, as they come, and each
+        choice's result after its deltas."""
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._run_choice(session, request, prompt, index,
+                                                      max_new_tokens, queue))
+                 for index in range(request.n)]
+        num_results = 0
+        try:
+            while num_results < request.n:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                num_results += isinstance(item, dict)
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def _run_choice(self, session: Session, request: CallRequest, prompt: Prompt,
                           index: int, max_new_tokens: int, queue: asyncio.Queue) -> None:
         """Samples one choice; its deltas, then its result (or its error) go to `queue`."""
         try:
-            result = await self._sample(session, request, prompt, index,
-                                        f"call-{secrets.token_hex(8)}", max_new_tokens, queue)
+            async for item in self._sample(session, request, prompt, index,
+                                           f"call-{secrets.token_hex(8)}", max_new_tokens):
+                queue.put_nowait(item)
         except asyncio.CancelledError:
             raise
         except BaseException as error:
             queue.put_nowait(_translate_pool_error(error))
-        else:
-            queue.put_nowait(result)
 
     async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
-                      call_id: str, max_new_tokens: int, queue: asyncio.Queue) -> dict:
+                      call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | dict]:
+        """One choice's `Delta`s as sampled, then its result (a dict for `_record`)."""
         parser = (create_parser(self.tool_parser, parse_tools=self._parses_tools(request))
                   if request.messages is not None else None)
         detokenizer = Detokenizer(self.renderer)
@@ -262,27 +291,27 @@ class CallRunner:
         token_ids, logprobs, versions = [], [], []
         finish_reason, cached, first_token_s = None, 0, None
         params = request.sampling.to_engine(max_new_tokens, index)
-        async for chunk in self.pool.generate(session.session_id, prompt.token_ids, params,
-                                              call_id, input_ids_json=prompt.token_ids_json):
-            first_token_s = first_token_s or time.time()
-            token_ids += chunk.token_ids
-            logprobs += chunk.logprobs
-            versions += chunk.weight_versions
-            finish_reason = chunk.finish_reason or finish_reason
-            cached = max(cached, chunk.cached_tokens)
-            text = stops.push(detokenizer.push(chunk.token_ids))
-            events = (parser.feed(text) if parser else [Content(text)]) if text else []
-            queue.put_nowait(Delta(index, call_id, events, list(chunk.token_ids),
-                                  list(chunk.logprobs)))
+        chunks = self.pool.generate(session.session_id, prompt.token_ids, params, call_id,
+                                    input_ids_json=prompt.token_ids_json)
+        async with contextlib.aclosing(chunks):  # closing this closes the generation
+            async for chunk in chunks:
+                first_token_s = first_token_s or time.time()
+                token_ids += chunk.token_ids
+                logprobs += chunk.logprobs
+                versions += chunk.weight_versions
+                finish_reason = chunk.finish_reason or finish_reason
+                cached = max(cached, chunk.cached_tokens)
+                text = stops.push(detokenizer.push(chunk.token_ids))
+                events = (parser.feed(text) if parser else [Content(text)]) if text else []
+                yield Delta(index, call_id, events, list(chunk.token_ids), list(chunk.logprobs))
         text = stops.push(detokenizer.flush(), final=True)
         events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
         events += parser.finish() if parser else []
-        queue.put_nowait(Delta(index, call_id, events, [], []))
-        return {"index": index, "call_id": call_id, "token_ids": token_ids,
-                "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
-                "finish_reason": finish_reason or {"type": "stop", "matched": None},
-                "cached_tokens": cached, "first_token_s": first_token_s,
-                "sampling": params}
+        yield Delta(index, call_id, events, [], [])
+        yield {"index": index, "call_id": call_id, "token_ids": token_ids,
+               "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
+               "finish_reason": finish_reason or {"type": "stop", "matched": None},
+               "cached_tokens": cached, "first_token_s": first_token_s, "sampling": params}
 
     async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
                       results: list[dict], started_s: float) -> Outcome:

@@ -82,6 +82,7 @@ class Fleet:
         self._engines: dict[str, Engine] = {}
         self._engine_ids = (f"e{n}" for n in itertools.count())
         self._changed = asyncio.Condition()
+        self._num_waiters = 0
 
     @property
     def engines(self) -> list[Engine]:
@@ -178,15 +179,29 @@ class Fleet:
                     log.info("engine %s at %s is back", engine.engine_id, engine.url)
                     await self.set_state(engine, EngineState.HEALTHY)
 
+    @property
+    def has_waiters(self) -> bool:
+        """True while a `wait_until` or `wait_for_change` runs: a change needs `notify`
+        only then (a later waiter checks its predicate first, or waits for a later change)."""
+        return self._num_waiters > 0
+
     async def notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        async with self._changed:
-            await self._changed.wait_for(predicate)
+        self._num_waiters += 1
+        try:
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+        finally:
+            self._num_waiters -= 1
 
     async def wait_for_change(self, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(timeout_s, 0.0)), self._changed:
-                await self._changed.wait()
+        self._num_waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(timeout_s, 0.0)), self._changed:
+                    await self._changed.wait()
+        finally:
+            self._num_waiters -= 1

@@ -245,10 +245,11 @@ class EnginePool:
         """The engine's pieces for one attempt. A task reads the engine into a queue, so
         that the attempt ends (and stops counting as in flight) when the ENGINE is done,
         however slowly the consumer reads; the consumer leaving aborts the request.
-        A consumer that leaves once it has the finishing piece leaves the pump to read
-        the engine's end of stream (`[DONE]`, microseconds later) on its own: aborting
-        a finished request would cost the engine a request and the gateway its
-        keep-alive connection (a new TCP connection for the next generation)."""
+        Once the engine has sent its finishing piece the attempt has ended; a consumer
+        that leaves then leaves the pump to read the end of the stream (`[DONE]`) in
+        the background instead: aborting a finished request would cost the engine a
+        request and the gateway its keep-alive connection (a new TCP connection for the
+        next generation), and waiting for it would delay the reply."""
         queue: asyncio.Queue = asyncio.Queue()
         pump = asyncio.create_task(self._pump(attempt, input_ids, params, queue, staged,
                                               input_ids_json),
@@ -262,6 +263,7 @@ class EnginePool:
                 yield item
         finally:
             if finished and not pump.done():
+                self._end_attempt(attempt)
                 self._background.add(pump)
                 pump.add_done_callback(self._background.discard)
             elif not pump.done():
@@ -290,9 +292,15 @@ class EnginePool:
         except Exception as error:  # handed to the consumer, which decides
             queue.put_nowait(error)
         finally:
-            engine.attempts.discard(attempt)
-            self.fleet.publish_load(engine)
-            self._spawn(self.fleet.notify())
+            self._end_attempt(attempt)
+
+    def _end_attempt(self, attempt: Attempt) -> None:
+        """The attempt no longer counts as in flight on its engine (idempotent)."""
+        if attempt in attempt.engine.attempts:
+            attempt.engine.attempts.discard(attempt)
+            self.fleet.publish_load(attempt.engine)
+            if self.fleet.has_waiters:  # a pause, drain or removal waits on the change
+                self._spawn(self.fleet.notify())
 
     async def _admit(self, session_id: str, token_ids: list[int], rid: str, *,
                      admitted: bool, waits: bool) -> Attempt:

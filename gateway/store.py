@@ -83,6 +83,10 @@ class TreeStore:
         self._files: dict[str, BinaryIO] = {}
         self._queue: list[_Pending] = []  # `fsync` mode: lines not yet written
         self._unsynced: set[str] = set()  # `flush` mode: groups written since their fsync
+        # One encoder for every line (`json.dumps` with options builds one per call); no
+        # NaN or Infinity, which JSON lacks: a record holding one is refused, not written.
+        self._encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+                                         allow_nan=False)
         self._wakeup: asyncio.Event | None = None
         self._closing: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
@@ -132,8 +136,7 @@ class TreeStore:
         durable as the mode promises (at once for `flush`: the OS has it)."""
         if self._wakeup is None:
             raise RuntimeError("TreeStore.start() must run before submit()")
-        line = (json.dumps(event, ensure_ascii=False, separators=(",", ":"),
-                           allow_nan=False) + "\n").encode()
+        line = (self._encoder.encode(event) + "\n").encode()
         done = asyncio.get_running_loop().create_future()
         if self.sync == "flush":
             handle = self._file(group)

@@ -83,6 +83,15 @@ async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
                     yield line[len(b"data:"):].strip()
 
 
+def _event(data: bytes) -> dict:
+    """One SSE event's JSON: orjson (several times faster), or `json` for the NaN and
+    Infinity literals that an engine serialising with Python's `json` may send."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 class HttpTransport:
     """JSON requests and SSE streams to one engine, with errors mapped to `EngineError`s.
 
@@ -147,7 +156,7 @@ class HttpTransport:
                 async for data in _sse_data(reply.content):
                     if data == b"[DONE]":
                         return
-                    event = json.loads(data)
+                    event = _event(data)
                     if "error" in event and len(event) == 1:
                         raise EngineRejected(error_message(data.decode()), url=self.url + path)
                     yield event

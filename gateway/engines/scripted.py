@@ -49,6 +49,7 @@ class ScriptedEngine:
     scripts: list[list[int]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
     delay_s: float = 0.0
+    end_delay_s: float = 0.0  # from the finishing event to `[DONE]`
     num_requests: int = 0
     prompt_ids: list[int] = field(default_factory=list)
 
@@ -116,6 +117,8 @@ class ScriptedEngine:
             await asyncio.sleep(self.delay_s)
             await response.write(f"data: {json.dumps(reply(num, False))}\n\n".encode())
         await response.write(f"data: {json.dumps(reply(len(output_ids), True))}\n\n".encode())
+        if self.end_delay_s:
+            await asyncio.sleep(self.end_delay_s)
         await response.write(b"data: [DONE]\n\n")
         return response
 

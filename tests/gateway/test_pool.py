@@ -24,6 +24,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.gateway.scripted_engine import ScriptedEngine
 from undertow.gateway.api.engines_admin import add_engine_routes
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
 from undertow.gateway.metrics import GatewayMetrics
@@ -357,6 +358,45 @@ async def test_consumer_leaving_mid_stream_aborts_on_the_engine(engines):
             await asyncio.sleep(0.05)
         assert (await client.server_info())["num_running_reqs"] == 0
         assert pool.metrics.engine_in_flight.value(engine=pool.engines[0].engine_id) == 0
+
+
+async def test_finished_generation_is_not_aborted():
+    """The engine ends its stream (`[DONE]`) a little after its finishing piece: the
+    consumer has every chunk and nothing counts as in flight before then, and the
+    finished request is never aborted (which would also cost its connection)."""
+    engine = ScriptedEngine(default=[11, 12, 13], end_delay_s=0.05)
+    paths: list[str] = []
+    num_replies_done = 0
+
+    @web.middleware
+    async def record(request: web.Request, handler):
+        nonlocal num_replies_done
+        paths.append(request.path)
+        try:
+            return await handler(request)
+        finally:
+            num_replies_done += request.path == "/generate"
+
+    app = engine.app()
+    app.middlewares.append(record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    num_calls = 3
+    try:
+        async with running_pool([f"http://127.0.0.1:{runner.addresses[0][1]}"]) as pool:
+            for n in range(num_calls):
+                chunks = await collect(pool.generate(f"s{n}", PROMPT, {"max_new_tokens": 8},
+                                                     f"r{n}"))
+                assert tokens_of(chunks) == [11, 12, 13]
+                assert chunks[-1].finish_reason["type"] == "stop"
+                assert not pool.engines[0].attempts
+            while num_replies_done < num_calls:  # the streams' ends, read in the background
+                await asyncio.sleep(0.01)
+    finally:
+        await runner.cleanup()
+    assert paths.count("/generate") == num_calls
+    assert "/abort_request" not in paths
 
 
 async def test_failed_weight_update_drains_the_engine(engines, tmp_path):

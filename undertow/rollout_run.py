@@ -52,13 +52,9 @@ def select_tasks(command: RolloutCommand) -> list:
 def _model_dir(command: RolloutCommand) -> Path:
     if command.model_dir is not None:
         return command.model_dir
-    from undertow.learner.modeldir import init_model_dir
+    from undertow.learner.modeldir import ensure_model_dir
 
-    model_dir = command.out_dir / "model-tiny"
-    if not (model_dir / "config.json").exists():
-        print(f"building the tiny model in {model_dir} (once)", flush=True)
-        init_model_dir(model_dir, size="tiny", seed=0)
-    return model_dir
+    return ensure_model_dir(command.out_dir / "model-tiny")
 
 
 @contextlib.asynccontextmanager

@@ -214,13 +214,9 @@ def resolve_config(config_path: Path | None, overrides: list[str], run_dir: Path
 def base_model_dir(run: RunConfig) -> Path:
     if run.model_dir is not None:
         return run.model_dir
-    from undertow.learner.modeldir import init_model_dir
+    from undertow.learner.modeldir import ensure_model_dir
 
-    model_dir = run.run_dir / "model-base"
-    if not (model_dir / "model.safetensors").exists():
-        print(f"building the tiny model in {model_dir} (once)", flush=True)
-        init_model_dir(model_dir, size="tiny", seed=0)
-    return model_dir
+    return ensure_model_dir(run.run_dir / "model-base")
 
 
 def _plain(tree: dict[str, Any]) -> dict[str, Any]:

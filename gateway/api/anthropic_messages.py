@@ -24,12 +24,11 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    json_reply,
     mark_retry,
     read_json,
+    reply_to_call,
     session_of,
     sse,
-    stream_events,
 )
 from undertow.gateway.api.errors import anthropic_error
 from undertow.gateway.api.openai_chat import parse_sampling
@@ -283,11 +282,9 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
         call = mark_retry(parse_request(body), request, session, raw)
-        if not body.get("stream"):
-            outcome = await runner.complete(session, call)
-            return json_reply(message_body(call, outcome))
-        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
-                                   MessageStream(call))
+        return await reply_to_call(
+            request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
+            lambda outcome: message_body(call, outcome), lambda: MessageStream(call))
 
     async def count_tokens(request: web.Request) -> web.Response:
         session_of(request, sessions)

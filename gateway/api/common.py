@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -142,6 +142,16 @@ async def stream_events(request: web.Request, items: AsyncIterator, keepalive_s:
         await response.write(formatter.error(error))
     await response.write_eof()
     return response
+
+
+async def reply_to_call(request: web.Request, runner, session: Session, call: CallRequest,
+                        stream: bool, keepalive_s: float, body_of: Callable[[Outcome], Any],
+                        formatter: Callable[[], EventFormatter]) -> web.StreamResponse:
+    """The reply every scaffold API gives a call: one JSON body made by `body_of` from
+    the recorded outcome, or (`stream`) the formatter's events as the call runs."""
+    if not stream:
+        return json_reply(body_of(await runner.complete(session, call)))
+    return await stream_events(request, runner.stream(session, call), keepalive_s, formatter())
 
 
 async def with_keepalive(items: AsyncIterator, interval_s: float) -> AsyncIterator:

@@ -15,12 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    json_reply,
     mark_retry,
     read_json,
+    reply_to_call,
     session_of,
     sse,
-    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
@@ -275,14 +274,12 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = parse_request(body, config.max_n, session.known_messages.get("chat"))
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
         call = mark_retry(call, request, session, raw)
-        if not body.get("stream"):
-            outcome = await runner.complete(session, call)
-            return json_reply(completion_body(runner, call, outcome,
-                                              bool(body.get("logprobs"))))
+        want_logprobs = bool(body.get("logprobs"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
-                                   ChatStream(runner, call, bool(body.get("logprobs")),
-                                              include_usage))
+        return await reply_to_call(
+            request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
+            lambda outcome: completion_body(runner, call, outcome, want_logprobs),
+            lambda: ChatStream(runner, call, want_logprobs, include_usage))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/chat/completions", chat_completions)

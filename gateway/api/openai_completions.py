@@ -12,12 +12,11 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    json_reply,
     mark_retry,
     read_json,
+    reply_to_call,
     session_of,
     sse,
-    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling, usage
@@ -92,12 +91,11 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         body, raw = await read_json(request, config.max_body_bytes)
         call = mark_retry(parse_request(runner, body, config.max_n), request, session, raw)
         want_logprobs = body.get("logprobs") is not None
-        if not body.get("stream"):
-            outcome = await runner.complete(session, call)
-            return json_reply(completion_body(runner, call, outcome, want_logprobs))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
-                                   CompletionStream(runner, call, want_logprobs, include_usage))
+        return await reply_to_call(
+            request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
+            lambda outcome: completion_body(runner, call, outcome, want_logprobs),
+            lambda: CompletionStream(runner, call, want_logprobs, include_usage))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/completions", completions)

@@ -20,12 +20,11 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
-    json_reply,
     mark_retry,
     read_json,
+    reply_to_call,
     session_of,
     sse,
-    stream_events,
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling
@@ -295,12 +294,10 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
         call = mark_retry(parse_request(body), request, session, raw)
-        if not body.get("stream"):
-            outcome = await runner.complete(session, call)
-            return json_reply(response_body(call, body, outcome,
-                                            outcome.choices[0].call_id))
-        return await stream_events(request, runner.stream(session, call), config.keepalive_s,
-                                   ResponseStream(call, body))
+        return await reply_to_call(
+            request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
+            lambda outcome: response_body(call, body, outcome, outcome.choices[0].call_id),
+            lambda: ResponseStream(call, body))
 
     for prefix in ("", "/s/{session}"):
         app.router.add_post(f"{prefix}/v1/responses", create_response)

@@ -243,9 +243,9 @@ class PrefixDigest:
         return self._hash.hexdigest()
 
 
-class SGLangClient:
-    """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
-    engine)."""
+class HttpEngine:
+    """What the HTTP engine drivers share: the transport to `url`, the async context
+    manager, and the capabilities both SGLang and vLLM have."""
 
     capabilities = frozenset({
         "text_input", "cached_tokens", "pause_abort", "pause_in_place",
@@ -255,9 +255,8 @@ class SGLangClient:
     def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
         self._http = HttpTransport(url, session)
         self.url = self._http.url
-        self._kv_transfer: bool | None = None
 
-    async def __aenter__(self) -> "SGLangClient":
+    async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -265,6 +264,15 @@ class SGLangClient:
 
     async def close(self) -> None:
         await self._http.close()
+
+
+class SGLangClient(HttpEngine):
+    """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
+    engine)."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
+        super().__init__(url, session)
+        self._kv_transfer: bool | None = None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))

@@ -21,9 +21,7 @@ version + resume, so in-flight requests finish on the old weights first, as in S
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import aiohttp
-
-from undertow.gateway.engines.client import HttpTransport
+from undertow.gateway.engines.client import HttpEngine
 from undertow.gateway.engines.protocol import (
     EngineRejected,
     FinishReason,
@@ -81,26 +79,8 @@ def _weight_version(choice: dict) -> str | None:
     return spans[-1]["version"] if spans else None
 
 
-class VLLMClient:
+class VLLMClient(HttpEngine):
     """The `Engine` protocol over a vLLM 0.32 server (started as `launch.py` starts it)."""
-
-    capabilities = frozenset({
-        "text_input", "cached_tokens", "pause_abort", "pause_in_place",
-        "update_weights_from_disk", "flush_cache", "abort_all",
-    })
-
-    def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
-        self._http = HttpTransport(url, session)
-        self.url = self._http.url
-
-    async def __aenter__(self) -> "VLLMClient":
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._http.close()
 
     async def _body(self, request: GenerateRequest, *, stream: bool) -> dict:
         input_ids = request.input_ids

@@ -136,3 +136,13 @@ def init_model_dir(out: Path, size: str = "tiny", seed: int = 0) -> Path:
     write_model_config(out, model_size, tokenizer)
     write_weights(out, seed=seed)
     return out
+
+
+def ensure_model_dir(out: Path, size: str = "tiny", seed: int = 0) -> Path:
+    """`out`, built by `init_model_dir` unless it is complete already (its weights, which
+    are written last, are there)."""
+    out = Path(out)
+    if not (out / "model.safetensors").exists():
+        print(f"building the {size} model in {out} (once)", flush=True)
+        init_model_dir(out, size=size, seed=seed)
+    return out

@@ -27,7 +27,7 @@ from typing import Any
 
 from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
 from undertow.gateway.render import Detokenizer, Renderer
-from undertow.gateway.resume import assistant_message, head_record
+from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import Head, Prompt, build_prompt, extend_json
@@ -209,15 +209,20 @@ class CallRunner:
         started_s = time.time()
         replay: list[Delta | Outcome] = []
         results: list[dict] = []
-        items = (self._one_choice(session, request, prompt, max_new_tokens) if request.n == 1
+        # One choice (nearly every call) is sampled in the caller's task, n in tasks.
+        items = (self._sample(session, request, prompt, 0, f"call-{secrets.token_hex(8)}",
+                              max_new_tokens) if request.n == 1
                  else self._choices(session, request, prompt, max_new_tokens))
         async with contextlib.aclosing(items):
-            async for item in items:
-                if isinstance(item, dict):
-                    results.append(item)
-                    continue
-                replay.append(item)
-                yield item
+            try:
+                async for item in items:
+                    if isinstance(item, dict):
+                        results.append(item)
+                        continue
+                    replay.append(item)
+                    yield item
+            except Exception as error:
+                raise _translate_pool_error(error) from None
         outcome = await self._record(session, request, prompt, results, started_s)
         replay.append(outcome)
         if request.fingerprint:
@@ -232,22 +237,6 @@ class CallRunner:
                 isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
                              f"[0, {vocab_size})", param="prompt")
-
-    async def _one_choice(self, session: Session, request: CallRequest, prompt: Prompt,
-                          max_new_tokens: int) -> AsyncIterator[Delta | dict]:
-        """The one choice's deltas, then its result, sampled in the caller's task (a call
-        with n = 1, nearly all of them, needs no task and queue of its own)."""
-        samples = self._sample(session, request, prompt, 0, f"call-{secrets.token_hex(8)}",
-                               max_new_tokens)
-        async with contextlib.aclosing(samples):
-            while True:
-                try:
-                    item = await anext(samples)
-                except StopAsyncIteration:
-                    return
-                except Exception as error:
-                    raise _translate_pool_error(error) from None
-                yield item
 
     async def _choices(self, session: Session, request: CallRequest, prompt: Prompt,
                        max_new_tokens: int) -> AsyncIterator[Delta | dict]:
@@ -288,7 +277,7 @@ class CallRunner:
                   if request.messages is not None else None)
         detokenizer = Detokenizer(self.renderer)
         stops = StopTrimmer(request.sampling.stop)
-        token_ids, logprobs, versions = [], [], []
+        token_ids, logprobs, versions, all_events = [], [], [], []
         finish_reason, cached, first_token_s = None, 0, None
         params = request.sampling.to_engine(max_new_tokens, index)
         chunks = self.pool.generate(session.session_id, prompt.token_ids, params, call_id,
@@ -303,12 +292,14 @@ class CallRunner:
                 cached = max(cached, chunk.cached_tokens)
                 text = stops.push(detokenizer.push(chunk.token_ids))
                 events = (parser.feed(text) if parser else [Content(text)]) if text else []
+                all_events += events
                 yield Delta(index, call_id, events, list(chunk.token_ids), list(chunk.logprobs))
         text = stops.push(detokenizer.flush(), final=True)
         events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
         events += parser.finish() if parser else []
+        all_events += events
         yield Delta(index, call_id, events, [], [])
-        yield {"index": index, "call_id": call_id, "token_ids": token_ids,
+        yield {"index": index, "call_id": call_id, "token_ids": token_ids, "events": all_events,
                "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
                "finish_reason": finish_reason or {"type": "stop", "matched": None},
                "cached_tokens": cached, "first_token_s": first_token_s, "sampling": params}
@@ -340,7 +331,8 @@ class CallRunner:
                 self._leave_head(session, request, prompt, choice, tree.calls[-1].leaf,
                                  num_prompt)
         session.num_calls += 1
-        await asyncio.gather(*futures)
+        for future in futures:  # a done future (`flush` mode) is awaited without a loop turn
+            await future
         self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
         self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
                                            api=request.api)
@@ -367,10 +359,8 @@ class CallRunner:
 
     def _choice(self, result: dict, request: CallRequest) -> Choice:
         message: dict[str, Any] = {"role": "assistant", "content": None}
-        if request.messages is not None:
-            message = assistant_message(result["text"], self.tool_parser,
-                                        self._parses_tools(request),
-                                        lambda: f"call_{secrets.token_hex(12)}")
+        if request.messages is not None:  # the events parsed while streaming
+            message = message_of_events(result["events"], lambda: f"call_{secrets.token_hex(12)}")
         return Choice(result["index"], result["call_id"], message, result["text"],
                       result["token_ids"], result["logprobs"], result["weight_versions"],
                       result["finish_reason"])

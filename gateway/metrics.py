@@ -54,10 +54,13 @@ class _Metric:
         self.label_names = tuple(label_names)
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
-        if set(labels) != set(self.label_names):
-            raise ValueError(f"metric {self.name} takes labels {list(self.label_names)}, "
-                             f"got {sorted(labels)}")
-        return tuple(str(labels[name]) for name in self.label_names)
+        if len(labels) == len(self.label_names):  # then all names present = the same set
+            try:
+                return tuple([str(labels[name]) for name in self.label_names])
+            except KeyError:
+                pass
+        raise ValueError(f"metric {self.name} takes labels {list(self.label_names)}, "
+                         f"got {sorted(labels)}")
 
     def _pairs(self, key: LabelValues) -> list[tuple[str, str]]:
         return list(zip(self.label_names, key, strict=True))

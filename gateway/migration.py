@@ -150,15 +150,18 @@ def _digest_known(attempt: Attempt, digest: PrefixDigest, end: int) -> None:
         digest.update(output[digest.num_tokens - len(prompt):max(end - len(prompt), 0)])
 
 
-async def resume_stream(engine: Engine, request: GenerateRequest,
-                        staged: StagedResume | None) -> AsyncIterator[GenerateChunk]:
+def resume_stream(engine: Engine, request: GenerateRequest,
+                  staged: StagedResume | None) -> AsyncIterator[GenerateChunk]:
     """The engine's stream for an attempt: from the staged KV when a migration staged the
     history on this engine, else (or when the engine refuses the staging) a plain one."""
     if (staged is None or staged.engine is not engine
             or len(request.input_ids) <= staged.kv.num_tokens):
-        async for piece in engine.client.generate_stream(request):
-            yield piece
-        return
+        return engine.client.generate_stream(request)
+    return _staged_stream(engine, request, staged)
+
+
+async def _staged_stream(engine: Engine, request: GenerateRequest,
+                         staged: StagedResume) -> AsyncIterator[GenerateChunk]:
     refused: EngineRejected | None = None
     pieces = engine.client.generate_staged_stream(request, staged.kv)
     async with contextlib.aclosing(pieces):

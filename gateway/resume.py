@@ -23,7 +23,7 @@ from typing import Any
 from undertow.gateway.render import Renderer
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.tokentruth import Head, Prompt
-from undertow.gateway.toolparsers import Content, Reasoning, ToolCall, create_parser
+from undertow.gateway.toolparsers import Content, Event, Reasoning, ToolCall, create_parser
 from undertow.gateway.tree import Tree
 
 
@@ -32,7 +32,11 @@ def assistant_message(text: str, tool_parser: str, parse_tools: bool,
     """The assistant message (internal chat form) of a completion's text.
     `tool_call_id()` names each tool call."""
     parser = create_parser(tool_parser, parse_tools=parse_tools)
-    events = parser.feed(text) + parser.finish()
+    return message_of_events(parser.feed(text) + parser.finish(), tool_call_id)
+
+
+def message_of_events(events: list[Event], tool_call_id) -> dict[str, Any]:
+    """The assistant message of a completion's parsed events (all of them, in order)."""
     content = "".join(e.text for e in events if isinstance(e, Content))
     reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
     calls = [e for e in events if isinstance(e, ToolCall)]

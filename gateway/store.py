@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
+
 from undertow.gateway.errors import BadRequest
 from undertow.gateway.tree import CallRecord, Tree
 
@@ -83,10 +85,6 @@ class TreeStore:
         self._files: dict[str, BinaryIO] = {}
         self._queue: list[_Pending] = []  # `fsync` mode: lines not yet written
         self._unsynced: set[str] = set()  # `flush` mode: groups written since their fsync
-        # One encoder for every line (`json.dumps` with options builds one per call); no
-        # NaN or Infinity, which JSON lacks: a record holding one is refused, not written.
-        self._encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
-                                         allow_nan=False)
         self._wakeup: asyncio.Event | None = None
         self._closing: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
@@ -136,7 +134,8 @@ class TreeStore:
         durable as the mode promises (at once for `flush`: the OS has it)."""
         if self._wakeup is None:
             raise RuntimeError("TreeStore.start() must run before submit()")
-        line = (self._encoder.encode(event) + "\n").encode()
+        # orjson writes NaN as null: records keep non-finite numbers out (`Tree.add_call`).
+        line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
         done = asyncio.get_running_loop().create_future()
         if self.sync == "flush":
             handle = self._file(group)

@@ -133,6 +133,9 @@ class Tree:
         if len(logprobs) != len(completion_ids) or len(weight_versions) != len(completion_ids):
             raise TreeError(f"call {call_id}: {len(completion_ids)} completion tokens but "
                             f"{len(logprobs)} logprobs and {len(weight_versions)} versions")
+        if not math.isfinite(sum(logprobs)):  # NaN or infinity in any of them
+            raise TreeError(f"call {call_id}: the engine gave a logprob that is not a finite "
+                            "number (NaN where it reported none); the call is not recorded")
         node_id, offset, num_matched = self._match(session_id, prompt_ids, extends_leaf)
         record = CallRecord(call_id=call_id, session_id=session_id, anchor=(node_id, offset),
                             token_ids=prompt_ids[num_matched:] + completion_ids,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from undertow.gateway.engines.http1 import Http1Client, HttpError
 from undertow.gateway.engines.protocol import (
     EngineError,
     EngineRejected,
@@ -51,6 +52,7 @@ __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangC
 
 CONNECT_TIMEOUT_S = 10.0
 JSON_HEADERS = {"Content-Type": "application/json"}
+SSE_HEADERS = {**JSON_HEADERS, "Accept": "text/event-stream"}
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 
 
@@ -70,17 +72,13 @@ def error_message(body: str) -> str:
     return body.strip()
 
 
-async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The `data:` payloads of an SSE body. Events are split by hand rather than with
-    `readline`, whose 64 KiB line limit a cumulative chunk of a long generation exceeds."""
-    buffer = b""
-    async for piece in content.iter_any():
-        buffer += piece
-        *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    yield line[len(b"data:"):].strip()
+def _sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The `data:` payloads of the complete SSE events at the start of `buffer`, and the
+    rest (an event not yet complete). Events are split by hand rather than by lines:
+    a cumulative chunk of a long generation is one line of hundreds of KiB."""
+    *events, rest = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+    return [line[len(b"data:"):].strip() for event in events for line in event.split(b"\n")
+            if line.startswith(b"data:")], rest
 
 
 def _event(data: bytes) -> dict:
@@ -103,6 +101,7 @@ class HttpTransport:
         self.url = url.rstrip("/")
         self._session = session
         self._owns_session = session is None
+        self._streams = Http1Client(self.url, connect_timeout_s=CONNECT_TIMEOUT_S)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -113,17 +112,20 @@ class HttpTransport:
         return self._session
 
     async def close(self) -> None:
+        self._streams.close()
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
 
     async def _check(self, reply: aiohttp.ClientResponse, path: str) -> None:
-        if reply.status < 400:
-            return
-        message = error_message(await reply.text())
-        if reply.status < 500:
-            raise EngineRejected(message, status=reply.status, url=self.url + path)
-        raise EngineUnavailable(f"{self.url}{path} answered {reply.status}: {message}")
+        if reply.status >= 400:
+            await self._raise_for(reply.status, await reply.text(), path)
+
+    async def _raise_for(self, status: int, body: str, path: str) -> None:
+        message = error_message(body)
+        if status < 500:
+            raise EngineRejected(message, status=status, url=self.url + path)
+        raise EngineUnavailable(f"{self.url}{path} answered {status}: {message}")
 
     async def request(self, method: str, path: str, body: dict | None = None,
                       params: dict | None = None) -> dict | str:
@@ -145,25 +147,38 @@ class HttpTransport:
         """POST `body` and yield each `data:` event of the SSE reply until `[DONE]`.
 
         An event `{"error": ...}` raises `EngineRejected`; a stream that ends without
-        `[DONE]` raises `EngineUnavailable`.
+        `[DONE]` raises `EngineUnavailable`. It goes over `Http1Client` (see there why),
+        and reads the body to its end, so that the connection is kept for the next one.
         """
         # The body as bytes straight from orjson (tuples of IDs too): a long prompt's
         # `input_ids` are serialised once, not also decoded to str and encoded back.
+        done = False
         try:
-            async with self._client().post(self.url + path, data=orjson.dumps(body),
-                                           headers=JSON_HEADERS) as reply:
-                await self._check(reply, path)
-                async for data in _sse_data(reply.content):
-                    if data == b"[DONE]":
-                        return
-                    event = _event(data)
-                    if "error" in event and len(event) == 1:
-                        raise EngineRejected(error_message(data.decode()), url=self.url + path)
-                    yield event
-        except aiohttp.ClientError as error:
-            raise EngineUnavailable(f"stream from {self.url}{path} broke off: "
-                                    f"{error!r}") from error
-        raise EngineUnavailable(f"stream from {self.url}{path} ended without [DONE]")
+            async with self._streams.stream("POST", path, orjson.dumps(body),
+                                            SSE_HEADERS) as reply:
+                if reply.status >= 400:
+                    await self._raise_for(reply.status, (await reply.read()).decode(
+                        "utf-8", "replace"), path)
+                buffer = b""
+                async for piece in reply.pieces():
+                    if done:
+                        continue
+                    data, buffer = _sse_events(buffer + piece)
+                    for item in data:
+                        if item == b"[DONE]":
+                            done = True
+                            break
+                        event = _event(item)
+                        if "error" in event and len(event) == 1:
+                            raise EngineRejected(error_message(item.decode()),
+                                                 url=self.url + path)
+                        yield event
+        except HttpError as error:
+            if not done:
+                raise EngineUnavailable(f"stream from {self.url}{path} broke off: "
+                                        f"{error}") from error
+        if not done:
+            raise EngineUnavailable(f"stream from {self.url}{path} ended without [DONE]")
 
     async def post_bytes(self, path: str, *, body: dict | None = None,
                          data: bytes | None = None) -> tuple[bytes, dict[str, str]]:
@@ -278,9 +293,8 @@ class SGLangClient(HttpEngine):
         reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))
         return _result(reply, request.rid)
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        async for chunk in self._chunks("/generate", request.to_sglang(stream=True), request.rid):
-            yield chunk
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        return self._chunks("/generate", request.to_sglang(stream=True), request.rid)
 
     async def _chunks(self, path: str, body: dict, rid: str) -> AsyncIterator[GenerateChunk]:
         """The deltas of a streamed `/generate`-shaped reply (cumulative or incremental)."""

@@ -163,10 +163,12 @@ async def test_stop_token_ids_end_with_stop(engine, prompt_ids):
 
 
 def _stop_string(text: str) -> str:
-    """Two ASCII letters or digits from the middle of `text`."""
+    """Two visible ASCII characters from the second half of `text` (the tiny random
+    model's greedy text changes with the machine's float rounding: it may be all
+    punctuation)."""
     for start in range(len(text) // 2, len(text) - 1):
         candidate = text[start:start + 2]
-        if candidate.isascii() and candidate.isalnum():
+        if candidate.isascii() and candidate.isprintable() and " " not in candidate:
             return candidate
     raise AssertionError(f"no ASCII stop string in the second half of {text!r}")
 

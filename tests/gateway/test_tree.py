@@ -80,6 +80,14 @@ def test_mismatched_lengths_and_unknown_anchor_are_errors():
         tree.apply(bad)
 
 
+@pytest.mark.parametrize("logprob", [math.nan, -math.inf])
+def test_a_logprob_json_cannot_hold_is_refused_before_the_tree_changes(logprob):
+    tree = Tree("g")
+    with pytest.raises(TreeError, match="not a finite number"):
+        tree.add_call("c1", "A", SYSTEM, [20, 21], [-0.5, logprob], [0, 0])
+    assert tree.calls == [] and len(tree.nodes) == 1
+
+
 def test_close_session_keeps_reward():
     tree = Tree("g")
     _call(tree, "c1", "A", SYSTEM, [20])

@@ -30,7 +30,7 @@ from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
-from undertow.gateway.tokentruth import Head, Prompt, build_prompt, extend_json
+from undertow.gateway.tokentruth import Head, Prompt, build_prompt
 from undertow.gateway.toolparsers import Content, Event, create_parser
 
 
@@ -350,7 +350,7 @@ class CallRunner:
         token_ids = prompt.token_ids if request.n == 1 else None
         if token_ids is not None:
             token_ids += choice.token_ids
-        ids_json = (extend_json(prompt.token_ids_json, choice.token_ids)
+        ids_json = (prompt.token_ids_json.extend(choice.token_ids)
                     if prompt.token_ids_json is not None else None)
         session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
                               choice.message, leaf, num_prompt,

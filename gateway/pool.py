@@ -60,6 +60,7 @@ from undertow.gateway.engines.protocol import (
     GenerateChunk,
     GenerateRequest,
     SamplingParams,
+    TokenIdsJson,
 )
 from undertow.gateway.fleet import Attempt, Engine, Fleet
 from undertow.gateway.metrics import GatewayMetrics
@@ -186,7 +187,7 @@ class EnginePool:
     # -- generation ---------------------------------------------------------------------
 
     async def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
-                       rid: str, *, input_ids_json: bytes | None = None
+                       rid: str, *, input_ids_json: TokenIdsJson | None = None
                        ) -> AsyncIterator[GenerationChunk]:
         """Streams the generation's new tokens; see the module doc for the contract.
         `input_ids_json`, the JSON array of `input_ids` where the caller has it, is sent
@@ -240,7 +241,7 @@ class EnginePool:
 
     async def _stream_attempt(self, attempt: Attempt, input_ids: list[int],
                               params: SamplingParams, staged: StagedResume | None = None,
-                              input_ids_json: bytes | None = None
+                              input_ids_json: TokenIdsJson | None = None
                               ) -> AsyncIterator[GenerateChunk]:
         """The engine's pieces for one attempt. A task reads the engine into a queue, so
         that the attempt ends (and stops counting as in flight) when the ENGINE is done,
@@ -273,7 +274,7 @@ class EnginePool:
 
     async def _pump(self, attempt: Attempt, input_ids: list[int], params: SamplingParams,
                     queue: asyncio.Queue, staged: StagedResume | None = None,
-                    input_ids_json: bytes | None = None) -> None:
+                    input_ids_json: TokenIdsJson | None = None) -> None:
         engine = attempt.engine
         request = GenerateRequest(input_ids=input_ids, sampling_params=params,
                                   rid=attempt.rid, return_logprob=True,

@@ -37,8 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from undertow.gateway.engines.protocol import TokenIdsJson
 from undertow.gateway.render import Renderer
 
 RETRY, REWRITE, SUBAGENT = "retry", "rewrite", "subagent"
@@ -52,7 +51,7 @@ class Head:
     `messages`, when kept (the newest heads only, see `Session.add_head`), are the
     request's messages in internal chat form, one per key; never mutated.
     `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
-    the path to `leaf` (that call's prompt and completion); `token_ids`, when kept (the
+    the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when kept (the
     newest head only, until a prompt takes it over), is that path as a list the head
     owns: no one else holds or mutates it."""
 
@@ -64,7 +63,7 @@ class Head:
     num_prompt_tokens: int
     closing_text: str
     messages: list[dict] | None = None
-    token_ids_json: bytes | None = None
+    token_ids_json: TokenIdsJson | None = None
     token_ids: list[int] | None = field(default=None, repr=False)
 
 
@@ -84,7 +83,7 @@ class Prompt:
     tools_key: str
     extends_leaf: int | None = None
     messages: list[dict] | None = None
-    token_ids_json: bytes | None = None
+    token_ids_json: TokenIdsJson | None = None
 
     @property
     def token_truth(self) -> bool:
@@ -175,8 +174,8 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
         token_ids = path_token_ids(head.leaf)
         num_reused = len(token_ids)
         token_ids += new_ids
-        ids_json = (extend_json(head.token_ids_json, new_ids)
-                    if head.token_ids_json is not None else orjson.dumps(token_ids))
+        ids_json = (head.token_ids_json.extend(new_ids)
+                    if head.token_ids_json is not None else TokenIdsJson.of(token_ids))
         branch = None if position == 0 else _older_head_reason(head, heads[-1])
         if same_history:
             return Prompt(token_ids, branch, head.call_id, num_reused,
@@ -189,21 +188,10 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
                                        or head.message_keys == keys.all()):
             reused = path_token_ids(head.leaf)[:head.num_prompt_tokens]
             return Prompt(reused, RETRY, head.call_id, len(reused), head.message_keys, tkey,
-                          messages=head.messages, token_ids_json=orjson.dumps(reused))
+                          messages=head.messages, token_ids_json=TokenIdsJson.of(reused))
     token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
     return Prompt(token_ids, _full_render_reason(keys.all(), heads), None, 0, keys.all(), tkey,
-                  messages=list(messages), token_ids_json=orjson.dumps(token_ids))
-
-
-def extend_json(ids_json: bytes, token_ids: Sequence[int]) -> bytes:
-    """The JSON array `ids_json` with `token_ids` appended: one copy of the bytes, not a
-    serialisation of the whole list."""
-    if not token_ids:
-        return ids_json
-    tail = orjson.dumps(list(token_ids))
-    if ids_json == b"[]":
-        return tail
-    return b",".join((memoryview(ids_json)[:-1], memoryview(tail)[1:]))
+                  messages=list(messages), token_ids_json=TokenIdsJson.of(token_ids))
 
 
 class _Keys:

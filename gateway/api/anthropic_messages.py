@@ -281,7 +281,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def messages(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body), request, session, raw)
+        call = mark_retry(parse_request(body), request, raw)
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: message_body(call, outcome), lambda: MessageStream(call))

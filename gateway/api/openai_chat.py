@@ -273,7 +273,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         body, raw = await read_json(request, config.max_body_bytes)
         call = parse_request(body, config.max_n, session.known_messages.get("chat"))
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
-        call = mark_retry(call, request, session, raw)
+        call = mark_retry(call, request, raw)
         want_logprobs = bool(body.get("logprobs"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await reply_to_call(

@@ -89,7 +89,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(runner, body, config.max_n), request, session, raw)
+        call = mark_retry(parse_request(runner, body, config.max_n), request, raw)
         want_logprobs = body.get("logprobs") is not None
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await reply_to_call(

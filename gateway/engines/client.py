@@ -143,8 +143,9 @@ class HttpTransport:
         except ValueError:
             return text
 
-    async def sse(self, path: str, body: dict) -> AsyncIterator[dict]:
-        """POST `body` and yield each `data:` event of the SSE reply until `[DONE]`.
+    async def sse(self, path: str, body: dict | list[bytes]) -> AsyncIterator[dict]:
+        """POST `body` (a JSON object, or its bytes in pieces) and yield each `data:` event
+        of the SSE reply until `[DONE]`.
 
         An event `{"error": ...}` raises `EngineRejected`; a stream that ends without
         `[DONE]` raises `EngineUnavailable`. It goes over `Http1Client` (see there why),
@@ -152,10 +153,10 @@ class HttpTransport:
         """
         # The body as bytes straight from orjson (tuples of IDs too): a long prompt's
         # `input_ids` are serialised once, not also decoded to str and encoded back.
+        pieces = [orjson.dumps(body)] if isinstance(body, dict) else body
         done = False
         try:
-            async with self._streams.stream("POST", path, orjson.dumps(body),
-                                            SSE_HEADERS) as reply:
+            async with self._streams.stream("POST", path, pieces, SSE_HEADERS) as reply:
                 if reply.status >= 400:
                     await self._raise_for(reply.status, (await reply.read()).decode(
                         "utf-8", "replace"), path)
@@ -294,9 +295,10 @@ class SGLangClient(HttpEngine):
         return _result(reply, request.rid)
 
     def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        return self._chunks("/generate", request.to_sglang(stream=True), request.rid)
+        return self._chunks("/generate", request.sglang_body(stream=True), request.rid)
 
-    async def _chunks(self, path: str, body: dict, rid: str) -> AsyncIterator[GenerateChunk]:
+    async def _chunks(self, path: str, body: dict | list[bytes], rid: str
+                      ) -> AsyncIterator[GenerateChunk]:
         """The deltas of a streamed `/generate`-shaped reply (cumulative or incremental)."""
         num_ids = num_logprobs = num_chars = 0
         async for event in self._http.sse(path, body):

@@ -145,7 +145,7 @@ async def test_token_truth_hands_the_history_from_call_to_call_exactly(gateway, 
         assert got.meta["token_truth"] is (turn > 0)
         head = gateway.app[SESSIONS_KEY].get(session["session_id"]).heads[-1]
         path = gateway.tree().path_token_ids(head.leaf)
-        assert head.token_ids == path and orjson.loads(head.token_ids_json) == path
+        assert head.token_ids == path and orjson.loads(head.token_ids_json.to_bytes()) == path
         messages += [reply.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": f"next {turn}"}]
 

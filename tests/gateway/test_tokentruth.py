@@ -3,6 +3,7 @@
 import orjson
 import pytest
 
+from undertow.gateway.engines.protocol import GenerateRequest, TokenIdsJson
 from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import (
@@ -11,7 +12,6 @@ from undertow.gateway.tokentruth import (
     SUBAGENT,
     Head,
     build_prompt,
-    extend_json,
     message_key,
 )
 from undertow.gateway.tree import Tree
@@ -140,7 +140,7 @@ def record_like_runner(renderer, tree, heads, messages, completion_text, session
     sessions_head(Head(f"c{len(tree.calls) - 1}", prompt.message_keys, prompt.tools_key,
                        {"role": "assistant", "content": completion_text}, tree.calls[-1].leaf,
                        len(prompt.token_ids), renderer.closing_text(completion),
-                       prompt.messages, extend_json(prompt.token_ids_json, completion)))
+                       prompt.messages, prompt.token_ids_json.extend(completion)))
     return prompt
 
 
@@ -161,7 +161,7 @@ def test_unchanged_history_takes_the_fast_path_with_the_same_keys_and_json(rende
     resent += [{"role": "assistant", "content": "third"}, {"role": "user", "content": "end"}]
     prompts.append(build_prompt(renderer, resent, None, session.heads, tree.path_token_ids))
     for prompt in prompts:
-        assert orjson.loads(prompt.token_ids_json) == prompt.token_ids
+        assert orjson.loads(prompt.token_ids_json.to_bytes()) == prompt.token_ids
     assert all(prompt.token_truth and prompt.branch is None for prompt in prompts[1:])
     assert prompts[2].messages[:2] == messages[:2]
     assert prompts[2].messages[0] is prompts[0].messages[0]  # one copy of the history
@@ -169,4 +169,16 @@ def test_unchanged_history_takes_the_fast_path_with_the_same_keys_and_json(rende
     assert [head.token_ids_json is not None for head in session.heads] == [False, False, True]
     retried = build_prompt(renderer, messages[:2], None, session.heads, tree.path_token_ids)
     assert retried.branch == RETRY
-    assert orjson.loads(retried.token_ids_json) == retried.token_ids
+    assert orjson.loads(retried.token_ids_json.to_bytes()) == retried.token_ids
+
+
+def test_token_ids_json_extends_in_pieces_to_the_arrays_json():
+    ids_json, token_ids = TokenIdsJson.of([]), []
+    for step in range(3 * TokenIdsJson.MAX_PIECES):
+        new_ids = list(range(step % 3))
+        ids_json, token_ids = ids_json.extend(new_ids), token_ids + new_ids
+        assert len(ids_json.pieces) <= TokenIdsJson.MAX_PIECES
+    assert ids_json.to_bytes() == orjson.dumps(token_ids)
+    request = GenerateRequest(input_ids=token_ids, input_ids_json=ids_json, rid="r")
+    assert orjson.loads(b"".join(request.sglang_body(stream=True))) == orjson.loads(
+        orjson.dumps(request.to_sglang(stream=True)))

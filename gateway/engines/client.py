@@ -176,8 +176,8 @@ class HttpTransport:
                         yield event
         except HttpError as error:
             if not done:
-                raise EngineUnavailable(f"stream from {self.url}{path} broke off: "
-                                        f"{error}") from error
+                raise EngineUnavailable(f"stream from {self.url}{path} failed: {error}"
+                                        ) from error
         if not done:
             raise EngineUnavailable(f"stream from {self.url}{path} ended without [DONE]")
 

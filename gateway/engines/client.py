@@ -29,7 +29,7 @@ import io
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import orjson
@@ -413,8 +413,9 @@ class SGLangClient(HttpEngine):
         staging's handle and the digest of the prefix they continue. A 404 (no such
         staging) or 409 (it holds another prefix; it is kept) raises `EngineRejected`
         before any chunk."""
-        body = request.to_sglang(stream=True)
-        body["input_ids"] = list(request.input_ids[staged.num_tokens:])
+        suffix = replace(request, input_ids=list(request.input_ids[staged.num_tokens:]),
+                         input_ids_json=None)  # the whole prompt's JSON is not needed
+        body = suffix.to_sglang(stream=True)
         body["staged_kv"] = {"handle": staged.handle, "num_tokens": staged.num_tokens,
                              "digest": staged.digest}
         async for chunk in self._chunks("/undertow/generate_staged", body, request.rid):

@@ -41,7 +41,7 @@ _KILL_GRACE_S = 10.0
 # user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root.
 _SWEEP = r"""
 sweep() {
-  local round pid entry found
+  local round pid entry found quiet=0
   for ((round = 0; round < 200; round++)); do
     found=0
     for pid in /proc/[0-9]*; do
@@ -53,7 +53,11 @@ sweep() {
         fi
       done 2>/dev/null < "/proc/$pid/environ"
     done
-    [ "$found" = 0 ] && return 0
+    if [ "$found" = 0 ]; then
+      ((++quiet == 2)) && return 0
+    else
+      quiet=0
+    fi
   done
   return 1
 }

@@ -38,7 +38,8 @@ _KILL_GRACE_S = 10.0
 # marker survives `setsid`, double forks and `nohup`, so `sweep` finds the command's whole
 # process tree by it. `sweep` uses bash builtins only (no fork), so it works even when a fork
 # bomb has taken every process slot. It runs as the command's own user: reading another
-# user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root.
+# user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root. A process caught in the middle
+# of an exec shows an empty environ, so `sweep` ends only after two rounds in a row find nothing.
 _SWEEP = r"""
 sweep() {
   local round pid entry found quiet=0

@@ -49,145 +49,36 @@ compare numbers within one run; the load average is recorded.
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import random
-import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
-from tests.gateway.scripted_engine import ScriptedEngine
+from benchmarks.gateway_history import cpu_by_history, text_of
+from benchmarks.proxies import (
+    LITELLM_KEY,
+    TIMEOUT,
+    cpu_ns,
+    open_session,
+    post,
+    post_read,
+    start_gateway,
+    start_litellm,
+    stop,
+)
 from undertow.gateway.engines.launch import launch_engine
 from undertow.gateway.render import Renderer
 from undertow.gateway.store import TreeStore
 
 RESULTS = Path(__file__).parent / "results" / "gateway.json"
-ADMIN_TOKEN = "bench-admin-token"
-LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 4  # the proxy refuses to start without one
-HISTORY_TOKENS = (1_000, 8_000, 32_000, 128_000)
-NUM_CPU_CALLS = 60
 NUM_WARMUP = 10
-SETTLE_S = 0.02
 NUM_STORAGE_TURNS = 50
 STREAMED = "gateway (flush), vs streamed"  # paired with /generate streamed, as the gateway asks
-TIMEOUT = aiohttp.ClientTimeout(total=600)
-WORDS = random.Random(0).sample(
-    ["file", "test", "error", "line", "return", "value", "import", "class", "patch", "diff",
-     "self", "assert", "path", "config", "module", "python", "output", "trace", "failed",
-     "passed", "function", "result", "string", "number", "index", "list", "dict", "read",
-     "write", "open", "close", "commit", "branch", "merge", "build", "check", "debug"], 37)
-
-
-def text_of(num_tokens: int, renderer: Renderer, seed: int) -> str:
-    """Words whose encoding is about `num_tokens` tokens."""
-    rng = random.Random(seed)
-    words = [rng.choice(WORDS) + (str(rng.randrange(100)) if rng.random() < 0.3 else "")
-             for _ in range(num_tokens)]
-    text = " ".join(words)
-    ratio = num_tokens / max(1, len(renderer.encode(text)))
-    return " ".join(words[:max(1, int(len(words) * ratio))])
-
-
-def cpu_ns(pid: int) -> int:
-    """CPU time of every live thread of process `pid`, in ns (schedstat: exact, unlike
-    /proc/PID/stat's 10 ms ticks)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):  # the thread ended
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def start_gateway(engine_url: str, model_dir: Path, store_dir: Path,
-                        context_length: int = 0, store_sync: str = "flush"
-                        ) -> tuple[asyncio.subprocess.Process, str]:
-    command = [sys.executable, "-m", "undertow.cli", "gateway", "serve", "--engine", engine_url,
-               "--model", str(model_dir), "--store", str(store_dir), "--port", "0",
-               "--context-length", str(context_length), "--store-sync", store_sync]
-    process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "UNDERTOW_ADMIN_TOKEN": ADMIN_TOKEN})
-    while True:
-        line = (await asyncio.wait_for(process.stdout.readline(), 120)).decode()
-        if not line:
-            raise RuntimeError("the gateway exited before it listened")
-        if "listening on" in line:
-            return process, line.split("listening on", 1)[1].strip()
-
-
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 20)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-async def start_litellm(engine_url: str, work_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
-    config = work_dir / "litellm.yaml"
-    config.write_text(
-        "model_list:\n  - model_name: tiny\n    litellm_params:\n"
-        f"      model: openai/tiny\n      api_base: {engine_url}/v1\n      api_key: none\n"
-        "litellm_settings:\n  drop_params: true\n"
-        f"general_settings:\n  master_key: {LITELLM_KEY}\n")
-    port = free_port()
-    litellm = Path(sys.executable).parent / "litellm"
-    log = open(work_dir / "litellm.log", "wb")  # noqa: SIM115 (closed with the process)
-    process = await asyncio.create_subprocess_exec(
-        str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-        stdout=log, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"})
-    url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            if process.returncode is not None:
-                raise RuntimeError(f"litellm exited; see {work_dir / 'litellm.log'}")
-            try:
-                async with http.get(url + "/health/liveliness") as reply:
-                    if reply.status == 200:
-                        return process, url
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError("litellm's proxy did not start within 300 s")
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict,
-               headers: dict | None = None) -> dict:
-    async with http.post(url, json=body, headers=headers) as reply:
-        payload = await reply.json(content_type=None)
-        if reply.status not in (200, 201):
-            raise RuntimeError(f"{url} answered {reply.status}: {payload}")
-        return payload
-
-
-async def post_read(http: aiohttp.ClientSession, url: str, body: dict) -> None:
-    """POST and read the whole reply (a JSON body, or an SSE stream to its end)."""
-    async with http.post(url, json=body) as reply:
-        await reply.read()
-        if reply.status != 200:
-            raise RuntimeError(f"{url} answered {reply.status}")
-
-
-async def open_session(http, gateway_url: str, group: str) -> dict:
-    return await post(http, gateway_url + "/admin/sessions", {"group": group},
-                      {"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -287,95 +178,6 @@ async def run_pairs(pairs: dict, pids: dict, num_calls: int) -> dict:
             "num_pairs": len(added)}
     return result
 
-
-def history_messages(num_tokens: int, renderer: Renderer) -> list[dict]:
-    """A conversation of about `num_tokens` tokens: 1k-token user turns, short replies."""
-    messages = [{"role": "system", "content": "You are a software engineering agent."}]
-    turn = 0
-    while len(renderer.encode(renderer.render(messages))) < num_tokens - 1000:
-        messages += [{"role": "user", "content": text_of(1000, renderer, turn)},
-                     {"role": "assistant", "content": text_of(30, renderer, 10_000 + turn)}]
-        turn += 1
-    messages.append({"role": "user", "content": text_of(
-        max(50, num_tokens - len(renderer.encode(renderer.render(messages)))), renderer, -1)})
-    return messages
-
-
-class HistorySession:
-    """One growing conversation at the gateway, for part (b)."""
-
-    def __init__(self, http, session: dict, messages: list[dict]):
-        self.http, self.messages = http, messages
-        self.url = session["base_url"] + "/chat/completions"
-        self.headers = {"Authorization": f"Bearer {session['api_key']}",
-                        "Content-Type": "application/json"}
-        self.reply: dict | None = None
-        self.cpu_ms: list[float] = []
-        self.wall_ms: list[float] = []
-        self.prompt_tokens: list[int] = []
-        self.request_bytes = 0
-
-    def next_body(self, renderer: Renderer, seed: int) -> bytes:
-        if self.reply is not None:
-            self.messages = self.messages + [self.reply["choices"][0]["message"], {
-                "role": "user", "content": text_of(64, renderer, seed)}]
-        body = json.dumps({"model": "tiny", "messages": self.messages, "max_tokens": 16})
-        self.request_bytes = len(body)
-        return body.encode()
-
-    async def call(self, body: bytes, pid: int, measure: bool) -> None:
-        cpu_before, started = cpu_ns(pid), time.perf_counter()
-        async with self.http.post(self.url, data=body, headers=self.headers) as answer:
-            self.reply = await answer.json()
-            if answer.status != 200:
-                raise RuntimeError(f"the gateway answered {answer.status}: {self.reply}")
-        wall_s = time.perf_counter() - started
-        await asyncio.sleep(SETTLE_S)
-        if measure:
-            self.cpu_ms.append((cpu_ns(pid) - cpu_before) / 1e6)
-            self.wall_ms.append(1e3 * wall_s)
-            self.prompt_tokens.append(self.reply["usage"]["prompt_tokens"])
-
-
-async def cpu_by_history(model_dir: Path, work_dir: Path) -> list[dict]:
-    """Part (b): gateway CPU per token-truth call at each history size, sizes interleaved."""
-    renderer = Renderer(model_dir)
-    im_end = renderer.tokenizer.token_to_id("<|im_end|>")
-    engine = ScriptedEngine(default=renderer.encode("Done; next step.") + [im_end],
-                            stop_token_ids=(im_end,))
-    runner = web.AppRunner(engine.app(), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    engine_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    gateway, gateway_url = await start_gateway(engine_url, model_dir, work_dir / "store-b",
-                                               context_length=2**18)
-    try:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-            sessions = [HistorySession(http, await open_session(http, gateway_url, f"h{n}"),
-                                       history_messages(n, renderer))
-                        for n in HISTORY_TOKENS]
-            for session in sessions:  # the first call renders the history in full
-                await session.call(session.next_body(renderer, 0), gateway.pid, False)
-            for i in range(NUM_CPU_CALLS + 3):
-                for session in sessions if i % 2 == 0 else sessions[::-1]:
-                    body = session.next_body(renderer, 50_000 + i)
-                    await session.call(body, gateway.pid, measure=i >= 3)
-    finally:
-        await stop(gateway)
-        await runner.cleanup()
-    rows = []
-    for num_tokens, session in zip(HISTORY_TOKENS, sessions, strict=True):
-        rows.append({"history_tokens": num_tokens,
-                     "prompt_tokens_measured": [min(session.prompt_tokens),
-                                                max(session.prompt_tokens)],
-                     "num_messages": len(session.messages),
-                     "request_bytes": session.request_bytes,
-                     "cpu_ms_per_call_p50": statistics.median(session.cpu_ms),
-                     "cpu_ms_per_call_mean": statistics.fmean(session.cpu_ms),
-                     "wall_ms_per_call_p50": statistics.median(session.wall_ms),
-                     "num_calls": len(session.cpu_ms)})
-        print(f"  history {num_tokens}: {rows[-1]}", flush=True)
-    return rows
 
 
 async def storage(engine_url: str, model_dir: Path, work_dir: Path) -> dict:

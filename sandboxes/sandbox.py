@@ -38,29 +38,48 @@ _KILL_GRACE_S = 10.0
 # marker survives `setsid`, double forks and `nohup`, so `sweep` finds the command's whole
 # process tree by it. `sweep` uses bash builtins only (no fork), so it works even when a fork
 # bomb has taken every process slot. It runs as the command's own user: reading another
-# user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root. A process caught in the middle
-# of an exec shows an empty environ, so `sweep` ends only after two rounds in a row find nothing.
+# user's /proc/PID/environ needs CAP_SYS_PTRACE, even as root.
+# A round that kills nothing proves nothing while processes change under it, so `sweep`
+# looks again (for up to 2 s) while one was started during the round (its parent may have
+# forked it and exited before the round read the parent), or one exec'ed while the round read
+# its environ (the read ends early; /proc/PID/stat's env_start and env_end, fields 50 and 51,
+# change) or had not finished an exec (env_end is still 0).
 _SWEEP = r"""
 sweep() {
-  local round pid entry found quiet=0
+  local round pid entry found busy listed now deadline
+  local -a before after
+  now=${EPOCHREALTIME//[!0-9]/}
+  deadline=$((${now:-0} + 2000000))
   for ((round = 0; round < 200; round++)); do
-    found=0
+    found=0 busy=0 listed=" "
     for pid in /proc/[0-9]*; do
+      listed+="$pid "
       pid=${pid#/proc/}
       [ "$pid" = "$$" ] && continue
+      entry=
+      read -r entry 2>/dev/null < "/proc/$pid/stat"
+      before=(${entry##*) })
       while IFS= read -r -d '' entry; do
         if [ "$entry" = "UNDERTOW_EXEC=$UNDERTOW_EXEC" ]; then
-          kill -9 "$pid" 2>/dev/null; found=1; break
+          kill -9 "$pid" 2>/dev/null; found=1; continue 2
         fi
-      done 2>/dev/null < "/proc/$pid/environ"
+      done 2>/dev/null < "/proc/$pid/environ" || continue
+      entry=
+      read -r entry 2>/dev/null < "/proc/$pid/stat"
+      after=(${entry##*) })
+      [[ ${after[0]} == [ZX]* ]] && continue
+      [[ "${before[47]}:${before[48]}" != "${after[47]}:${after[48]}" || ${after[48]} == 0 ]] &&
+        busy=1
     done
-    if [ "$found" = 0 ]; then
-      ((++quiet == 2)) && return 0
-    else
-      quiet=0
-    fi
+    for pid in /proc/[0-9]*; do
+      [[ $listed == *" $pid "* ]] || busy=1
+    done
+    ((found)) && continue
+    ((busy)) || return 0
+    now=${EPOCHREALTIME//[!0-9]/}
+    ((${now:-0} < deadline)) || return 0
   done
-  return 1
+  return "$found"
 }
 """
 _WRAPPER = _SWEEP + r"""

@@ -55,7 +55,10 @@ async def test_timeout_kills_the_whole_process_tree(sandbox):
 
 
 async def test_background_processes_end_with_their_command_unless_kept(sandbox):
-    await sandbox.exec("(setsid sleep 200 >/dev/null 2>&1 &)", timeout_s=30)
+    # Repeated: the detached process execs twice (setsid, then sleep) while the sweep runs,
+    # and a sweep that read its environ across an exec used to miss it now and then.
+    for _ in range(20):
+        await sandbox.exec("(setsid sleep 200 >/dev/null 2>&1 &)", timeout_s=30)
     await sandbox.exec("nohup sleep 201 >/dev/null 2>&1 &", timeout_s=30, keep_background=True)
     left = await sandbox.exec("ps -e -o args=", timeout_s=30)
     sleeps = [line for line in left.output.splitlines() if line.startswith("sleep 20")]

@@ -260,7 +260,8 @@ class CallRunner:
 
     async def _run_choice(self, session: Session, request: CallRequest, prompt: Prompt,
                           index: int, max_new_tokens: int, queue: asyncio.Queue) -> None:
-        """Samples one choice; its deltas, then its result (or its error) go to `queue`."""
+        """Samples one choice; its deltas, then its result (or its error, which `_generate`
+        translates) go to `queue`."""
         try:
             async for item in self._sample(session, request, prompt, index,
                                            f"call-{secrets.token_hex(8)}", max_new_tokens):
@@ -268,7 +269,7 @@ class CallRunner:
         except asyncio.CancelledError:
             raise
         except BaseException as error:
-            queue.put_nowait(_translate_pool_error(error))
+            queue.put_nowait(error)
 
     async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
                       call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | dict]:

@@ -51,9 +51,9 @@ class Head:
     `messages`, when kept (the newest heads only, see `Session.add_head`), are the
     request's messages in internal chat form, one per key; never mutated.
     `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
-    the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when kept (the
-    newest head only, until a prompt takes it over), is that path as a list the head
-    owns: no one else holds or mutates it."""
+    the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when
+    kept (the newest head only, until a prompt takes it over), is that path as a list the
+    head owns: no one else holds or mutates it."""
 
     call_id: str
     message_keys: tuple[str, ...]

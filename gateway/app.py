@@ -92,7 +92,7 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
     """The application; `pool` replaces the engine pool built from `config.engine_urls`
     (tests give their own pool object with the same `generate`/`close_session`)."""
     from undertow.gateway.api.engines_admin import add_engine_routes
-    from undertow.gateway.pool import EnginePool
+    from undertow.gateway.pool import EnginePool, PoolConfig
 
     metrics = GatewayMetrics.create()
     renderer = Renderer(config.model_dir)
@@ -107,8 +107,8 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
     heads.finish()
     metrics.open_sessions.set(sessions.num_open)
     own_pool = pool is None
-    pool = (EnginePool(config.engine_urls, metrics=metrics, driver_factory=driver_for_url)
-            if own_pool else pool)
+    pool = (EnginePool(config.engine_urls, PoolConfig(router=config.router), metrics=metrics,
+                       driver_factory=driver_for_url) if own_pool else pool)
     runner = CallRunner(pool=pool, store=store, renderer=renderer, sessions=sessions,
                         metrics=metrics,
                         context_length=context_length_of(config.model_dir, renderer,

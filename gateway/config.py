@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from undertow.gateway.router import RouterConfig
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class GatewayConfig:
     reply ends, so it survives the gateway being killed; files are fsync'ed in the
     background within a second) or "fsync" (the reply also waits for the fsync, so a
     delivered call survives a power loss); see `store.py`.
+    `router`: admission bounds (past them a call gets a 429 with `Retry-After`) and
+    routing affinity; see `router.py`.
     """
 
     model_dir: Path
@@ -35,6 +39,7 @@ class GatewayConfig:
     keepalive_s: float = 10.0
     num_heads_per_session: int = 16
     store_sync: str = "flush"
+    router: RouterConfig = field(default_factory=RouterConfig)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:

@@ -171,6 +171,10 @@ def _add_gateway(commands) -> None:
                        "ends (survives the gateway being killed) and fsync'ed in the background "
                        "within 1 s (a power loss can lose the last second); fsync: each reply "
                        "also waits for its fsync (survives a power loss; slower)")
+    serve.add_argument("--max-in-flight-per-engine", type=int, default=64,
+                       help="admission bound: past it on every engine, a call gets a 429")
+    serve.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS",
+                       help="the Retry-After of that 429")
     serve.set_defaults(handler=_gateway_serve)
 
 
@@ -179,13 +183,16 @@ def _gateway_serve(args) -> int:
 
     from undertow.gateway.app import serve
     from undertow.gateway.config import GatewayConfig
+    from undertow.gateway.router import RouterConfig
 
     config = GatewayConfig(
         model_dir=args.model, store_dir=args.store, engine_urls=tuple(args.engine),
         host=args.host, port=args.port, admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""),
         model_name=args.model_name, tool_parser=args.tool_parser,
         max_body_bytes=args.max_body_bytes, context_length=args.context_length,
-        store_sync=args.store_sync)
+        store_sync=args.store_sync,
+        router=RouterConfig(max_in_flight_per_engine=args.max_in_flight_per_engine,
+                            retry_after_s=args.retry_after))
     serve(config)
     return 0
 

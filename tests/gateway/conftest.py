@@ -50,11 +50,10 @@ class Gateway:
         return self.app[STORE_KEY].trees[group]
 
 
-async def start_gateway(engine_urls, model_dir: Path, store_dir: Path, pool=None,
-                        **config) -> tuple:
+async def start_gateway(engine_urls, model_dir: Path, store_dir: Path, **config) -> tuple:
     app = create_app(GatewayConfig(model_dir=model_dir, store_dir=store_dir,
                                    engine_urls=tuple(engine_urls), admin_token=ADMIN_TOKEN,
-                                   **config), pool=pool)
+                                   **config))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -82,15 +81,12 @@ async def scripted(renderer):
 
 @pytest.fixture
 async def make_gateway(tiny_model_dir, tmp_path):
-    """`await make_gateway(engine_urls, **config)` starts a gateway; all stop at teardown.
-    `pool=` gives it a started pool of the test's own (the test closes it)."""
+    """`await make_gateway(engine_urls, **config)` starts a gateway; all stop at teardown."""
     runners, sessions = [], []
 
-    async def make(engine_urls, store_dir: Path | None = None, pool=None,
-                   **config) -> Gateway:
+    async def make(engine_urls, store_dir: Path | None = None, **config) -> Gateway:
         store_dir = store_dir or tmp_path / f"store{len(runners)}"
-        app, runner, url = await start_gateway(engine_urls, tiny_model_dir, store_dir, pool,
-                                               **config)
+        app, runner, url = await start_gateway(engine_urls, tiny_model_dir, store_dir, **config)
         runners.append(runner)
         http = aiohttp.ClientSession()
         sessions.append(http)

@@ -11,8 +11,8 @@ import pytest
 
 from tests.gateway.capture import calls_of
 from undertow.gateway.api.openai_chat import KnownMessages, parse_messages
+from undertow.gateway.app import POOL_KEY
 from undertow.gateway.errors import BadRequest
-from undertow.gateway.pool import EnginePool, PoolConfig
 from undertow.gateway.router import RouterConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -55,7 +55,7 @@ async def test_openai_shaped_errors(make_gateway, scripted):
     assert calls_of(gateway.tree(), session["session_id"]) == []
 
 
-async def until_in_flight(pool: EnginePool, num: int) -> None:
+async def until_in_flight(pool, num: int) -> None:
     while pool.describe()[0]["num_in_flight"] != num:
         await asyncio.sleep(0.01)
 
@@ -63,31 +63,27 @@ async def until_in_flight(pool: EnginePool, num: int) -> None:
 async def test_a_full_pool_answers_429_with_retry_after_and_no_engine_503(make_gateway,
                                                                           scripted):
     router = RouterConfig(max_in_flight_per_engine=1, retry_after_s=2.5)
-    pool = EnginePool([scripted.url], PoolConfig(router=router))
-    await pool.start()
-    try:
-        gateway = await make_gateway([], pool=pool)
-        session = await gateway.open_session()
-        hello = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-        # n = 2 against a limit of 1: the second choice is refused, and so is the call.
-        status, body, headers = await post(gateway, "/v1/chat/completions", session,
-                                           {**hello, "n": 2})
-        assert (status, headers["Retry-After"]) == (429, "3")
-        assert body["error"]["code"] == "rate_limit_exceeded"
-        await until_in_flight(pool, 0)  # the admitted first choice, cancelled
-        scripted.delay_s = 0.02
-        slow = asyncio.create_task(post(gateway, "/v1/chat/completions", session, hello))
-        await until_in_flight(pool, 1)
-        other = await gateway.open_session()
-        status, body, headers = await post(gateway, "/v1/messages", other,
-                                           {**hello, "max_tokens": 4})
-        assert (status, headers["Retry-After"]) == (429, "3")
-        assert body["error"]["type"] == "rate_limit_error"
-        assert (await slow)[0] == 200
-        assert len(calls_of(gateway.tree(), session["session_id"])) == 1
-        assert calls_of(gateway.tree(), other["session_id"]) == []
-    finally:
-        await pool.close()
+    gateway = await make_gateway([scripted.url], router=router)
+    pool = gateway.app[POOL_KEY]
+    session = await gateway.open_session()
+    hello = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    # n = 2 against a limit of 1: the second choice is refused, and so is the call.
+    status, body, headers = await post(gateway, "/v1/chat/completions", session,
+                                       {**hello, "n": 2})
+    assert (status, headers["Retry-After"]) == (429, "3")
+    assert body["error"]["code"] == "rate_limit_exceeded"
+    await until_in_flight(pool, 0)  # the admitted first choice, cancelled
+    scripted.delay_s = 0.02
+    slow = asyncio.create_task(post(gateway, "/v1/chat/completions", session, hello))
+    await until_in_flight(pool, 1)
+    other = await gateway.open_session()
+    status, body, headers = await post(gateway, "/v1/messages", other,
+                                       {**hello, "max_tokens": 4})
+    assert (status, headers["Retry-After"]) == (429, "3")
+    assert body["error"]["type"] == "rate_limit_error"
+    assert (await slow)[0] == 200
+    assert len(calls_of(gateway.tree(), session["session_id"])) == 1
+    assert calls_of(gateway.tree(), other["session_id"]) == []
 
     empty = await make_gateway([])
     session = await empty.open_session()

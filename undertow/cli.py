@@ -7,9 +7,13 @@ variables are read here and nowhere else.
 """
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
+
+# Command groups in `undertow/commands/`, one module each (see its docstring).
+COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def _add_model(commands) -> None:
@@ -374,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_gateway, _add_trees, _add_rollout, _add_train, _add_sft,
                 _add_sft_collect, _add_plot):
         add(commands)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"undertow.commands.{name}").add(commands)
     return parser
 
 

@@ -14,6 +14,7 @@ character until its last byte arrives.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -67,6 +68,7 @@ class Renderer:
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._template = environment.from_string(template)
         self._special = {name: config.get(name) for name in ("bos_token", "eos_token")}
+        self._kwargs: dict = {}
         self.max_length = int(config.get("model_max_length") or 0)
         self.stop_token_ids = self._read_stop_token_ids(model_dir, config)
         self.turn_end = self._probe_turn_end()
@@ -152,13 +154,22 @@ class Renderer:
             return False
         return True
 
+    def with_kwargs(self, kwargs: Mapping | None) -> Renderer:
+        """This renderer, passing `kwargs` to the template as well (a request's
+        `chat_template_kwargs` such as `enable_thinking`, and `reasoning_effort`)."""
+        if not kwargs:
+            return self
+        bound = copy.copy(self)
+        bound._kwargs = {**self._kwargs, **kwargs}
+        return bound
+
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = False) -> str:
         try:
             return self._template.render(messages=list(messages),
                                          tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
-                                         **self._special)
+                                         **self._special, **self._kwargs)
         except TemplateError:
             raise
         except jinja2.TemplateError as error:
@@ -189,8 +200,9 @@ class Detokenizer:
     Only a window of recent IDs is decoded at each step (vLLM's scheme), so the cost
     per token does not grow with the completion's length."""
 
-    def __init__(self, renderer: Renderer):
+    def __init__(self, renderer: Renderer, skip_special_tokens: bool = True):
         self._renderer = renderer
+        self._skip_special = skip_special_tokens
         self.token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -198,9 +210,9 @@ class Detokenizer:
 
     def push(self, token_ids: Sequence[int]) -> str:
         self.token_ids.extend(token_ids)
-        decode = self._renderer.decode
-        prefix_text = decode(self.token_ids[self._prefix_offset:self._read_offset])
-        window_text = decode(self.token_ids[self._prefix_offset:])
+        decode, skip = self._renderer.decode, self._skip_special
+        prefix_text = decode(self.token_ids[self._prefix_offset:self._read_offset], skip)
+        window_text = decode(self.token_ids[self._prefix_offset:], skip)
         if len(window_text) <= len(prefix_text) or window_text.endswith("\ufffd"):
             return ""
         delta = window_text[len(prefix_text):]
@@ -210,7 +222,7 @@ class Detokenizer:
 
     def flush(self) -> str:
         """Whatever was held back (a trailing partial character), at the end."""
-        full = self._renderer.decode(self.token_ids)
+        full = self._renderer.decode(self.token_ids, self._skip_special)
         delta = full[len(self.text):] if full.startswith(self.text) else ""
         self.text += delta
         return delta

@@ -42,6 +42,7 @@ from undertow.gateway.render import Renderer
 from undertow.gateway.resume import HeadReplay
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.store import TreeStore
+from undertow.gateway.toolparsers import resolve_parser
 
 _API_NAMES = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"),
               ("/v1/messages/count_tokens", "count_tokens"), ("/v1/messages", "messages"),
@@ -98,7 +99,8 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
     renderer = Renderer(config.model_dir)
     store = TreeStore(config.store_dir, sync=config.store_sync)
     sessions = SessionRegistry(config.num_heads_per_session)
-    heads = HeadReplay(renderer, sessions, config.tool_parser)
+    tool_parser = resolve_parser(config.tool_parser, config.model_dir)
+    heads = HeadReplay(renderer, sessions, tool_parser)
     for event in store.replay():
         if event["kind"] == "call":
             heads.apply(event, store.trees[event["group"]])
@@ -114,7 +116,7 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
                         context_length=context_length_of(config.model_dir, renderer,
                                                          config.context_length),
                         default_max_tokens=config.default_max_tokens,
-                        tool_parser=config.tool_parser)
+                        tool_parser=tool_parser)
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[_metrics_middleware(metrics), error_middleware])
     app[METRICS_KEY], app[STORE_KEY], app[SESSIONS_KEY] = metrics, store, sessions

@@ -31,7 +31,7 @@ from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import Head, Prompt, build_prompt
-from undertow.gateway.toolparsers import Content, Event, create_parser
+from undertow.gateway.toolparsers import Content, Event, Unparsed, create_parser
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Sampling:
     top_k: int = -1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    constraint: tuple[str, str] | None = None  # (SGLang's json_schema|regex|ebnf, its text)
 
     def to_engine(self, max_new_tokens: int, index: int) -> dict[str, Any]:
         params: dict[str, Any] = {"max_new_tokens": max_new_tokens,
@@ -53,6 +54,8 @@ class Sampling:
             params["stop"] = list(self.stop)
         if self.seed is not None:
             params["sampling_seed"] = self.seed + index
+        if self.constraint is not None:
+            params[self.constraint[0]] = self.constraint[1]
         return params
 
 
@@ -71,6 +74,8 @@ class CallRequest:
     n: int = 1
     fingerprint: str = ""
     is_retry: bool = False
+    template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort
+    tool_parser: str | None = None  # instead of the gateway's (forced tool calls)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ class CallRunner:
                 return newest.token_ids
             return tree.path_token_ids(leaf)
 
-        prompt = build_prompt(self.renderer, request.messages, request.tools, session.heads,
+        prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
+                              request.messages, request.tools, session.heads,
                               path_token_ids)
         self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
         if prompt.branch:
@@ -274,9 +280,8 @@ class CallRunner:
     async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
                       call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | dict]:
         """One choice's `Delta`s as sampled, then its result (a dict for `_record`)."""
-        parser = (create_parser(self.tool_parser, parse_tools=self._parses_tools(request))
-                  if request.messages is not None else None)
-        detokenizer = Detokenizer(self.renderer)
+        parser = self._parser(request, prompt) if request.messages is not None else None
+        detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions, all_events = [], [], [], []
         finish_reason, cached, first_token_s = None, 0, None
@@ -299,6 +304,8 @@ class CallRunner:
         events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
         events += parser.finish() if parser else []
         all_events += events
+        self.metrics.unparsed_tool_calls.inc(sum(isinstance(e, Unparsed) for e in all_events),
+                                             parser=request.tool_parser or self.tool_parser)
         yield Delta(index, call_id, events, [], [])
         yield {"index": index, "call_id": call_id, "token_ids": token_ids, "events": all_events,
                "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
@@ -365,6 +372,13 @@ class CallRunner:
         return Choice(result["index"], result["call_id"], message, result["text"],
                       result["token_ids"], result["logprobs"], result["weight_versions"],
                       result["finish_reason"])
+
+    def _parser(self, request: CallRequest, prompt: Prompt):
+        """A tool-call parser for one choice, told the tools and the prompt's last text."""
+        tail = self.renderer.decode(prompt.token_ids[-8:], skip_special_tokens=False)
+        return create_parser(request.tool_parser or self.tool_parser,
+                             parse_tools=self._parses_tools(request), tools=request.tools,
+                             prompt_tail=tail)
 
     @staticmethod
     def _parses_tools(request: CallRequest) -> bool:

@@ -231,6 +231,7 @@ class GatewayMetrics:
     engine_in_flight: Gauge
     engine_state: Gauge
     admission_refusals: Counter
+    unparsed_tool_calls: Counter
 
     @classmethod
     def create(cls, registry: Registry | None = None) -> GatewayMetrics:
@@ -264,4 +265,7 @@ class GatewayMetrics:
                                  ("engine", "state")),
             admission_refusals=r.counter("undertow_admission_refusals_total",
                                          "Generations refused with 429 (pool at its limit)."),
+            unparsed_tool_calls=r.counter("undertow_unparsed_tool_calls_total",
+                                          "Tool calls the parser could not read (returned to the "
+                                          "scaffold as text).", ("parser",)),
         )

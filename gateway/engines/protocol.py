@@ -98,6 +98,11 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     sampling_seed: int | None = None
+    # Structured output (SGLang's own fields; at most one): a JSON schema as JSON text, a
+    # regular expression, or an EBNF grammar that the output must match.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def to_sglang(self) -> dict:
         """The `sampling_params` object of SGLang's `/generate`."""
@@ -110,6 +115,9 @@ class SamplingParams:
             params["stop"] = list(self.stop)
         if self.stop_token_ids:
             params["stop_token_ids"] = list(self.stop_token_ids)
+        for name in ("json_schema", "regex", "ebnf"):
+            if getattr(self, name) is not None:
+                params[name] = getattr(self, name)
         if self.sampling_seed is not None:
             params["sampling_seed"] = self.sampling_seed
         return params

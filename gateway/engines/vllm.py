@@ -49,6 +49,10 @@ def _sampling_params(params: SamplingParams, return_logprob: bool) -> dict:
     }
     if params.sampling_seed is not None:
         mapped["seed"] = params.sampling_seed
+    structured = {"json": params.json_schema, "regex": params.regex, "grammar": params.ebnf}
+    structured = {name: value for name, value in structured.items() if value is not None}
+    if structured:  # vLLM's StructuredOutputsParams
+        mapped["structured_outputs"] = structured
     if return_logprob:
         mapped["logprobs"] = 0  # the sampled token's logprob only
     return mapped

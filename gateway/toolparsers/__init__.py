@@ -1,27 +1,62 @@
-"""Tool-call parsers, chosen by name (`GatewayConfig.tool_parser`).
+"""Tool-call and reasoning parsers, chosen by name (`GatewayConfig.tool_parser`,
+`--tool-parser`), or `auto`: detected from the model directory's chat template
+(`detect.py`).
 
-A parser turns a completion's text, fed as it streams, into `Content`,
-`Reasoning` and `ToolCall` events. One file per model family; add a family by
-adding a file and a line to `PARSERS`.
+A parser turns a completion's text, fed as it streams, into `Content`, `Reasoning`
+and `ToolCall` events (and `Unparsed`: content that was a tool call it could not
+read). One file per format; add a format by adding a file and a line to `PARSERS`.
+Reasoning is parsed by the same parser: a leading `<think>` block (Qwen3,
+DeepSeek-R1, GLM-4.5) or harmony's analysis channel (gpt-oss).
 """
 
 from __future__ import annotations
 
-from undertow.gateway.toolparsers.base import Content, Event, Reasoning, ToolCall, ToolParser
-from undertow.gateway.toolparsers.hermes import HermesParser
+from collections.abc import Sequence
 
-__all__ = ["PARSERS", "Content", "Event", "Reasoning", "ToolCall", "ToolParser", "create_parser"]
+from undertow.gateway.toolparsers.base import (
+    Content,
+    Event,
+    Reasoning,
+    ToolCall,
+    ToolParser,
+    Unparsed,
+)
+from undertow.gateway.toolparsers.deepseek import DeepSeekParser
+from undertow.gateway.toolparsers.detect import parser_of_template, resolve_parser
+from undertow.gateway.toolparsers.forced import ForcedCallsParser, forced_calls_schema
+from undertow.gateway.toolparsers.glm45 import Glm45Parser
+from undertow.gateway.toolparsers.harmony import HarmonyParser
+from undertow.gateway.toolparsers.hermes import HermesParser
+from undertow.gateway.toolparsers.llama3 import Llama3JsonParser
+from undertow.gateway.toolparsers.qwen3_coder import Qwen3CoderParser
+
+__all__ = ["FORCED", "PARSERS", "Content", "Event", "Reasoning", "ToolCall", "ToolParser",
+           "Unparsed", "create_parser", "forced_calls_schema", "parser_of_template",
+           "resolve_parser"]
+
+FORCED = "forced"
 
 # The built-in model writes Qwen/Hermes-style `<tool_call>{json}</tool_call>` blocks.
 PARSERS: dict[str, type[ToolParser]] = {
     "undertow": HermesParser,
     "hermes": HermesParser,
     "qwen": HermesParser,
+    "qwen3_coder": Qwen3CoderParser,
+    "llama3_json": Llama3JsonParser,
+    "deepseek_v3": DeepSeekParser,
+    "deepseek_r1": DeepSeekParser,
+    "glm45": Glm45Parser,
+    "harmony": HarmonyParser,
+    "gpt_oss": HarmonyParser,
+    FORCED: ForcedCallsParser,
 }
 
 
-def create_parser(name: str, parse_tools: bool = True) -> ToolParser:
-    """A fresh parser for one completion; `parse_tools=False` leaves tool calls as text."""
+def create_parser(name: str, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
+                  prompt_tail: str = "") -> ToolParser:
+    """A fresh parser for one completion; `parse_tools=False` leaves tool calls as text.
+    `tools` and `prompt_tail`: see `ToolParser`."""
     if name not in PARSERS:
-        raise ValueError(f"unknown tool parser {name!r}; choose one of {sorted(PARSERS)}")
-    return PARSERS[name](parse_tools=parse_tools)
+        raise ValueError(f"unknown tool parser {name!r}; choose one of {sorted(PARSERS)} "
+                         "or 'auto'")
+    return PARSERS[name](parse_tools=parse_tools, tools=tools, prompt_tail=prompt_tail)

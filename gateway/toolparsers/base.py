@@ -1,7 +1,14 @@
-"""The protocol of tool-call parsers, and the events they emit."""
+"""The protocol of tool-call parsers, the events they emit, and what the formats share.
+
+A parser sees one completion's text as it streams. `Unparsed` is what a parser emits for
+a tool call it could not read: it is `Content` (so every API returns it as text, and
+nothing the model wrote is lost) that the call runner also counts in the metrics.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -9,6 +16,11 @@ from typing import Any, Protocol
 @dataclass(frozen=True)
 class Content:
     text: str
+
+
+@dataclass(frozen=True)
+class Unparsed(Content):
+    """The text of a tool call the parser could not read, returned as content."""
 
 
 @dataclass(frozen=True)
@@ -25,8 +37,6 @@ class ToolCall:
 
     @property
     def arguments_json(self) -> str:
-        import json
-
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
@@ -36,10 +46,59 @@ Event = Content | Reasoning | ToolCall
 class ToolParser(Protocol):
     """Stateful parser of one completion. `feed` takes new text and returns the events
     it completes; `finish` flushes at the end of the completion. Concatenating all
-    Content texts gives the message's content, all Reasoning texts its reasoning."""
+    Content texts gives the message's content, all Reasoning texts its reasoning.
 
-    def __init__(self, parse_tools: bool = True) -> None: ...
+    `tools` (the request's, OpenAI form) lets formats that write arguments as text
+    convert them to the schema's types; `prompt_tail` is the end of the rendered prompt
+    (a template that opens the think block itself, as DeepSeek-R1's does, leaves the
+    completion inside it). `keeps_special_tokens`: the format's markers are special
+    tokens, so the completion must be decoded with them (harmony)."""
+
+    keeps_special_tokens: bool
+
+    def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
+                 prompt_tail: str = "") -> None: ...
 
     def feed(self, text: str) -> list[Event]: ...
 
     def finish(self) -> list[Event]: ...
+
+
+def partial_tag_length(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for length in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-length:]):
+            return length
+    return 0
+
+
+def parameter_schemas(tools: Sequence[dict] | None, name: str) -> dict[str, Any]:
+    """The JSON schemas of the parameters of tool `name` (empty when unknown)."""
+    for tool in tools or ():
+        function = tool.get("function") or {}
+        if function.get("name") == name:
+            return (function.get("parameters") or {}).get("properties") or {}
+    return {}
+
+
+def convert_value(text: str, schema: dict | None) -> Any:
+    """An argument written as text (XML-style formats) as the type its schema names; a
+    string when the schema says so, or when the text is not of the named type. Without
+    a schema, JSON objects, arrays, numbers and booleans are read as such."""
+    kind = (schema or {}).get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "string":
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if kind is None:
+        return value if not isinstance(value, str) else text
+    wanted = {"integer": int, "number": (int, float), "boolean": bool, "object": dict,
+              "array": list, "null": type(None)}.get(kind)
+    if wanted is None or (isinstance(value, wanted) and not (
+            kind in ("integer", "number") and isinstance(value, bool))):
+        return value
+    return text

@@ -125,6 +125,7 @@ class NativeApi:
         body = await read_json(http)
         requests, batch = parse_generate(body, engine.tokenizer.encode, engine.vocab_size,
                                          engine.context_length)
+        await asyncio.to_thread(engine.grammars.attach, requests)
         if not requests[0].stream:
             counts = await asyncio.gather(*(engine.run(r) for r in requests))
             replies = [sglang_reply(engine, r, n, True)

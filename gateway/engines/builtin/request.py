@@ -56,6 +56,7 @@ class Request:
     epoch: int = -1
     weight_version: str | None = None
     staged_handle: str | None = None
+    grammar: object = None  # grammar.GrammarState of a constrained request (`grammar.py`)
 
     @property
     def wants_input_logprobs(self) -> bool:

@@ -8,6 +8,10 @@ Reproducibility: each request owns a `torch.Generator` seeded from `sampling_see
 absent) and draws exactly one uniform number per sampled token, then picks the token by inverse
 CDF over its own row. So a seeded request samples the same tokens whether it runs alone or in
 any batch.
+
+Structured output (SGLang's `json_schema`, `regex` and `ebnf`, at most one per request) is
+enforced by `grammar.py` as a mask on the logits before `sample`; the reported logprob is then
+that of the masked distribution, the one the token was drawn from.
 """
 
 import random
@@ -21,9 +25,10 @@ GREEDY_EPS = 1e-6
 
 # SGLang fields the engine accepts only at their neutral value.
 _NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-            "n": 1, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+            "n": 1, "structural_tag": None,
             "logit_bias": None, "custom_params": None, "stop_regex": None}
 _IGNORED = {"spaces_between_special_tokens", "stream_interval"}
+CONSTRAINTS = ("json_schema", "regex", "ebnf")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,17 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """The structured-output constraint as (kind, text), or None."""
+        for kind in CONSTRAINTS:
+            if getattr(self, kind) is not None:
+                return kind, getattr(self, kind)
+        return None
 
     @property
     def greedy(self) -> bool:
@@ -117,9 +133,22 @@ def parse_sampling_params(raw, vocab_size: int) -> SamplingParams:
                        else _number("sampling_seed", values["sampling_seed"], int)),
         ignore_eos=_bool("ignore_eos", values.get("ignore_eos", False)),
         skip_special_tokens=_bool("skip_special_tokens", values.get("skip_special_tokens", True)),
-        no_stop_trim=_bool("no_stop_trim", values.get("no_stop_trim", False)))
+        no_stop_trim=_bool("no_stop_trim", values.get("no_stop_trim", False)),
+        **_constraint(values))
     _check_ranges(params)
     return params
+
+
+def _constraint(values: dict) -> dict[str, str]:
+    """At most one of SGLang's structured-output fields, each a non-empty string."""
+    given = {kind: values[kind] for kind in CONSTRAINTS if values.get(kind) is not None}
+    if len(given) > 1:
+        raise BadRequest(f"sampling_params: give at most one of {list(CONSTRAINTS)}, "
+                         f"got {sorted(given)}")
+    for kind, text in given.items():
+        if not isinstance(text, str) or not text:
+            raise BadRequest(f"sampling_params.{kind} must be a non-empty string, got {text!r}")
+    return given
 
 
 def _check_ranges(p: SamplingParams) -> None:

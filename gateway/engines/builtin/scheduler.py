@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from undertow.gateway.engines.builtin.grammar import mask_logits
 from undertow.gateway.engines.builtin.model import Qwen3, SlotKV, Weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
@@ -229,10 +230,15 @@ class Scheduler:
                 banned = list((set() if r.params.ignore_eos else self.eos_token_ids)
                               | r.params.stop_token_ids)
                 logits[i, banned] = float("-inf")
+        constrained = [(i, r.grammar) for i, r in enumerate(rows) if r.grammar is not None]
+        if constrained:
+            mask_logits(logits, constrained)
         num_top = max((r.top_logprobs_num for r in rows if r.return_logprob), default=0)
         result = sample(logits, [r.params for r in rows], [r.generator for r in rows], num_top)
         finished = []
         for i, r in enumerate(rows):
+            if r.grammar is not None:
+                r.grammar.accept(result.token_ids[i])
             r.output_ids.append(result.token_ids[i])
             r.output_logprobs.append(result.logprobs[i])
             if r.top_logprobs_num and r.return_logprob:

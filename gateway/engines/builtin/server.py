@@ -33,6 +33,7 @@ from aiohttp import web
 
 from undertow.gateway.engines.builtin import native_api, openai_api, undertow_kv
 from undertow.gateway.engines.builtin.errors import BadRequest
+from undertow.gateway.engines.builtin.grammar import Grammars
 from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, load_weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
@@ -90,6 +91,8 @@ class Engine:
             self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids),
             config.max_running_requests, self._publish, config.weight_version,
             max_prefill_tokens=config.max_prefill_tokens)
+        self.grammars = Grammars(config.model_dir, self.model_config.vocab_size,
+                                 self.scheduler.eos_token_ids)
         self._queues: dict[Request, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -1,0 +1,48 @@
+"""Which parser a model directory's chat template calls for (`--tool-parser auto`).
+
+A template writes its family's tool-call format itself (to render earlier calls and
+to describe the tools), so its text names the format; the markers are checked from
+the most to the least specific (Qwen3-Coder's template also writes `<tool_call>`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MARKERS = (("harmony", ("<|channel|>",)),
+           ("deepseek_v3", ("tool▁calls▁begin", "tool_calls_begin")),
+           ("glm45", ("<arg_key>",)),
+           ("qwen3_coder", ("<function=", "<parameter=")),
+           ("hermes", ("<tool_call>",)),
+           ("llama3_json", ("<|python_tag|>", "ipython")))
+
+
+def parser_of_template(template: str) -> str:
+    """The parser name for a chat template's text; `hermes` when nothing matches."""
+    for name, markers in MARKERS:
+        if any(marker in template for marker in markers):
+            return name
+    return "hermes"
+
+
+def template_of(model_dir: Path) -> str:
+    """The chat template text of a Hugging Face model directory (all named templates
+    joined), from `tokenizer_config.json` or `chat_template.jinja`."""
+    model_dir = Path(model_dir)
+    texts = []
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.exists():
+        texts.append(jinja.read_text(encoding="utf-8"))
+    config = model_dir / "tokenizer_config.json"
+    if config.exists():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template") or ""
+        if isinstance(template, list):
+            template = "\n".join(item.get("template", "") for item in template)
+        texts.append(template)
+    return "\n".join(texts)
+
+
+def resolve_parser(name: str, model_dir: Path) -> str:
+    """`name`, or for `auto` the parser that the model directory's template calls for."""
+    return parser_of_template(template_of(model_dir)) if name == "auto" else name

@@ -8,7 +8,22 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-agents setup-openhands docker-daemon run test lint bench
+.PHONY: system-packages setup setup-vllm setup-agents setup-openhands docker-daemon doctor run \
+	test lint bench
+
+# Every Debian package the project runs comes from system-packages.txt ("program package"
+# per line): the package of each program that is not on the PATH is installed, as root,
+# in one apt-get call; when every program is there, nothing is done.
+MISSING_PACKAGES = $(shell awk '!/^\#/ && NF == 2 {print $$1, $$2}' system-packages.txt | \
+	while read program package; do command -v $$program >/dev/null || echo $$package; done | \
+	sort -u)
+system-packages:
+ifneq ($(strip $(MISSING_PACKAGES)),)
+	@test "$$(id -u)" = 0 || { echo "as root: apt-get install $(MISSING_PACKAGES)"; exit 1; }
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		$(MISSING_PACKAGES)
+endif
 
 # The CPU build of torch is pinned and installed first, so that no later
 # requirement resolves a CUDA build.
@@ -19,7 +34,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[cpu,agents,test]'
 	touch $@
 
-setup: $(VENV)/.installed
+setup: system-packages $(VENV)/.installed
 
 # vLLM's CPU build pins its own versions; it lives in its own virtualenv and is
 # only ever started as a server process.
@@ -58,12 +73,18 @@ setup-openhands: $(OPENHANDS_VENV)/.installed
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
+# What a run or the test suite needs, each missing piece with the command that fixes it.
+doctor: setup
+	$(PY) -m undertow.cli doctor
+
 # The default run on this machine: built-in engine (tiny model), gateway, Docker
 # sandboxes, mini-swe-agent on the bundled tasks, and the learner (`undertow train`).
 run: setup docker-daemon
+	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train
 
 test: setup setup-vllm setup-agents setup-openhands docker-daemon
+	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 

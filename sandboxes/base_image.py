@@ -6,9 +6,14 @@ already uses, a non-root user `agent` (uid 1000) is added, and the root file
 system is imported with `docker import`. The image carries a label holding the
 hash of its recipe, so `build_base_image` finds and reuses an image built from the
 same recipe (and says so), and the debootstrap tarball is cached by that hash.
-Every task image (`task_image.py`) derives from this one.
+Every task image (`task_image.py`) derives from this one, and `ensure_task_image`
+builds it on first use, so that a task image's `FROM` never sends Docker to a
+registry. The build holds a file lock beside the tarball cache: sessions and
+processes that need the image at once build it once, the others wait and reuse it.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -153,17 +158,35 @@ def _import(client: docker.DockerClient, recipe: BaseImageRecipe, tarball: Path)
     return image.id
 
 
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    """Holds an flock on `lock_path`; it excludes other threads of this process too."""
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build_sync(client: docker.DockerClient, recipe: BaseImageRecipe = BaseImageRecipe(),
-                          cache_dir: Path | None = None, mirror: str | None = None) -> BaseImage:
+                cache_dir: Path | None = None, mirror: str | None = None) -> BaseImage:
     existing = _find_image(client, recipe)
     if existing is not None:
         return BaseImage(recipe.tag, existing.id, reused=True)
     cache_dir = cache_dir or Path.home() / ".cache" / "undertow"
-    tarball = _rootfs_tarball(recipe, mirror or apt_mirror(), cache_dir)
-    return BaseImage(recipe.tag, _import(client, recipe, tarball), reused=False)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(cache_dir / f"base-{recipe.digest()}.lock"):
+        existing = _find_image(client, recipe)  # built while this one waited for the lock
+        if existing is not None:
+            return BaseImage(recipe.tag, existing.id, reused=True)
+        tarball = _rootfs_tarball(recipe, mirror or apt_mirror(), cache_dir)
+        return BaseImage(recipe.tag, _import(client, recipe, tarball), reused=False)
 
 
 async def build_base_image(connection: Connection, recipe: BaseImageRecipe = BaseImageRecipe(),
                            cache_dir: Path | None = None, mirror: str | None = None) -> BaseImage:
-    """Builds the base image unless one from the same recipe exists (then says it reused it)."""
+    """Builds the base image unless one from the same recipe exists (then says it reused it).
+
+    Safe to call from many sessions and processes at once: one builds, the others wait."""
     return await connection.call(_build_sync, connection.client, recipe, cache_dir, mirror)

@@ -1,8 +1,9 @@
-"""Makes sure a Docker daemon is reachable, installing and starting one when allowed.
+"""Makes sure a Docker daemon is reachable, starting one when allowed.
 
-`make test` runs this before the test suite (`python -m undertow.sandboxes.daemon`):
-on a fresh machine, as root, it installs Debian's `docker.io` and starts `dockerd`;
-elsewhere it explains what to do.
+`make test` and `make run` run this (`python -m undertow.sandboxes.daemon`) after
+`make system-packages` has installed Debian's `docker.io` (the only place that
+installs Debian packages is the Makefile, from `system-packages.txt`): as root it
+starts `dockerd`; elsewhere it explains what to do.
 """
 
 import os
@@ -26,12 +27,6 @@ def daemon_reachable() -> bool:
     return result.returncode == 0
 
 
-def _install_docker() -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "docker.io"], check=True, env=env)
-
-
 def _start_dockerd(wait_s: float) -> None:
     with open(DOCKERD_LOG, "ab") as log:
         subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
@@ -52,7 +47,8 @@ def ensure_daemon(wait_s: float = 90) -> str:
             "no Docker daemon is reachable and this is not root: start dockerd "
             "(or add your user to the docker group) and run again")
     if shutil.which("dockerd") is None:
-        _install_docker()
+        raise DaemonError("dockerd is not installed: run `make system-packages` as root "
+                          "(it installs Debian's docker.io)")
     _start_dockerd(wait_s)
     return f"started dockerd (log: {DOCKERD_LOG})"
 

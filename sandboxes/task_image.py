@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from undertow.sandboxes.base_image import AGENT_UID, BaseImageRecipe
+from undertow.sandboxes.base_image import AGENT_UID, BaseImageRecipe, build_base_image
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import ImageError
 from undertow.sandboxes.task import Task
@@ -127,8 +127,10 @@ def _check_published(client: docker.DockerClient, task: Task) -> str:
 
 
 async def ensure_task_image(connection: Connection, task: Task,
-                            base_tag: str = BaseImageRecipe().tag) -> str:
-    """The task's image tag: its published image, or one built (once) from its source."""
+                            recipe: BaseImageRecipe | None = None) -> str:
+    """The task's image tag: its published image, or one built (once) from its source on
+    the base image, which is built first when the daemon does not have it."""
     if task.image is not None:
         return await connection.call(_check_published, connection.client, task)
-    return await connection.call(_build_sync, connection.client, task, base_tag)
+    base = await build_base_image(connection, recipe or BaseImageRecipe())
+    return await connection.call(_build_sync, connection.client, task, base.tag)

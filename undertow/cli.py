@@ -12,8 +12,10 @@ import os
 import sys
 from pathlib import Path
 
+from undertow.commands.serve import add_auto_session_arguments, auto_sessions_config
+
 # Command groups in `undertow/commands/`, one module each (see its docstring).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair")
 
 
 def _add_model(commands) -> None:
@@ -179,6 +181,7 @@ def _add_gateway(commands) -> None:
                        help="admission bound: past it on every engine, a call gets a 429")
     serve.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS",
                        help="the Retry-After of that 429")
+    add_auto_session_arguments(serve)
     serve.set_defaults(handler=_gateway_serve)
 
 
@@ -196,7 +199,8 @@ def _gateway_serve(args) -> int:
         max_body_bytes=args.max_body_bytes, context_length=args.context_length,
         store_sync=args.store_sync,
         router=RouterConfig(max_in_flight_per_engine=args.max_in_flight_per_engine,
-                            retry_after_s=args.retry_after))
+                            retry_after_s=args.retry_after),
+        auto_sessions=auto_sessions_config(args))
     serve(config)
     return 0
 

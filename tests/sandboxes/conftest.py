@@ -149,4 +149,4 @@ def fixture_task(task_set_dir):
 def fixture_image(docker_connection, base_image, fixture_task) -> str:
     from undertow.sandboxes.task_image import ensure_task_image
 
-    return asyncio.run(ensure_task_image(docker_connection, fixture_task, base_image))
+    return asyncio.run(ensure_task_image(docker_connection, fixture_task))

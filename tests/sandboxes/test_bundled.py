@@ -31,7 +31,7 @@ def test_bundled_set_size_and_stamps():
 @pytest.mark.parametrize("task", TASKS, ids=[task.instance_id for task in TASKS])
 async def test_gold_patch_scores_one_and_empty_diff_zero(task, docker_connection, docker_run,
                                                         base_image):
-    image = await ensure_task_image(docker_connection, task, base_image)
+    image = await ensure_task_image(docker_connection, task)
     gold, empty = await asyncio.gather(
         grade(docker_connection, task, task.patch, run=docker_run, image=image),
         grade(docker_connection, task, "", run=docker_run, image=image))

@@ -169,7 +169,10 @@ def _add_gateway(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0, help="0 picks a free port and prints it")
     serve.add_argument("--model-name", default="undertow", help="name listed by /v1/models")
-    serve.add_argument("--tool-parser", default="undertow")
+    serve.add_argument("--tool-parser", default="auto",
+                       help="tool-call and reasoning format: hermes, qwen3_coder, llama3_json, "
+                       "deepseek_v3, glm45, harmony, or auto (detected from the model's chat "
+                       "template)")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
     serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
     serve.add_argument("--store-sync", choices=("flush", "fsync"), default="flush",

@@ -32,6 +32,7 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import anthropic_error
 from undertow.gateway.api.openai_chat import parse_sampling
+from undertow.gateway.api.output_options import force_tools, json_output, single_call
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -40,7 +41,8 @@ from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 # Code's `output_config`) are accepted and ignored; anything else is refused by name.
 ACCEPTED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
             "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "metadata",
-            "service_tier", "context_management", "container", "mcp_servers", "output_config"}
+            "service_tier", "context_management", "container", "mcp_servers", "output_config",
+            "output_format"}
 SIGNATURE = "undertow"
 
 
@@ -146,7 +148,45 @@ def to_chat_tools(tools: Any) -> list[dict] | None:
             for t in tools]
 
 
-def parse_request(body: dict[str, Any], count_only: bool = False) -> CallRequest:
+def thinking_kwargs(thinking: Any) -> dict | None:
+    """`thinking` as the template's `enable_thinking` (Qwen3's and GLM-4.5's name).
+    `budget_tokens` is not enforced: the reasoning is bounded by `max_tokens` only."""
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise BadRequest("thinking.type must be 'enabled', 'disabled' or 'adaptive'",
+                         param="thinking")
+    return {"enable_thinking": kind != "disabled"}
+
+
+def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
+                      ) -> CallRequest:
+    """`tool_choice` (auto, none, any, tool) and `output_format` (see `output_options`)."""
+    choice = body.get("tool_choice") or {}
+    kind = choice.get("type", "auto") if isinstance(choice, dict) else None
+    if kind not in ("auto", "none", "any", "tool"):
+        raise BadRequest("tool_choice.type must be 'auto', 'none', 'any' or 'tool'",
+                         param="tool_choice")
+    parallel = not choice.get("disable_parallel_tool_use", False)
+    if kind in ("any", "tool"):
+        name = choice.get("name") if kind == "tool" else None
+        if kind == "tool" and not isinstance(name, str):
+            raise BadRequest("tool_choice.name: Field required", param="tool_choice")
+        call = force_tools(call, name, parallel)
+    fmt = body.get("output_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise UnsupportedParameter("output_format.type must be 'json_schema'",
+                                       param="output_format")
+        call = json_output(call, fmt.get("schema"), "output_format")
+    if not parallel and kind == "auto":
+        call = single_call(call, tool_parser, "tool_choice.disable_parallel_tool_use")
+    return call
+
+
+def parse_request(body: dict[str, Any], count_only: bool = False,
+                  tool_parser: str = "hermes") -> CallRequest:
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"{unknown[0]}: Extra inputs are not permitted",
@@ -155,11 +195,13 @@ def parse_request(body: dict[str, Any], count_only: bool = False) -> CallRequest
         raise BadRequest("model: Field required", param="model")
     if not count_only and not isinstance(body.get("max_tokens"), int):
         raise BadRequest("max_tokens: Field required", param="max_tokens")
-    choice = (body.get("tool_choice") or {}).get("type", "auto")
-    return CallRequest(api="messages", model=body["model"],
+    choice = body.get("tool_choice") or {}
+    call = CallRequest(api="messages", model=body["model"],
                        sampling=parse_sampling(body, ("max_tokens",)),
                        messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
-                       parse_tools=choice != "none")
+                       parse_tools=not isinstance(choice, dict) or choice.get("type") != "none",
+                       template_kwargs=thinking_kwargs(body.get("thinking")))
+    return apply_tool_choice(call, body, tool_parser)
 
 
 def _tool_use_id(call_id: str, index: int) -> str:
@@ -281,7 +323,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def messages(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body), request, raw)
+        call = mark_retry(parse_request(body, tool_parser=runner.tool_parser), request, raw)
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: message_body(call, outcome), lambda: MessageStream(call))
@@ -289,8 +331,9 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def count_tokens(request: web.Request) -> web.Response:
         session_of(request, sessions)
         body, _ = await read_json(request, config.max_body_bytes)
-        call = parse_request(body, count_only=True)
-        text = runner.renderer.render(call.messages, call.tools, add_generation_prompt=True)
+        call = parse_request(body, count_only=True, tool_parser=runner.tool_parser)
+        text = runner.renderer.with_kwargs(call.template_kwargs).render(
+            call.messages, call.tools, add_generation_prompt=True)
         return web.json_response({"input_tokens": len(runner.renderer.encode(text))})
 
     for prefix in ("", "/s/{session}"):

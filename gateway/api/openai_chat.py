@@ -22,6 +22,12 @@ from undertow.gateway.api.common import (
     sse,
 )
 from undertow.gateway.api.errors import openai_error
+from undertow.gateway.api.output_options import (
+    force_tools,
+    output_format,
+    single_call,
+    template_kwargs,
+)
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -141,8 +147,10 @@ def parse_tools(tools: Any) -> list[dict] | None:
     return tools or None
 
 
-def parse_request(body: dict[str, Any], max_n: int,
-                  known: KnownMessages | None = None) -> CallRequest:
+def parse_request(body: dict[str, Any], max_n: int, known: KnownMessages | None = None,
+                  tool_parser: str = "hermes") -> CallRequest:
+    """The call a chat request asks for; `tool_parser` is the gateway's (its format's
+    end of a call stops a request that allows one call at most)."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
@@ -155,15 +163,38 @@ def parse_request(body: dict[str, Any], max_n: int,
     if body.get("top_logprobs"):
         raise UnsupportedParameter("top_logprobs is not supported; use logprobs=true",
                                    param="top_logprobs")
-    format_type = (body.get("response_format") or {}).get("type", "text")
-    if format_type != "text":
-        raise UnsupportedParameter(f"response_format {format_type!r} is not supported",
-                                   param="response_format")
-    return CallRequest(api="chat", model=body["model"],
+    call = CallRequest(api="chat", model=body["model"],
                        sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
                        messages=parse_messages(body.get("messages"), known),
                        tools=parse_tools(body.get("tools")),
-                       parse_tools=body.get("tool_choice") != "none", n=n)
+                       parse_tools=body.get("tool_choice") != "none", n=n,
+                       template_kwargs=template_kwargs(body.get("chat_template_kwargs"),
+                                                      body.get("reasoning_effort")))
+    return apply_output_options(call, body, tool_parser)
+
+
+def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: str
+                         ) -> CallRequest:
+    """`tool_choice`, `parallel_tool_calls` and `response_format` (see `output_options`)."""
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    if choice == "required" or isinstance(choice, dict):
+        function = (choice.get("function") or {}) if isinstance(choice, dict) else {}
+        if isinstance(choice, dict) and (choice.get("type") != "function"
+                                         or not isinstance(function.get("name"), str)):
+            raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}",
+                             param="tool_choice")
+        call = force_tools(call, function.get("name"), parallel is not False)
+    elif choice not in (None, "auto", "none"):
+        raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
+                         "or a named function", param="tool_choice")
+    call = output_format(call, body.get("response_format"), "response_format")
+    if parallel is False and call.tool_parser is None and call.parse_tools:
+        call = single_call(call, tool_parser, "parallel_tool_calls")
+    return call
 
 
 def finish_reason(choice: Choice) -> str:
@@ -271,7 +302,8 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = parse_request(body, config.max_n, session.known_messages.get("chat"))
+        call = parse_request(body, config.max_n, session.known_messages.get("chat"),
+                             runner.tool_parser)
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
         call = mark_retry(call, request, raw)
         want_logprobs = bool(body.get("logprobs"))

@@ -28,6 +28,12 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling
+from undertow.gateway.api.output_options import (
+    force_tools,
+    output_format,
+    single_call,
+    template_kwargs,
+)
 from undertow.gateway.calls import CallRequest, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -114,7 +120,7 @@ def to_chat_tools(tools: Any) -> list[dict] | None:
     return result or None
 
 
-def parse_request(body: dict[str, Any]) -> CallRequest:
+def parse_request(body: dict[str, Any], tool_parser: str = "hermes") -> CallRequest:
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
@@ -123,10 +129,40 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
                                    "input with store=false", param="previous_response_id")
     if not isinstance(body.get("model"), str):
         raise BadRequest("model must be a string", param="model")
-    return CallRequest(api="responses", model=body["model"],
+    reasoning = body.get("reasoning") or {}
+    if not isinstance(reasoning, dict):
+        raise BadRequest("reasoning must be an object", param="reasoning")
+    call = CallRequest(api="responses", model=body["model"],
                        sampling=parse_sampling(body, ("max_output_tokens",)),
                        messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
-                       parse_tools=body.get("tool_choice") != "none")
+                       parse_tools=body.get("tool_choice") != "none",
+                       template_kwargs=template_kwargs(None, reasoning.get("effort"),
+                                                       effort_param="reasoning.effort"))
+    return apply_output_options(call, body, tool_parser)
+
+
+def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: str
+                         ) -> CallRequest:
+    """`tool_choice`, `parallel_tool_calls` and `text.format` (see `output_options`)."""
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if choice == "required" or isinstance(choice, dict):
+        if isinstance(choice, dict) and (choice.get("type") != "function"
+                                         or not isinstance(choice.get("name"), str)):
+            raise UnsupportedParameter("tool_choice must be 'none', 'auto', 'required' or "
+                                       "{'type': 'function', 'name': ...}", param="tool_choice")
+        call = force_tools(call, choice.get("name") if isinstance(choice, dict) else None,
+                           parallel is not False)
+    elif choice not in (None, "auto", "none"):
+        raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
+                         "or a named function", param="tool_choice")
+    text = body.get("text") or {}
+    if not isinstance(text, dict):
+        raise BadRequest("text must be an object", param="text")
+    call = output_format(call, text.get("format"), "text.format")
+    if parallel is False and call.tool_parser is None and call.parse_tools:
+        call = single_call(call, tool_parser, "parallel_tool_calls")
+    return call
 
 
 def _ids(call_id: str) -> str:
@@ -293,7 +329,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def create_response(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body), request, raw)
+        call = mark_retry(parse_request(body, runner.tool_parser), request, raw)
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: response_body(call, body, outcome, outcome.choices[0].call_id),

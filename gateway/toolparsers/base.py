@@ -52,9 +52,12 @@ class ToolParser(Protocol):
     convert them to the schema's types; `prompt_tail` is the end of the rendered prompt
     (a template that opens the think block itself, as DeepSeek-R1's does, leaves the
     completion inside it). `keeps_special_tokens`: the format's markers are special
-    tokens, so the completion must be decoded with them (harmony)."""
+    tokens, so the completion must be decoded with them (harmony). `single_call_stop`: the
+    stop string that ends a completion after its first tool call ("" when the format
+    writes one call per turn anyway)."""
 
     keeps_special_tokens: bool
+    single_call_stop: str
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = "") -> None: ...

@@ -42,6 +42,7 @@ def read_call(text: str) -> ToolCall | None:
 
 class DeepSeekParser(TaggedParser):
     CALL_OPEN, CALL_CLOSE = CALLS_BEGIN, CALLS_END
+    single_call_stop = CALL_END
 
     def read_block(self, block: str) -> list[ToolCall] | None:
         calls = [read_call(match) for match in CALL.findall(block)]

@@ -39,6 +39,7 @@ def forced_calls_schema(tools: Sequence[dict], name: str | None,
 
 class ForcedCallsParser:
     keeps_special_tokens = False
+    single_call_stop = ""  # the schema limits forced calls (maxItems)
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):

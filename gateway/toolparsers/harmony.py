@@ -45,6 +45,7 @@ class HarmonyParser:
     """States: `header` (up to `<|message|>`), `message`, `call`."""
 
     keeps_special_tokens = True
+    single_call_stop = ""  # `<|call|>` ends the turn: one call per completion
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):

@@ -44,6 +44,7 @@ def as_call(value) -> ToolCall | None:
 
 class Llama3JsonParser:
     keeps_special_tokens = False
+    single_call_stop = ""  # not enforced: Llama 3.x writes one call per turn
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):

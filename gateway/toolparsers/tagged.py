@@ -36,6 +36,7 @@ class TaggedParser:
     THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
     CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
     keeps_special_tokens = False
+    single_call_stop = "</tool_call>"
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):

@@ -1,0 +1,108 @@
+"""What a request asks of the output and of the template, read from each API's own
+fields into a `CallRequest`: forced tool use and JSON output (both enforced by the
+engine's constrained decoding), one tool call at most, and template arguments.
+
+- Forced tool use (`tool_choice` "required"/"any" or a named function): the engine
+  samples under a JSON schema of a list of calls (`toolparsers.forced`), and the
+  `forced` parser reads that list, whatever the family's own format.
+- JSON output (`response_format` / `text.format` / `output_format`): the engine samples
+  under the schema (`{"type": "object"}` for `json_object`).
+- At most one tool call (`parallel_tool_calls: false`, `disable_parallel_tool_use`):
+  forced calls get `maxItems: 1`; free ones stop at the format's end of a call (a stop
+  string), so a second call cannot begin. Formats that write one call per turn anyway
+  (harmony, whose `<|call|>` ends the turn; Llama 3 JSON) need nothing.
+- Template arguments (`chat_template_kwargs`, `reasoning_effort`, Anthropic's
+  `thinking`) are passed to the chat template, as vLLM and SGLang pass them.
+
+Anything else that would change the output and cannot be honoured is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from undertow.gateway.calls import CallRequest
+from undertow.gateway.errors import BadRequest, UnsupportedParameter
+from undertow.gateway.toolparsers import FORCED, PARSERS, forced_calls_schema
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+
+def template_kwargs(kwargs: Any, reasoning_effort: Any = None,
+                    kwargs_param: str = "chat_template_kwargs",
+                    effort_param: str = "reasoning_effort") -> dict | None:
+    """The template arguments of a request, validated; None when there are none."""
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadRequest(f"{kwargs_param} must be an object", param=kwargs_param)
+    result = dict(kwargs or {})
+    reserved = sorted(RESERVED_KWARGS & set(result))
+    if reserved:
+        raise BadRequest(f"{kwargs_param} may not set {reserved[0]!r}: the gateway sets it",
+                         param=kwargs_param)
+    if reasoning_effort is not None:
+        if reasoning_effort not in REASONING_EFFORTS:
+            raise BadRequest(f"{effort_param} must be one of {list(REASONING_EFFORTS)}, got "
+                             f"{reasoning_effort!r}", param=effort_param)
+        result["reasoning_effort"] = reasoning_effort
+    return result or None
+
+
+def tool_names(tools: list[dict] | None) -> list[str]:
+    return [tool["function"].get("name") for tool in tools or ()]
+
+
+def force_tools(call: CallRequest, name: str | None, parallel: bool,
+                param: str = "tool_choice") -> CallRequest:
+    """The call with its tool use forced: to any of its tools, or only to `name`."""
+    if not call.tools:
+        raise BadRequest(f"{param} forces a tool call but the request has no tools",
+                         param=param)
+    if name is not None and name not in tool_names(call.tools):
+        raise BadRequest(f"{param} names the function {name!r}, which is not among the "
+                         f"tools {tool_names(call.tools)}", param=param)
+    schema = forced_calls_schema(call.tools, name, parallel)
+    sampling = replace(call.sampling, constraint=("json_schema", json.dumps(schema)))
+    return replace(call, sampling=sampling, tool_parser=FORCED)
+
+
+def single_call(call: CallRequest, tool_parser: str, param: str) -> CallRequest:
+    """The call, stopped at the end of its first tool call (free tool use)."""
+    stop = PARSERS[tool_parser].single_call_stop
+    if not call.tools or not stop:
+        return call
+    if call.sampling.constraint is not None:
+        raise BadRequest(f"{param}: one tool call at most cannot be combined with a JSON "
+                         "output format", param=param)
+    return replace(call, sampling=replace(call.sampling, stop=call.sampling.stop + (stop,)))
+
+
+def json_output(call: CallRequest, schema: Any, param: str) -> CallRequest:
+    """The call with its output constrained to JSON matching `schema`."""
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{param}: the JSON schema must be an object", param=param)
+    if call.tool_parser == FORCED:
+        raise BadRequest(f"{param}: a JSON output format cannot be combined with a forced "
+                         "tool call", param=param)
+    sampling = replace(call.sampling, constraint=("json_schema", json.dumps(schema)))
+    return replace(call, sampling=sampling)
+
+
+def output_format(call: CallRequest, fmt: Any, param: str) -> CallRequest:
+    """OpenAI's `response_format` (chat) or `text.format` (Responses): text, json_object,
+    or json_schema (its schema under `json_schema.schema` in chat, `schema` in Responses)."""
+    if fmt is None:
+        return call
+    kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return call
+    if kind == "json_object":
+        return json_output(call, {"type": "object"}, param)
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") if "json_schema" in fmt else (
+            fmt.get("schema"))
+        return json_output(call, schema or {"type": "object"}, param)
+    raise UnsupportedParameter(f"{param} type {kind!r} is not supported (text, json_object, "
+                               "json_schema)", param=param)

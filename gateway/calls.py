@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from undertow.gateway.engines.protocol import random_seed
 from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
 from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.resume import head_record, message_of_events
@@ -52,8 +53,9 @@ class Sampling:
                                   "top_k": self.top_k}
         if self.stop:
             params["stop"] = list(self.stop)
-        if self.seed is not None:
-            params["sampling_seed"] = self.seed + index
+        # Always a seed, recorded with the call so that it can be replayed: SGLang 0.5.23
+        # gives a request without one the seed 42 (engines/client.py, item 1).
+        params["sampling_seed"] = random_seed() if self.seed is None else self.seed + index
         if self.constraint is not None:
             params[self.constraint[0]] = self.constraint[1]
         return params

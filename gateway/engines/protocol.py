@@ -9,13 +9,16 @@ typed and engine-neutral; each driver converts them to and from its wire format.
 Errors, one hierarchy for all drivers and launchers:
 
     EngineError                  anything an engine driver or launcher raises
-    ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx
+    ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx,
+    │                            or a reply the driver cannot read (a null logprob)
     ├── EngineRejected           the engine refused the request (4xx); `.message` is its reason
+    │   └── WeightsNotUpdated    a weight update did not complete (`.loaded`, `.weight_version`)
     └── EngineLaunchError        a launcher could not start an engine (`launch.py`)
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +40,8 @@ __all__ = [
     "ModelInfo",
     "PauseMode",
     "SamplingParams",
+    "WeightsNotUpdated",
+    "random_seed",
     "result_from_chunks",
 ]
 
@@ -59,7 +64,8 @@ class EngineError(Exception):
 
 
 class EngineUnavailable(EngineError):
-    """The engine did not answer: refused connection, dropped stream, or a 5xx reply.
+    """The engine did not answer: refused connection, dropped stream, a 5xx reply, or a
+    reply that breaks the protocol (a logprob that is null).
 
     The request may have been partly served; resume it elsewhere from its partial output.
     """
@@ -80,12 +86,38 @@ class EngineLaunchError(EngineError):
     """A launcher could not start an engine; the message says why and ends with its log tail."""
 
 
+class WeightsNotUpdated(EngineRejected):
+    """A weight update did not complete. `loaded` is True when the engine did load the new
+    weights all the same (so it no longer serves the old ones) and `weight_version` is the
+    version the engine reports now (None when it could not be read)."""
+
+    def __init__(self, message: str, *, loaded: bool, weight_version: str | None,
+                 url: str | None = None):
+        super().__init__(message, url=url)
+        self.loaded = loaded
+        self.weight_version = weight_version
+
+
+SEED_BITS = 31  # a seed every engine takes (SGLang: int64; vLLM and torch: up to 2**64 - 1)
+
+
+def random_seed() -> int:
+    """A fresh `sampling_seed`, for a request whose caller gave none."""
+    return secrets.randbits(SEED_BITS)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters with SGLang's names and defaults.
 
     `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
     `sampling_seed` makes sampling reproducible: the same seed and inputs give the same output.
+    None means "any": `to_sglang` then draws a fresh random seed for the request, because an
+    SGLang server run with `--enable-deterministic-inference` (as the `sglang` launcher runs
+    it) gives every request without a seed the seed 42 (SGLang 0.5.23,
+    `srt/sampling/sampling_batch_info.py`): the sessions of a group that send one prompt
+    would all get one completion. A caller that must replay a run picks and records the seed
+    itself (the gateway does, in `calls.py`).
     """
 
     max_new_tokens: int = 128
@@ -105,7 +137,8 @@ class SamplingParams:
     ebnf: str | None = None
 
     def to_sglang(self) -> dict:
-        """The `sampling_params` object of SGLang's `/generate`."""
+        """The `sampling_params` object of SGLang's `/generate`, always with a seed (see the
+        class docstring)."""
         params = {
             "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -118,8 +151,8 @@ class SamplingParams:
         for name in ("json_schema", "regex", "ebnf"):
             if getattr(self, name) is not None:
                 params[name] = getattr(self, name)
-        if self.sampling_seed is not None:
-            params["sampling_seed"] = self.sampling_seed
+        params["sampling_seed"] = (random_seed() if self.sampling_seed is None
+                                   else self.sampling_seed)
         return params
 
 
@@ -163,12 +196,15 @@ class GenerateRequest:
     sample its continuation.
 
     Invariants: exactly one of `input_ids` and `text` is set; `rid` is unique among the
-    requests in flight on one engine (it is what `Engine.abort` names). `input_ids` is a
-    tuple, or a list that nobody mutates (the gateway's prompts: not copying 128k IDs
-    per call is worth the weaker guarantee). `input_ids_json`, where set, is the JSON
-    array of exactly `input_ids`, and the wire body carries it as it is (the gateway
-    builds it incrementally, call by call, so a long history is not serialised again,
-    nor copied: see `sglang_body`).
+    requests in flight on one engine (it is what `Engine.abort` names), and no other rid
+    sent to that engine starts with it: SGLang 0.5.23 aborts every request whose rid starts
+    with the one named (`srt/managers/scheduler.py`, `abort_request`). The default, a UUID's
+    32 hex digits, and the gateway's `call-` plus 16 hex digits are fixed-width, so
+    prefix-free. `input_ids` is a tuple, or a list that nobody mutates (the gateway's
+    prompts: not copying 128k IDs per call is worth the weaker guarantee).
+    `input_ids_json`, where set, is the JSON array of exactly `input_ids`, and the wire body
+    carries it as it is (the gateway builds it incrementally, call by call, so a long
+    history is not serialised again, nor copied: see `sglang_body`).
     """
 
     input_ids: tuple[int, ...] | list[int] | None = None
@@ -340,12 +376,15 @@ class Engine(Protocol):
                                        weight_version: str | None = None) -> None:
         """Load new weights from a model directory; in-flight requests finish first.
 
-        Afterwards the prefix cache holds nothing computed with the old weights."""
+        Afterwards the prefix cache holds nothing computed with the old weights and the
+        engine reports `weight_version`. When that cannot be had, it raises
+        `WeightsNotUpdated` (`.loaded` says whether the weights changed all the same)."""
 
     async def flush_cache(self) -> None: ...
 
     async def health(self) -> bool:
-        """True when the engine answers its health check; never raises."""
+        """True when the engine is up and takes requests: a cheap probe that generates
+        nothing and answers at once during pauses and weight updates; never raises."""
 
     async def server_info(self) -> dict: ...
 

@@ -11,6 +11,9 @@ engine pool, the call runner, and the routes:
   `/admin/engines...`, `/admin/pause|resume|update_weights` (`api/engines_admin.py`);
 - `/health`, `/metrics`.
 
+With `config.auto_sessions`, an unknown key on a bare route opens its own session
+(`auto_sessions.py`), and idle ones expire.
+
 `serve(config)` runs it and prints the URL it listens on (port 0 picks one).
 """
 
@@ -34,6 +37,7 @@ from undertow.gateway.api import (
     responses,
 )
 from undertow.gateway.api.errors import error_middleware
+from undertow.gateway.auto_sessions import AutoSessions
 from undertow.gateway.calls import CallRunner
 from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.drivers import driver_for_url
@@ -54,6 +58,7 @@ STORE_KEY = web.AppKey("store", TreeStore)
 SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
 RUNNER_KEY = web.AppKey("runner", CallRunner)
 POOL_KEY = web.AppKey("pool", object)
+AUTO_SESSIONS_KEY = web.AppKey("auto_sessions", AutoSessions)
 
 
 def context_length_of(model_dir: Path, renderer: Renderer, configured: int) -> int:
@@ -117,10 +122,17 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
                                                          config.context_length),
                         default_max_tokens=config.default_max_tokens,
                         tool_parser=tool_parser)
-    app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[_metrics_middleware(metrics), error_middleware])
+    middlewares = [_metrics_middleware(metrics), error_middleware]
+    auto = None
+    if config.auto_sessions is not None:
+        auto = AutoSessions(config.auto_sessions, sessions, store, pool, metrics)
+        middlewares.append(auto.middleware)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[METRICS_KEY], app[STORE_KEY], app[SESSIONS_KEY] = metrics, store, sessions
     app[RUNNER_KEY], app[POOL_KEY] = runner, pool
+    if auto is not None:
+        app[AUTO_SESSIONS_KEY] = auto
+        app.cleanup_ctx.append(auto.checks)
 
     admin_auth = admin.make_admin_auth(config.admin_token)
     openai_chat.add_routes(app, runner, sessions, config)
@@ -166,6 +178,8 @@ async def _serve_forever(config: GatewayConfig) -> None:
     await site.start()
     port = runner.addresses[0][1]
     print(f"undertow gateway listening on http://{config.host}:{port}", flush=True)
+    if config.auto_sessions is not None:
+        print(config.auto_sessions.describe(), flush=True)
     try:
         await asyncio.Event().wait()
     finally:

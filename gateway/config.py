@@ -6,7 +6,43 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from undertow.gateway.errors import BadRequest
 from undertow.gateway.router import RouterConfig
+from undertow.gateway.store import check_group
+
+
+@dataclass(frozen=True)
+class AutoSessionsConfig:
+    """Sessions opened by the API keys clients bring, for interactive collection (a
+    person working with Claude Code or Codex against the gateway, no admin step).
+
+    With it, a request to a bare route (`/v1/...`) whose key the gateway does not know
+    opens a session in `group` on first use, keyed by that key, so each distinct key is
+    its own session. A session so opened closes by the admin API (with a reward) or
+    after `idle_close_s` without a call, with no reward (not trained until one is set);
+    a closed session's key is refused (401), never given a new session. The idle check
+    runs every `check_interval_s`.
+    """
+
+    group: str
+    idle_close_s: float = 1800.0
+    check_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        try:
+            check_group(self.group)
+        except BadRequest as error:
+            raise ValueError(f"auto-sessions: {error.message}") from None
+        if self.idle_close_s <= 0:
+            raise ValueError(f"idle_close_s={self.idle_close_s} must be positive")
+        if self.check_interval_s <= 0:
+            raise ValueError(f"check_interval_s={self.check_interval_s} must be positive")
+
+    def describe(self) -> str:
+        """The start-up line that says auto-sessions are on."""
+        return (f"auto-sessions on: an unknown API key opens a session in group "
+                f"{self.group!r} on first use (one per key); idle {self.idle_close_s:g} s, it "
+                "closes without a reward")
 
 
 @dataclass(frozen=True)
@@ -22,6 +58,7 @@ class GatewayConfig:
     delivered call survives a power loss); see `store.py`.
     `router`: admission bounds (past them a call gets a 429 with `Retry-After`) and
     routing affinity; see `router.py`.
+    `auto_sessions`: None (the default) refuses unknown keys; see `AutoSessionsConfig`.
     """
 
     model_dir: Path
@@ -40,6 +77,7 @@ class GatewayConfig:
     num_heads_per_session: int = 16
     store_sync: str = "flush"
     router: RouterConfig = field(default_factory=RouterConfig)
+    auto_sessions: AutoSessionsConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:

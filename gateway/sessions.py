@@ -10,6 +10,12 @@ it. Replies (and `in_flight`: the calls still generating, by fingerprint, so tha
 retry waits for its original) live in memory only, as does `known_messages` (by API:
 the last request's messages as sent and as parsed, so that an API parses only what a
 request adds to them).
+
+A session is opened by the admin API (the gateway makes its key) or, with
+auto-sessions on (`auto_sessions.py`), by the first call of a key the gateway does not
+know (the client's key is the session's key; `auto` is set). A session is closed with a
+reward (the admin API; trained on) or expires without one (an idle auto session; not
+trained until a reward is set by closing it). Either way its key is refused from then on.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Session:
     reward: float | None = None
     num_calls: int = 0
     known_messages: dict[str, Any] = field(default_factory=dict)
+    auto: bool = False
+    last_used_s: float = field(default_factory=time.monotonic)
 
     def add_head(self, head: Head, num_heads: int) -> None:
         """Adds the newest head, keeping at most `num_heads`. Only heads that share the
@@ -70,7 +78,7 @@ class Session:
     def summary(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "group": self.group, "closed": self.closed,
                 "reward": self.reward, "num_calls": self.num_calls, "meta": self.meta,
-                "created_s": self.created_s}
+                "created_s": self.created_s, "auto": self.auto}
 
 
 class SessionRegistry:
@@ -91,6 +99,14 @@ class SessionRegistry:
     def create(self, group: str, session_id: str | None = None,
                meta: dict[str, Any] | None = None) -> tuple[Session, str]:
         """A new session and its key (returned once, never stored)."""
+        key = f"sk-undertow-{secrets.token_urlsafe(24)}"
+        session = self.new_session(group, key, session_id, meta)
+        self.add(session)
+        return session, key
+
+    def new_session(self, group: str, key: str, session_id: str | None = None,
+                    meta: dict[str, Any] | None = None, auto: bool = False) -> Session:
+        """A session for `key`, not yet added (the caller stores its open event first)."""
         session_id = session_id or f"s-{secrets.token_hex(8)}"
         if not isinstance(session_id, str) or not session_id.replace("-", "").replace(
                 "_", "").isalnum() or len(session_id) > 128:
@@ -99,10 +115,10 @@ class SessionRegistry:
         if session_id in self._by_id:
             raise BadRequest(f"session {session_id} exists; pick another ID or omit it",
                              param="session_id")
-        key = f"sk-undertow-{secrets.token_urlsafe(24)}"
-        session = Session(session_id, group, hash_key(key), time.time(), dict(meta or {}))
-        self.add(session)
-        return session, key
+        if hash_key(key) in self._by_key:
+            raise BadRequest("this key already belongs to a session")
+        return Session(session_id, group, hash_key(key), time.time(), dict(meta or {}),
+                       auto=auto)
 
     def add(self, session: Session) -> None:
         self._by_id[session.session_id] = session
@@ -112,10 +128,16 @@ class SessionRegistry:
         """Applies a stored session event (on replay)."""
         if event["kind"] == "session_open":
             self.add(Session(event["session_id"], event["group"], event["key_sha256"],
-                             event.get("created_s", 0.0), dict(event.get("meta") or {})))
+                             event.get("created_s", 0.0), dict(event.get("meta") or {}),
+                             auto=bool(event.get("auto"))))
         elif event["kind"] == "session_close" and event["session_id"] in self._by_id:
             session = self._by_id[event["session_id"]]
             session.closed, session.reward = True, event["reward"]
+        elif event["kind"] == "session_expire" and event["session_id"] in self._by_id:
+            self._by_id[event["session_id"]].closed = True
+
+    def knows_key(self, key: str) -> bool:
+        return hash_key(key) in self._by_key
 
     def find(self, session_id: str) -> Session | None:
         return self._by_id.get(session_id)
@@ -138,7 +160,8 @@ class SessionRegistry:
             raise Unauthorized("invalid API key for this session: use the key returned when "
                                "the session was opened")
         if session.closed:
-            raise Unauthorized(f"session {session.session_id} is closed; open a new session")
+            raise Unauthorized(_closed_message(session))
+        session.last_used_s = time.monotonic()
         return session
 
     def sessions(self, group: str | None = None) -> list[Session]:
@@ -147,6 +170,22 @@ class SessionRegistry:
 
     @staticmethod
     def open_event(session: Session) -> dict[str, Any]:
-        return {"kind": "session_open", "session_id": session.session_id,
-                "group": session.group, "key_sha256": session.key_sha256,
-                "created_s": session.created_s, "meta": session.meta}
+        event = {"kind": "session_open", "session_id": session.session_id,
+                 "group": session.group, "key_sha256": session.key_sha256,
+                 "created_s": session.created_s, "meta": session.meta}
+        return {**event, "auto": True} if session.auto else event
+
+    @staticmethod
+    def expire_event(session: Session) -> dict[str, Any]:
+        """The event of a session closed without a reward (`restore` reads it back)."""
+        return {"kind": "session_expire", "session_id": session.session_id}
+
+
+def _closed_message(session: Session) -> str:
+    if not session.auto:
+        return f"session {session.session_id} is closed; open a new session"
+    how = ("it was idle too long and closed without a reward" if session.reward is None
+           else "it was closed")
+    return (f"session {session.session_id}, which this API key opened, is closed ({how}); "
+            "a closed session takes no more calls: use a different API key to start a new "
+            "session")

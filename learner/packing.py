@@ -137,16 +137,31 @@ def selected_leaves(tree: Tree, session_id: str, max_paths: int | None) -> list[
     return list(leaves) if max_paths is None else list(leaves[-max_paths:])
 
 
+LONG_PATHS = ("split", "whole")
+
+
 def pack_step(trees: list[Tree], advantages: dict[SessionKey, float], max_tokens: int,
-              max_paths_per_session: int | None = None) -> PackedStep:
+              max_paths_per_session: int | None = None, long_paths: str = "split"
+              ) -> PackedStep:
     """Packs the sessions named in `advantages` (others are context at most).
 
-    `max_tokens` bounds each micro-batch, except that one unit plus its full context
-    is never split (a path longer than the bound yields a longer micro-batch).
+    `max_tokens` bounds each micro-batch, except where a subtree plus its context does
+    not fit in one, by `long_paths`:
+    - "split": the subtree is split unit by unit, each micro-batch repeating its units'
+      full context (one unit plus its context is never split, so a path longer than
+      the bound yields a longer micro-batch). A path of T tokens then costs about
+      T^2 / (2 * unit) packed tokens: every unit past the bound brings its whole
+      context again.
+    - "whole": the subtree goes whole into one micro-batch of its own, its context
+      once: packed tokens equal unique tokens. Such a micro-batch is longer than
+      `max_tokens`; `PolicyModel` scores it in segments of `max_segment_tokens`
+      (`segments.py`), so set that to `max_tokens` to keep activations within it.
     Raises EmptyStepError naming the sessions when there is no trainable token.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if long_paths not in LONG_PATHS:
+        raise ValueError(f"long_paths must be one of {LONG_PATHS}, got {long_paths!r}")
     units, children = [], {}
     terms = _Terms(advantages)
     for tree_index, tree in enumerate(trees):
@@ -160,7 +175,7 @@ def pack_step(trees: list[Tree], advantages: dict[SessionKey, float], max_tokens
         names = sorted(f"{g}/{s}" for g, s in advantages)
         raise EmptyStepError(f"no trainable token in the step's sessions {names}: every token "
                              "is a prompt token; check that the gateway recorded completions")
-    plans = _plan(units, children, max_tokens)
+    plans = _plan(units, children, max_tokens, long_paths == "whole")
     micro_batches = [_materialize(trees, units, keys, trained, terms) for keys, trained in plans]
     return PackedStep(
         session_keys=terms.session_keys, micro_batches=micro_batches,
@@ -233,10 +248,11 @@ class _Terms:
             self.origin.append((unit.tree_index, unit.node_id, offset))
 
 
-def _plan(units: list[Unit], children: dict[int | None, list[int]], max_tokens: int
-          ) -> list[tuple[list[int], set[int]]]:
+def _plan(units: list[Unit], children: dict[int | None, list[int]], max_tokens: int,
+          whole: bool = False) -> list[tuple[list[int], set[int]]]:
     """Places units into micro-batches: a whole subtree where it fits (into the current
-    micro-batch, else a fresh one), otherwise the unit alone and then its children.
+    micro-batch, else a fresh one), otherwise (`whole`) a fresh micro-batch of the
+    whole subtree however long, or the unit alone and then its children.
     Returns (unit keys in depth-first order, keys trained there) per micro-batch."""
     subtree_tokens = [u.num_tokens for u in units]
     for unit in reversed(units):
@@ -284,7 +300,7 @@ def _plan(units: list[Unit], children: dict[int | None, list[int]], max_tokens: 
         if size + missing + subtree_tokens[key] <= max_tokens:
             add(subtree(key))
             continue
-        if units[key].depth + subtree_tokens[key] <= max_tokens:
+        if whole or units[key].depth + subtree_tokens[key] <= max_tokens:
             emit()
             add(subtree(key))
             continue

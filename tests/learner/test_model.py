@@ -39,7 +39,7 @@ def test_packed_scores_equal_per_path_scores(tiny_model_dir, attn_implementation
 
 
 def test_blocks_cover_the_sequence_and_reach_only_ancestors():
-    from undertow.learner.model import attention_blocks
+    from undertow.learner.attention import attention_blocks
 
     tree = build_random_tree(4, num_sessions=3, num_turns=4)
     step = pack_step([tree], {(tree.group_id, s): 1.0 for s in tree.sessions}, 10**6)
@@ -59,7 +59,7 @@ def test_blocks_cover_the_sequence_and_reach_only_ancestors():
 def test_merged_block_attention_equals_masked_softmax_attention_and_its_gradients():
     """The CPU block attention (parts merged by log-sum-exp, flash backward per part)
     against plain softmax attention under the same ancestor mask, float64."""
-    from undertow.learner.model import AttentionBlocks, _MergedBlockAttention
+    from undertow.learner.attention import AttentionBlocks, _MergedBlockAttention
 
     generator = torch.Generator().manual_seed(3)
     num_tokens, scale = 23, 0.3

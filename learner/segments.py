@@ -1,0 +1,176 @@
+"""Scoring a long micro-batch in segments of positions, exactly, in memory that follows
+the segment.
+
+A micro-batch longer than `PolicyModel.max_segment_tokens` (a 128k-token path, or a
+group tree packed whole) is cut into segments of consecutive packed positions. Packing
+is depth-first, so every key a token attends to lies at or before it: segment k needs
+only the keys and values of the positions before it, which it reads from a store of
+every layer's keys and values (1, KVH, T, D), filled segment by segment.
+
+Forward (`_SegmentedScores.forward`, no graph): each segment runs the decoder on its own
+tokens with the store's earlier keys and values (`attention.SegmentContext`), writes its
+keys and values into the store, and scores the terms whose predictor lies in it.
+
+Backward, segments in reverse: segment k is run again with the graph on, its earlier
+keys and values given as leaves; one backward from its terms' logprob and entropy
+gradients plus the gradients that later segments sent to its own keys and values
+accumulates its parameters' gradients and yields the gradients at the earlier keys and
+values, which are added to the store's gradient for the segments before it. This is
+the chain rule through the keys and values, so the gradient equals the unsegmented one
+(tests/learner/test_chunked_scoring.py). Memory: one segment's activations, plus the key
+and value store and its gradient, O(T) with a small constant (2 * layers * KVH * D per
+token each), instead of activations for all T positions.
+
+As torch's reentrant checkpoint does, the backward accumulates into the parameters'
+`.grad` by its own backward call: a loss over these scores must be backpropagated with
+`.backward()`, not `torch.autograd.grad`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from undertow.learner.attention import SegmentContext, attention_blocks, split_blocks
+from undertow.learner.packing import MicroBatch
+
+HeadFn = Callable[[torch.Tensor, torch.Tensor, bool],
+                  tuple[torch.Tensor, torch.Tensor | None]]
+"""(hidden rows (n, H), targets (n,), with_entropy) -> (n,) logprobs, (n,) entropy."""
+
+
+class SegmentedScorer:
+    """One micro-batch cut into segments of at most `segment_tokens` positions."""
+
+    def __init__(self, model: nn.Module, micro_batch: MicroBatch, head: HeadFn,
+                 segment_tokens: int, max_query_tokens: int):
+        if segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
+        self.model, self.micro_batch, self.head = model, micro_batch, head
+        num_tokens = micro_batch.num_tokens
+        self.bounds = [(start, min(start + segment_tokens, num_tokens))
+                       for start in range(0, num_tokens, segment_tokens)]
+        self.blocks = split_blocks(attention_blocks(micro_batch, max_query_tokens), self.bounds)
+        predictors = micro_batch.term_predictor_index
+        self.terms = [((predictors >= start) & (predictors < end)).nonzero()[:, 0]
+                      for start, end in self.bounds]
+        self.keys: list[torch.Tensor] = []     # per layer (1, KVH, T, D)
+        self.values: list[torch.Tensor] = []
+
+    def run(self, index: int, past_keys: list[torch.Tensor] | None,
+            past_values: list[torch.Tensor] | None, with_entropy: bool
+            ) -> tuple[SegmentContext, torch.Tensor, torch.Tensor | None]:
+        """Segment `index` forward: its context (own keys and values recorded) and its
+        terms' (n,) logprobs and entropies."""
+        start, end = self.bounds[index]
+        context = SegmentContext(self.blocks[index], past_keys, past_values)
+        hidden = self.model.model(
+            input_ids=self.micro_batch.token_ids[None, start:end],
+            position_ids=self.micro_batch.position_ids[None, start:end],
+            attention_mask={"full_attention": context},
+            use_cache=False).last_hidden_state[0]                          # (n, H)
+        terms = self.terms[index]
+        targets = self.micro_batch.token_ids[self.micro_batch.term_token_index[terms]]
+        rows = self.micro_batch.term_predictor_index[terms] - start
+        logprobs, entropy = self.head(hidden[rows], targets, with_entropy)
+        return context, logprobs, entropy
+
+    def past(self, tensors: list[torch.Tensor], index: int, leaves: bool
+             ) -> list[torch.Tensor] | None:
+        """Each layer's keys (or values) before segment `index`: views of the store, as
+        leaves that collect their gradient when `leaves`."""
+        start = self.bounds[index][0]
+        if start == 0:
+            return None
+        views = [t[:, :, :start] for t in tensors]
+        return [v.detach().requires_grad_() for v in views] if leaves else views
+
+    def store(self, context: SegmentContext, index: int) -> None:
+        start, end = self.bounds[index]
+        layers = sorted(context.own_keys)
+        if not self.keys:
+            num_tokens = self.micro_batch.num_tokens
+            for layer in layers:
+                own = context.own_keys[layer]
+                shape = (*own.shape[:2], num_tokens, own.shape[3])
+                self.keys.append(own.new_empty(shape))
+                self.values.append(own.new_empty(shape))
+        for layer in layers:
+            self.keys[layer][:, :, start:end] = context.own_keys[layer]
+            self.values[layer][:, :, start:end] = context.own_values[layer]
+
+
+def segmented_scores(anchor: torch.Tensor, scorer: SegmentedScorer, with_entropy: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N,) logprobs and entropies (or None) of the micro-batch's terms, in its term
+    order. `anchor` is a parameter of the model: the result needs an input that
+    requires grad to take part in a backward pass."""
+    logprobs, entropy = _SegmentedScores.apply(anchor, scorer, with_entropy)
+    return logprobs, entropy if with_entropy else None
+
+
+class _SegmentedScores(torch.autograd.Function):
+    """See the module docstring; keeps the key and value store, no activations."""
+
+    @staticmethod
+    def forward(ctx, anchor, scorer: SegmentedScorer, with_entropy: bool):
+        num_terms = scorer.micro_batch.term_ids.numel()
+        logprobs = entropy = None
+        for index in range(len(scorer.bounds)):
+            context, part, part_entropy = scorer.run(
+                index, scorer.past(scorer.keys, index, False),
+                scorer.past(scorer.values, index, False), with_entropy)
+            scorer.store(context, index)
+            if logprobs is None:
+                logprobs = part.new_zeros(num_terms)
+                entropy = part.new_zeros(num_terms)
+            logprobs[scorer.terms[index]] = part
+            if with_entropy:
+                entropy[scorer.terms[index]] = part_entropy
+        ctx.scorer, ctx.with_entropy = scorer, with_entropy
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        scorer = ctx.scorer
+        grad_keys = [torch.zeros_like(t) for t in scorer.keys]
+        grad_values = [torch.zeros_like(t) for t in scorer.values]
+        for index in reversed(range(len(scorer.bounds))):
+            with torch.enable_grad():
+                past_keys = scorer.past(scorer.keys, index, True)
+                past_values = scorer.past(scorer.values, index, True)
+                context, logprobs, entropy = scorer.run(index, past_keys, past_values,
+                                                        ctx.with_entropy)
+                outputs, grads = _segment_grads(scorer, index, context, logprobs, entropy,
+                                                grad_logprobs, grad_entropy, grad_keys,
+                                                grad_values)
+                if outputs:
+                    torch.autograd.backward(outputs, grads)
+            for past, grad_store in ((past_keys, grad_keys), (past_values, grad_values)):
+                for leaf, grad in zip(past or [], grad_store, strict=False):
+                    if leaf.grad is not None:
+                        grad[:, :, :leaf.shape[2]] += leaf.grad
+        scorer.keys, scorer.values = [], []
+        return None, None, None
+
+
+def _segment_grads(scorer: SegmentedScorer, index: int, context: SegmentContext,
+                   logprobs, entropy, grad_logprobs, grad_entropy, grad_keys, grad_values):
+    """The outputs of segment `index` that receive a gradient, and those gradients."""
+    terms = scorer.terms[index]
+    outputs, grads = [], []
+    if grad_logprobs is not None and terms.numel():
+        outputs.append(logprobs)
+        grads.append(grad_logprobs[terms])
+    if entropy is not None and grad_entropy is not None and terms.numel():
+        outputs.append(entropy)
+        grads.append(grad_entropy[terms])
+    start, end = scorer.bounds[index]
+    if end < scorer.micro_batch.num_tokens:     # later segments read these keys/values
+        for layer in sorted(context.own_keys):
+            outputs += [context.own_keys[layer], context.own_values[layer]]
+            grads += [grad_keys[layer][:, :, start:end], grad_values[layer][:, :, start:end]]
+    return outputs, grads

@@ -1,8 +1,9 @@
 """Engine and gateway started for one run: the rollout command's default ("embedded").
 
 `embedded_gateway(model_dir, store_dir)` starts the built-in engine on the model (unless
-engine URLs are given), serves the gateway in this process on a free port with a fresh
-admin token, and yields its URL and token; on exit both stop. This is composition-root
+engine URLs are given), serves the gateway in this process (by default on a free port of
+127.0.0.1, with a fresh admin token), and yields its URL and token; on exit both stop.
+`undertow rollout`, `undertow train` and `undertow serve` use it. This is composition-root
 wiring, so it lives in `undertow/` and may import every part.
 """
 
@@ -22,22 +23,24 @@ class EmbeddedGateway:
 
 @contextlib.asynccontextmanager
 async def serve_gateway(model_dir: Path, store_dir: Path, engine_urls: Sequence[str],
-                        **config) -> AsyncIterator[EmbeddedGateway]:
-    """The gateway, in this process, in front of `engine_urls`."""
+                        admin_token: str = "", **config) -> AsyncIterator[EmbeddedGateway]:
+    """The gateway, in this process, in front of `engine_urls`; `config` holds any other
+    `GatewayConfig` fields (`host` and `port` default to 127.0.0.1 and a free port), and
+    an empty `admin_token` is replaced by a fresh one."""
     from aiohttp import web
 
     from undertow.gateway.app import create_app
     from undertow.gateway.config import GatewayConfig
 
-    token = secrets.token_hex(16)
-    app = create_app(GatewayConfig(model_dir=Path(model_dir), store_dir=Path(store_dir),
-                                   engine_urls=tuple(engine_urls), admin_token=token, **config))
-    runner = web.AppRunner(app, access_log=None)
+    token = admin_token or secrets.token_hex(16)
+    gateway_config = GatewayConfig(model_dir=Path(model_dir), store_dir=Path(store_dir),
+                                   engine_urls=tuple(engine_urls), admin_token=token, **config)
+    runner = web.AppRunner(create_app(gateway_config), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, gateway_config.host, gateway_config.port)
         await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        url = f"http://{gateway_config.host}:{runner.addresses[0][1]}"
         yield EmbeddedGateway(url, token, tuple(engine_urls))
     finally:
         await runner.cleanup()

@@ -1,0 +1,110 @@
+"""`undertow serve`: the built-in engine (or given engines) and the gateway, in one command.
+
+The first of the three commands that point an agent at Undertow (README, "Use it with
+your agent"): it starts what `undertow rollout` embeds (`undertow/embedded.py`), prints
+the gateway's URL, where calls are stored, the admin token's variable and the next
+command to run, and serves until Ctrl-C (or SIGTERM), when it stops the engine it
+started. The admin token is `UNDERTOW_ADMIN_TOKEN` when set, else a fresh one, printed
+as the line that sets it.
+
+This module also holds the `--auto-sessions` options that `undertow gateway serve`
+shares (`add_auto_session_arguments`, `auto_sessions_config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from pathlib import Path
+
+ADMIN_TOKEN_VARIABLE = "UNDERTOW_ADMIN_TOKEN"
+DEFAULT_STORE = Path("runs/serve/store")
+
+
+def add(commands) -> None:
+    serve = commands.add_parser(
+        "serve", help="the built-in engine (or --engine URLs) and the gateway, in one command",
+        description="Serve a model behind the gateway; point any agent at the URL it prints.")
+    serve.add_argument("--model", type=Path, required=True, help="model directory")
+    serve.add_argument("--engine", action="append", default=[], metavar="URL",
+                       help="use this engine (repeat for several) instead of starting the "
+                       "built-in one on --model")
+    serve.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                       help=f"tree store directory (default: {DEFAULT_STORE})")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0, help="0 picks a free port and prints it")
+    serve.add_argument("--model-name", default="undertow", help="name listed by /v1/models")
+    add_auto_session_arguments(serve)
+    serve.set_defaults(handler=_serve)
+
+
+def add_auto_session_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--auto-sessions", default=None, metavar="GROUP",
+                        help="an API key the gateway does not know opens a session in GROUP "
+                        "on first use (one per key), so a tool needs only the URL and any key")
+    parser.add_argument("--idle-close-s", type=float, default=1800.0, metavar="SECONDS",
+                        help="with --auto-sessions: close a session idle this long, without "
+                        "a reward (default: 1800)")
+
+
+def auto_sessions_config(args):
+    """The gateway's `AutoSessionsConfig` from the options, or None when off."""
+    if args.auto_sessions is None:
+        return None
+    from undertow.gateway.config import AutoSessionsConfig
+
+    return AutoSessionsConfig(group=args.auto_sessions, idle_close_s=args.idle_close_s,
+                              check_interval_s=min(10.0, args.idle_close_s / 4))
+
+
+def _serve(args) -> int:
+    import asyncio
+
+    from undertow.gateway.app import event_loop_factory, tune_gc
+
+    token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
+    tune_gc()
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(_serve_until_stopped(args, token))
+    return 0
+
+
+async def _serve_until_stopped(args, token: str) -> None:
+    import asyncio
+    import signal
+
+    from undertow.embedded import embedded_gateway
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, stop.set)
+    async with embedded_gateway(args.model, args.store, tuple(args.engine), admin_token=token,
+                                host=args.host, port=args.port, model_name=args.model_name,
+                                auto_sessions=auto_sessions_config(args)) as gateway:
+        print(banner(gateway, args, token_was_set=bool(token)), flush=True)
+        await stop.wait()
+        print("undertow serve: stopping", flush=True)
+
+
+def banner(gateway, args, token_was_set: bool) -> str:
+    """What `undertow serve` prints once it serves: URL, store, admin token, next step."""
+    engine = ("built-in, on " + str(args.model) if not args.engine
+              else "given: " + " ".join(gateway.engine_urls))
+    token_line = (f"{ADMIN_TOKEN_VARIABLE} (from your environment)" if token_was_set else
+                  f"export {ADMIN_TOKEN_VARIABLE}={shlex.quote(gateway.admin_token)}"
+                  "   # paste it where you run `undertow session`")
+    lines = [f"gateway  {gateway.url}",
+             f"engine   {' '.join(gateway.engine_urls)} ({engine})",
+             f"store    {args.store}   (undertow trees show {shlex.quote(str(args.store))})",
+             f"admin    {token_line}"]
+    config = auto_sessions_config(args)
+    if config is not None:
+        lines.append(f"auto     {config.describe()}")
+        lines.append(f"next     OPENAI_BASE_URL={gateway.url}/v1 OPENAI_API_KEY=any-key "
+                     "your-agent   (or ANTHROPIC_BASE_URL=" + gateway.url + ")")
+    else:
+        lines.append(f"next     eval \"$(undertow session open --gateway {gateway.url} "
+                     "--group my-task)\"   then run your agent in that shell")
+    return "\n".join(lines)

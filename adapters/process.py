@@ -1,10 +1,13 @@
 """Scaffold processes: on the host (a process group) or inside the sandbox (one `exec`).
 
 `HostProcess` runs a program in its own process group with its merged output read as it
-comes: the log keeps the head and the tail (bounded), every byte is counted, and past
-`max_output_bytes` the program is killed (cause OUTPUT_FLOOD), so a scaffold that floods
-its output costs the run neither memory nor disk. Killing sends SIGTERM to the group,
-then SIGKILL after a grace period.
+comes: the log keeps the head and the tail (bounded by `max_log_bytes`, however long the
+program runs: nothing it prints is held whole), every byte is counted, and a program
+that prints more than `max_output_bytes` within one `flood_window_s` is killed (cause
+OUTPUT_FLOOD), so a scaffold that floods its output costs the run neither memory nor
+disk. The limit is a rate, not a total, so that a session that runs for hours and
+prints steadily is not mistaken for a flood. Killing sends SIGTERM to the group, then
+SIGKILL after a grace period.
 
 `SandboxProcess` runs a shell command inside the session's sandbox through
 `Sandbox.exec`, whose output is bounded the same way.
@@ -47,12 +50,12 @@ class HostProcess:
     """A scaffold running on the host. Create with `await HostProcess.start(...)`."""
 
     def __init__(self, process: asyncio.subprocess.Process, log_path: Path,
-                 max_output_bytes: int, max_log_bytes: int):
+                 max_output_bytes: int, max_log_bytes: int, flood_window_s: float = 60.0):
         self.process = process
         self.log_path = log_path
         self.max_output_bytes = max_output_bytes
+        self.flood_window_s = flood_window_s
         self.output = BoundedOutput(max_log_bytes)
-        self.num_output_bytes = 0
         self.cause: str | None = None
         self.started_s = time.monotonic()
         self._reading = asyncio.ensure_future(self._read())
@@ -61,7 +64,10 @@ class HostProcess:
     @classmethod
     async def start(cls, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
                     log_path: Path, max_output_bytes: int = 64 * 2**20,
-                    max_log_bytes: int = 1 * 2**20) -> "HostProcess":
+                    max_log_bytes: int = 1 * 2**20, flood_window_s: float = 60.0
+                    ) -> "HostProcess":
+        if flood_window_s <= 0:
+            raise ValueError(f"flood_window_s must be positive, got {flood_window_s}")
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -70,13 +76,21 @@ class HostProcess:
         except OSError as error:
             raise ScaffoldLaunchError(f"cannot start {argv[0]!r}: {error}; is it installed "
                                       "and on PATH?") from None
-        return cls(process, log_path, max_output_bytes, max_log_bytes)
+        return cls(process, log_path, max_output_bytes, max_log_bytes, flood_window_s)
+
+    @property
+    def num_output_bytes(self) -> int:
+        return self.output.num_bytes
 
     async def _read(self) -> None:
+        window_start_s, num_window_bytes = time.monotonic(), 0
         while chunk := await self.process.stdout.read(_CHUNK_BYTES):
             self.output.add(chunk)
-            self.num_output_bytes += len(chunk)
-            if self.num_output_bytes > self.max_output_bytes and self.cause is None:
+            now_s = time.monotonic()
+            if now_s - window_start_s > self.flood_window_s:
+                window_start_s, num_window_bytes = now_s, 0
+            num_window_bytes += len(chunk)
+            if num_window_bytes > self.max_output_bytes and self.cause is None:
                 self.cause = OUTPUT_FLOOD
                 self._signal(signal.SIGKILL)
 

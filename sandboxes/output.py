@@ -1,50 +1,77 @@
-"""Bounded capture of a command's output: the head and the tail, with a marker between."""
+"""Bounded capture of a command's output: the head and the tail, with a marker between.
 
-from collections import deque
+A scaffold may run for hours and print gigabytes; a command inside a sandbox may print
+without end. Whatever goes through a `BoundedOutput` costs at most its `max_bytes` (plus
+the chunk being added), however long it runs: the head is filled once, the tail is one
+buffer trimmed from the front as bytes arrive, and a chunk larger than the tail is
+never stored whole.
+"""
 
 
 class BoundedOutput:
     """Keeps at most `max_bytes` of a stream: the first half and the last half.
 
-    Invariant: `len(head) + sum(len(tail)) <= max_bytes`; `num_dropped_bytes` counts
-    what fell between them, and `text()` marks the gap so that no reader mistakes
-    a truncated log for a whole one.
+    Invariant: `len(head) + len(tail) <= max_bytes`; `num_bytes` counts every byte
+    added and `num_dropped_bytes` what fell between head and tail; `text()` marks the
+    gap so that no reader mistakes a truncated log for a whole one.
     """
 
     def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_head_bytes = max_bytes // 2
         self.max_tail_bytes = max_bytes - self.max_head_bytes
         self.head = bytearray()
-        self.tail: deque[bytes] = deque()
-        self.num_tail_bytes = 0
-        self.num_dropped_bytes = 0
+        self.tail = bytearray()
+        self.num_bytes = 0
 
     def add(self, chunk: bytes) -> None:
+        self.num_bytes += len(chunk)
+        view = memoryview(chunk)
         room = self.max_head_bytes - len(self.head)
         if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if not chunk:
+            self.head += view[:room]
+            view = view[room:]
+        if not view:
             return
-        self.tail.append(chunk)
-        self.num_tail_bytes += len(chunk)
-        while self.num_tail_bytes > self.max_tail_bytes:
-            excess = self.num_tail_bytes - self.max_tail_bytes
-            first = self.tail[0]
-            if len(first) <= excess:
-                self.tail.popleft()
-                self.num_tail_bytes -= len(first)
-                self.num_dropped_bytes += len(first)
-            else:
-                self.tail[0] = first[excess:]
-                self.num_tail_bytes -= excess
-                self.num_dropped_bytes += excess
+        if len(view) >= self.max_tail_bytes:
+            self.tail[:] = view[len(view) - self.max_tail_bytes:]
+            return
+        excess = len(self.tail) + len(view) - self.max_tail_bytes
+        if excess > 0:
+            del self.tail[:excess]   # CPython moves a bytearray's start: no copy
+        self.tail += view
+
+    @property
+    def num_dropped_bytes(self) -> int:
+        return self.num_bytes - len(self.head) - len(self.tail)
 
     @property
     def truncated(self) -> bool:
         return self.num_dropped_bytes > 0
 
     def text(self) -> str:
-        middle = (f"\n[... {self.num_dropped_bytes} bytes of output truncated ...]\n".encode()
-                  if self.truncated else b"")
-        return (bytes(self.head) + middle + b"".join(self.tail)).decode("utf-8", errors="replace")
+        """The kept bytes as text; when truncated, the gap marked and the characters the
+        cut split at either side of it left out."""
+        if not self.truncated:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
+        head, tail = _whole_characters(bytes(self.head), bytes(self.tail))
+        middle = f"\n[... {self.num_dropped_bytes} bytes of output truncated ...]\n"
+        return (head.decode("utf-8", errors="replace") + middle
+                + tail.decode("utf-8", errors="replace"))
+
+
+def _whole_characters(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    """`head` without a UTF-8 sequence cut at its end, `tail` without continuation
+    bytes at its start (at most 3 bytes each)."""
+    for back in range(1, min(4, len(head)) + 1):
+        lead = head[-back]
+        if lead & 0xC0 != 0x80:               # a lead byte (or ASCII)
+            needed = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            if needed > back:
+                head = head[:-back]
+            break
+    skip = 0
+    while skip < min(3, len(tail)) and tail[skip] & 0xC0 == 0x80:
+        skip += 1
+    return head, tail[skip:]

@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from undertow.adapters.base import CRASHED, EXITED, KILLED, OUTPUT_FLOOD, TIMEOUT
 from undertow.adapters.process import HostProcess
 
@@ -47,6 +49,32 @@ async def test_flood_is_killed_and_the_log_stays_bounded(tmp_path):
     assert exit.cause == OUTPUT_FLOOD
     assert exit.num_output_bytes > 4 * 2**20
     assert (tmp_path / "log").stat().st_size < 80 * 2**10
+
+
+async def test_long_output_keeps_a_bounded_log_and_counts_every_byte(tmp_path):
+    """A program that prints 8 MiB, more than its output limit but spread over many
+    flood windows (each window here holds one read), as a session of hours would: it
+    is not a flood, the log keeps its first and last lines within the log bound, and
+    every byte is counted."""
+    script = "for i in $(seq 1 1000000); do echo \"line $i\"; done | head -c 8388608"
+    process = await start(tmp_path, script, max_output_bytes=2**20, max_log_bytes=32 * 2**10,
+                          flood_window_s=1e-9)
+    exit = await process.wait(300)
+    assert (exit.cause, exit.exit_code) == (EXITED, 0)
+    assert exit.num_output_bytes == 8 * 2**20
+    assert len(process.output.head) + len(process.output.tail) <= 32 * 2**10
+    log = (tmp_path / "log").read_text()
+    assert log.startswith("line 1\nline 2\n") and "bytes of output truncated" in log
+    assert len(log.encode()) < 33 * 2**10
+    tail_lines = log.split("truncated ...]\n", 1)[1].split("\n")[1:-1]   # whole lines only
+    numbers = [int(line.split()[1]) for line in tail_lines]
+    assert len(numbers) > 1000 and numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    assert numbers[-1] > 500_000   # the tail is the end of the output, not its middle
+
+
+async def test_a_flood_window_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="flood_window_s"):
+        await start(tmp_path, "true", flood_window_s=0)
 
 
 async def test_kill_ends_a_running_process(tmp_path):

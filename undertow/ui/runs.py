@@ -1,0 +1,224 @@
+"""Run directories as the viewer reads them: what each holds, and what it lacks.
+
+A run directory (`undertow train`'s `run.run_dir`) may hold:
+
+    metrics.jsonl             one line per step (`learner/metrics_log.py`)
+    steps.jsonl               the groups each step took (`learner/trackers.py`)
+    checkpoints/step-NNNNNN/  config.yaml (the resolved run config), state.json, model/
+    store/GROUP.jsonl         the gateway's tree store (`gateway/store.py`)
+    rollouts/GROUP/summary.json, sessions/   the rollout runner's records
+
+Any of them may be missing or half-written (a run that crashed, or is still going):
+`RunFolder.problems` lists what is not there in words, and every reader returns what
+is there. `Catalog` is the set of runs that `undertow ui --runs DIR` serves: DIR itself
+when it is a run, else each folder below it that is one; `--store DIR` adds a store
+without a run. Nothing here imports torch or writes a file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from undertow.gateway.tree import Tree
+from undertow.learner.metrics_log import METRICS_FILE
+from undertow.learner.trackers import STEPS_FILE
+from undertow.learner.trees import load_store_tree
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
+GROUP_NAME = re.compile(r"^g(\d{6})-r(\d+)$")
+RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
+STORE_RUN = "store"
+
+
+class NotFoundError(LookupError):
+    """A run, step, group or session the viewer was asked for does not exist."""
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The records of a JSON-lines file and whether a line could not be read (torn)."""
+    if not path.exists():
+        return [], False
+    records, torn = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            torn = True
+    return records, torn
+
+
+@dataclass
+class _CachedTree:
+    key: tuple[int, int]
+    tree: Tree
+
+
+class RunFolder:
+    """One run directory (or, with `store_only`, a bare tree store)."""
+
+    def __init__(self, name: str, path: Path, store_dir: Path | None = None):
+        self.name, self.path = name, Path(path)
+        self.store_dir = Path(store_dir) if store_dir else self.path / "store"
+        self.store_only = store_dir is not None and not (self.path / METRICS_FILE).exists()
+        self._trees: dict[str, _CachedTree] = {}
+
+    def checkpoints(self) -> list[Path]:
+        folder = self.path / "checkpoints"
+        if not folder.is_dir():
+            return []
+        found = [p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)]
+        return sorted(found, key=lambda p: tuple(int(g or 0) for g in
+                                                 CHECKPOINT_NAME.match(p.name).groups()))
+
+    def config(self) -> dict[str, Any]:
+        """The resolved run config of the latest checkpoint that has a readable one."""
+        for checkpoint in reversed(self.checkpoints()):
+            try:
+                loaded = yaml.safe_load((checkpoint / "config.yaml").read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(loaded, dict):
+                return loaded
+        return {}
+
+    def metrics(self) -> tuple[list[dict[str, Any]], bool]:
+        records, torn = read_jsonl(self.path / METRICS_FILE)
+        for record in records:
+            if record.get("step_s") and record.get("num_trained_tokens") is not None:
+                record["tokens_per_s"] = record["num_trained_tokens"] / record["step_s"]
+        return records, torn
+
+    def groups(self) -> list[str]:
+        if not self.store_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.store_dir.glob("*.jsonl"))
+
+    def tree(self, group: str) -> Tree:
+        """The group's tree, replayed from the store (cached while the file is unchanged)."""
+        path = self.store_dir / f"{group}.jsonl"
+        if group not in self.groups():
+            raise NotFoundError(f"run {self.name} has no group {group!r} in {self.store_dir}")
+        stat = path.stat()
+        key = (stat.st_mtime_ns, stat.st_size)
+        cached = self._trees.get(group)
+        if cached is None or cached.key != key:
+            cached = _CachedTree(key, load_store_tree(path))
+            self._trees[group] = cached
+        return cached.tree
+
+    def step_groups(self, step: int) -> tuple[list[str], str]:
+        """The groups step `step` took, and where that came from (`steps.jsonl`, or an
+        inference from launch order when the run did not record it)."""
+        records, _ = read_jsonl(self.path / STEPS_FILE)
+        # After a resume the step is taken again: its last line is the one trained.
+        matching = [r for r in records if r.get("step") == step]
+        if matching:
+            return list(matching[-1].get("group_ids", [])), "recorded"
+        return self._inferred_groups(step), "inferred"
+
+    def _inferred_groups(self, step: int) -> list[str]:
+        """Without `steps.jsonl`: launch index i of `groups_per_step` g trained at step
+        i // g + 1 (exact for a synchronous run with no group dropped)."""
+        per_step = int((self.config().get("learner") or {}).get("groups_per_step", 1) or 1)
+        latest: dict[int, tuple[int, str]] = {}
+        for group in self.groups():
+            match = GROUP_NAME.match(group)
+            if match:
+                index, resume = int(match.group(1)), int(match.group(2))
+                if index not in latest or resume > latest[index][0]:
+                    latest[index] = (resume, group)
+        return [latest[i][1] for i in sorted(latest) if i // per_step + 1 == step]
+
+    def tokenizer_dir(self) -> Path | None:
+        """A model directory holding the run's tokenizer: a checkpoint's, the base."""
+        candidates = [c / "model" for c in reversed(self.checkpoints())]
+        model_dir = (self.config().get("run") or {}).get("model_dir")
+        candidates += [Path(model_dir)] if model_dir else []
+        candidates += [self.path / "model-base"]
+        return next((c for c in candidates if (c / "tokenizer.json").exists()), None)
+
+    def status(self, num_records: int) -> str:
+        num_steps = (self.config().get("learner") or {}).get("num_steps")
+        if self.store_only:
+            return "store"
+        if not num_records:
+            return "no step yet"
+        if num_steps and num_records >= num_steps:
+            return "done"
+        return f"step {num_records} of {num_steps or '?'}"
+
+    def problems(self, torn: bool = False) -> list[str]:
+        """What the run lacks, in words (empty for a complete run)."""
+        found = []
+        if not self.path.is_dir():
+            return [f"{self.path} does not exist"]
+        if not self.store_only and not (self.path / METRICS_FILE).exists():
+            found.append(f"no {METRICS_FILE}: no step has finished (or this is not a run)")
+        if torn:
+            found.append(f"{METRICS_FILE} ends in a line that is cut off (written while the "
+                         "run stopped); it is skipped")
+        if not self.store_only and not self.checkpoints():
+            found.append("no checkpoint: the run config and state are unknown")
+        if not self.store_dir.is_dir():
+            found.append(f"no tree store at {self.store_dir}: sessions cannot be shown")
+        elif not self.groups():
+            found.append(f"the tree store {self.store_dir} holds no group yet")
+        return found
+
+    def summary(self) -> dict[str, Any]:
+        records, torn = self.metrics()
+        return {"name": self.name, "path": str(self.path), "status": self.status(len(records)),
+                "num_steps": len(records), "num_groups": len(self.groups()),
+                "problems": self.problems(torn)}
+
+
+class Catalog:
+    """The runs `undertow ui` serves, by name."""
+
+    def __init__(self, runs_dir: Path, store_dir: Path | None = None):
+        self.runs_dir = Path(runs_dir)
+        self.runs: dict[str, RunFolder] = {}
+        self.store_dir = Path(store_dir) if store_dir else None
+        self.refresh()
+
+    def refresh(self) -> None:
+        found = {}
+        if _is_run(self.runs_dir):
+            found[self.runs_dir.resolve().name] = self.runs_dir
+        elif self.runs_dir.is_dir():
+            found = {p.name: p for p in sorted(self.runs_dir.iterdir())
+                     if p.is_dir() and not p.name.startswith(".") and _is_run(p)}
+        for name, path in found.items():
+            if name not in self.runs:
+                self.runs[name] = RunFolder(name, path)
+        for name in set(self.runs) - set(found) - {STORE_RUN}:
+            del self.runs[name]
+        if self.store_dir is not None and STORE_RUN not in self.runs:
+            self.runs[STORE_RUN] = RunFolder(STORE_RUN, self.store_dir, self.store_dir)
+
+    def run(self, name: str) -> RunFolder:
+        self.refresh()
+        if name not in self.runs:
+            raise NotFoundError(f"no run {name!r} under {self.runs_dir}; "
+                                f"known: {sorted(self.runs)}")
+        return self.runs[name]
+
+    def problems(self) -> list[str]:
+        if not self.runs_dir.exists():
+            return [f"{self.runs_dir} does not exist"]
+        if not self.runs:
+            return [f"{self.runs_dir} holds no run (a folder with {METRICS_FILE}, "
+                    "checkpoints/ or store/)"]
+        return []
+
+
+def _is_run(path: Path) -> bool:
+    return path.is_dir() and any((path / marker).exists() for marker in RUN_MARKERS)

@@ -1,0 +1,191 @@
+"""What each page of the viewer shows, computed from a run's files (`runs.py`) as JSON.
+
+- `step_view`: the groups a step took, each session's reward, cause, duration, calls,
+  tokens, and the advantage the learner gave it (`learner/advantages.py`, with the
+  run's `advantages` config);
+- `session_view`: a session's calls, a page at a time: the prompt tokens new in each
+  call (decoded), its reply as per-token pieces with ID, logprob and weight version,
+  its branch label, and the session's outcome (reward, cause, diff, test verdicts);
+- `tree_view`: a group's nodes for drawing (size, owner, the sessions through each).
+
+Token text comes from the run's tokenizer (`Decoder`); without one, token IDs stand in.
+A call's prompt shares its first tokens with the session's previous call along the
+same tree nodes (the gateway reuses the earlier tokens verbatim), so the new part is
+found by comparing node IDs, not tokens: a page costs its own calls' new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from undertow.gateway.tree import Call, Tree
+from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.ui.runs import NotFoundError, RunFolder
+
+CALLS_PER_PAGE = 10
+PREVIEW_CHARS = 48
+OUTCOME_KEYS = ("cause", "reward_source", "resolved", "grade_reason", "duration_s", "error",
+                "exit_code", "tests", "partial_credit", "instance_id")
+
+
+class Decoder:
+    """Token IDs to text with the run's tokenizer (`tokenizer.json`), or to `<ID>`."""
+
+    def __init__(self, model_dir: Path | None):
+        self.tokenizer = None
+        if model_dir is not None:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+    def text(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(f"<{t}>" for t in token_ids)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def pieces(self, token_ids: list[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"<{t}>" for t in token_ids]
+        return self.tokenizer.decode_batch([[t] for t in token_ids], skip_special_tokens=False)
+
+
+def advantage_config(config: dict[str, Any]) -> AdvantageConfig:
+    """The run's `advantages` section (keys this version does not know are left out)."""
+    section = config.get("advantages") or {}
+    known = {f.name for f in dataclasses.fields(AdvantageConfig)}
+    return AdvantageConfig(**{k: v for k, v in section.items() if k in known})
+
+
+def session_row(tree: Tree, session_id: str, advantage: float | None) -> dict[str, Any]:
+    paths = tree.sessions[session_id]
+    calls = [c for c in tree.calls if c.session_id == session_id]
+    return {"session": session_id, "reward": paths.reward, "closed": paths.closed,
+            "cause": paths.meta.get("cause", "closed" if paths.closed else "open"),
+            "duration_s": paths.meta.get("duration_s", _calls_duration_s(calls)),
+            "num_calls": len(calls),
+            "num_prompt_tokens": sum(c.num_prompt_tokens for c in calls),
+            "num_completion_tokens": sum(c.num_completion_tokens for c in calls),
+            "advantage": advantage}
+
+
+def group_view(run: RunFolder, group: str) -> dict[str, Any]:
+    tree = run.tree(group)
+    advantages: dict[str, float] = {}
+    if tree.sessions and all(p.closed for p in tree.sessions.values()):
+        advantages = group_advantages(tree, advantage_config(run.config()))
+    return {"group": group, "num_unique_tokens": tree.num_unique_tokens,
+            "num_calls": len(tree.calls),
+            "sessions": [session_row(tree, sid, advantages.get(sid))
+                         for sid in sorted(tree.sessions)]}
+
+
+def step_view(run: RunFolder, step: int) -> dict[str, Any]:
+    records, _ = run.metrics()
+    record = next((r for r in records if r.get("step") == step), None)
+    if record is None:
+        raise NotFoundError(f"run {run.name} has no step {step} in its metrics")
+    group_ids, source = run.step_groups(step)
+    known = set(run.groups())
+    return {"run": run.name, "step": step, "metrics": record, "groups_source": source,
+            "groups": [group_view(run, g) for g in group_ids if g in known],
+            "missing_groups": [g for g in group_ids if g not in known]}
+
+
+def session_view(run: RunFolder, group: str, session_id: str, offset: int = 0,
+                 limit: int = CALLS_PER_PAGE) -> dict[str, Any]:
+    tree = run.tree(group)
+    if session_id not in tree.sessions:
+        raise NotFoundError(f"group {group} has no session {session_id!r}")
+    decoder = Decoder(run.tokenizer_dir())
+    calls = [c for c in tree.calls if c.session_id == session_id]
+    page = []
+    for index in range(offset, min(offset + limit, len(calls))):
+        previous = calls[index - 1] if index else None
+        page.append(call_view(tree, calls[index], previous, index, decoder))
+    paths = tree.sessions[session_id]
+    details = paths.meta.get("details") or {}
+    return {"run": run.name, "group": group, "session": session_id,
+            "reward": paths.reward, "closed": paths.closed,
+            "outcome": {k: paths.meta[k] for k in OUTCOME_KEYS if k in paths.meta},
+            "diff": details.get("diff", "") if isinstance(details, dict) else "",
+            "num_calls": len(calls), "offset": offset, "limit": limit, "calls": page,
+            "decoded": decoder.tokenizer is not None}
+
+
+def call_view(tree: Tree, call: Call, previous: Call | None, index: int,
+              decoder: Decoder) -> dict[str, Any]:
+    """One call: the prompt tokens new since `previous`, and the reply token by token."""
+    path = tree.path(call.leaf)
+    num_shared = _num_shared_tokens(tree, path, tree.path(previous.leaf) if previous else [])
+    token_ids, logprobs, versions = _path_tokens(tree, path)
+    num_tokens = len(token_ids)
+    start = num_tokens - call.num_completion_tokens
+    reply = token_ids[start:]
+    new_prompt = token_ids[min(num_shared, start):start]
+    reply_versions = versions[start:]
+    return {"index": index, "call_id": call.call_id, "branch": call.branch,
+            "labels": _labels(call, previous, num_shared, tree, reply_versions),
+            "num_prompt_tokens": start, "num_new_prompt_tokens": len(new_prompt),
+            "prompt_text": decoder.text(new_prompt),
+            "reply": {"token_ids": reply, "pieces": decoder.pieces(reply),
+                      "logprobs": logprobs[start:], "weight_versions": reply_versions},
+            "finish_reason": call.meta.get("finish_reason"),
+            "timings": call.meta.get("timings"), "api": call.meta.get("api")}
+
+
+def tree_view(run: RunFolder, group: str) -> dict[str, Any]:
+    tree = run.tree(group)
+    decoder = Decoder(run.tokenizer_dir())
+    through: dict[int, list[str]] = {}
+    for session_id, paths in sorted(tree.sessions.items()):
+        for node_id in {n for leaf in paths.leaves for n in tree.path(leaf)}:
+            through.setdefault(node_id, []).append(session_id)
+    nodes = [{"id": node.node_id, "parent": node.parent, "num_tokens": len(node.token_ids),
+              "sampled_by": node.sampled_by, "sessions": through.get(node.node_id, []),
+              "preview": decoder.text(node.token_ids[:24])[:PREVIEW_CHARS]}
+             for node in tree.nodes.values() if node.parent is not None]
+    return {"run": run.name, "group": group, "nodes": nodes,
+            "sessions": {sid: {"reward": p.reward, "closed": p.closed}
+                         for sid, p in sorted(tree.sessions.items())},
+            "num_unique_tokens": tree.num_unique_tokens}
+
+
+def _path_tokens(tree: Tree, path: list[int]) -> tuple[list[int], list[float | None], list[int]]:
+    token_ids: list[int] = []
+    logprobs: list[float | None] = []
+    versions: list[int] = []
+    for node_id in path:
+        node = tree.nodes[node_id]
+        token_ids += node.token_ids
+        logprobs += [None if v != v else v for v in node.logprobs]  # NaN: a prompt token
+        versions += node.weight_versions
+    return token_ids, logprobs, versions
+
+
+def _num_shared_tokens(tree: Tree, path: list[int], previous_path: list[int]) -> int:
+    num_shared = 0
+    for node_id, previous_id in zip(path, previous_path, strict=False):
+        if node_id != previous_id:
+            break
+        num_shared += len(tree.nodes[node_id].token_ids)
+    return num_shared
+
+
+def _labels(call: Call, previous: Call | None, num_shared: int, tree: Tree,
+            reply_versions: list[int]) -> list[str]:
+    labels = [call.branch] if call.branch else []
+    if previous is not None and num_shared < tree.path_length(previous.leaf) and not labels:
+        labels.append("rewrite")
+    versions = sorted({v for v in reply_versions if v >= 0})
+    if len(versions) > 1:
+        labels.append("weights changed mid-reply: " + " → ".join(f"v{v}" for v in versions))
+    return labels
+
+
+def _calls_duration_s(calls: list[Call]) -> float | None:
+    timings = [c.meta.get("timings") or {} for c in calls]
+    starts = [t["start_s"] for t in timings if t.get("start_s")]
+    ends = [t["end_s"] for t in timings if t.get("end_s")]
+    return max(ends) - min(starts) if starts and ends else None

@@ -4,24 +4,46 @@ The flow of `grade`: start a new container from the task's image (the session's
 own container may have been tampered with); apply the session's diff (one that
 does not apply scores 0 with the reason); restore every file the held-back
 `test_patch` touches to its base-commit state, then apply `test_patch` (so tests
-the agent edited cannot change the verdict); run `test_cmd` within the task's
-`timeout_s`; parse the log with the task's parser; score.
+the agent edited cannot change the verdict); run the task's `eval_commands` and
+`test_cmd` within the task's `timeout_s`, the tests' output bracketed by the official
+harness's markers; judge the log (`judge`) with the task's parser; score.
 
-Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes. Otherwise, when
-partial credit applies (sessions that hit their time limit, or all sessions if
-configured), the fraction of FAIL_TO_PASS tests that pass - 0 if any
-PASS_TO_PASS test breaks, unless configured otherwise; else 0.
+The rules are the official SWE-bench harness's (swebench 4.x `get_logs_eval`,
+`get_eval_tests_report`, `get_resolution_status`), so that Undertow's verdict on a log
+equals the harness's (`tests/sandboxes/test_parity.py`): only the log between the
+markers is read (all of it when that part names no test); tests that ran past their
+time limit, or a log without the markers, give no verdict (reward 0). A test counts as
+a success when it passed (or failed as expected, xfail), as a failure when it failed,
+errored or is missing from the log, and neither way otherwise (skipped). The
+FAIL_TO_PASS fraction is successes / (successes + failures), 1 when there are none;
+likewise PASS_TO_PASS.
+
+Reward: 1 when resolved (both fractions are 1). Otherwise, when partial credit
+applies (sessions that hit their time limit, or all sessions if configured), the
+FAIL_TO_PASS fraction - 0 if a PASS_TO_PASS test broke, unless configured otherwise;
+else 0. A task whose `log_parser` is `swebench...` is judged by the `swebench` package
+itself (`Grade.decided_by`); others by Undertow's parsers with the same rules.
 """
 
+import hashlib
 import re
 import shlex
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import SandboxError
-from undertow.sandboxes.log_parsers import PASSED, get_log_parser
+from undertow.sandboxes.log_parsers import ERROR, FAILED, get_log_parser, is_passing
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
+from undertow.sandboxes.swebench_harness import (
+    END_MARKER,
+    START_MARKER,
+    SWEBENCH_PARSER,
+    TIMEOUT_MARKER,
+    is_fail_only,
+    official_statuses,
+)
 from undertow.sandboxes.task import Task
 from undertow.sandboxes.task_image import ensure_task_image
 
@@ -29,6 +51,8 @@ MISSING = "missing"
 _PATCH_DIR = "/tmp/undertow-grading"
 _PATCH_PATH = re.compile(r"^diff --git a/(.+?) b/(.+)$", re.MULTILINE)
 _LOG_TAIL_CHARS = 4000
+# The official harness's words for a patch that does not apply (its log then holds no verdict).
+APPLY_FAILED_MARKER = ">>>>> Patch Apply Failed"
 
 
 @dataclass(frozen=True)
@@ -37,7 +61,10 @@ class GradingConfig:
 
     `partial_credit`: "timeout" gives partial credit only to sessions that hit their
     time limit, "always" to every session, "never" to none. `zero_if_pass_to_pass_breaks`:
-    partial credit is 0 when any PASS_TO_PASS test fails.
+    partial credit is 0 when any PASS_TO_PASS test fails. `log_dir`: where each graded
+    diff's whole test log is written (`<instance_id>/<diff_key(diff)>.log`), so that
+    another grader (the official harness) can read the same log; None keeps only the
+    tail in the Grade.
     """
 
     partial_credit: str = "timeout"
@@ -45,6 +72,7 @@ class GradingConfig:
     sandbox: SandboxConfig = field(
         default_factory=lambda: SandboxConfig(max_output_bytes=4 * 2**20))
     apply_timeout_s: float = 60.0
+    log_dir: Path | None = None
 
     def __post_init__(self):
         if self.partial_credit not in ("timeout", "always", "never"):
@@ -58,8 +86,10 @@ class Grade:
 
     Invariants: 0 <= reward <= 1; `resolved` iff every FAIL_TO_PASS and
     PASS_TO_PASS test passed (then reward == 1); `tests` maps each of those test
-    IDs to its status ("passed", "failed", "error", "skipped", or "missing" when the
-    log does not report it); `reason` says in words why the reward is what it is.
+    IDs to its status ("passed", "failed", "error", "skipped", "xfailed", or "missing"
+    when the log does not report it); `reason` says in words why the reward is what it
+    is; `decided_by` is "swebench" when the official harness judged the log, else
+    "undertow"; `log_path` is where the whole log was written (GradingConfig.log_dir).
     """
 
     reward: float
@@ -71,6 +101,27 @@ class Grade:
     reason: str = ""
     log_tail: str = ""
     duration_s: float = 0.0
+    decided_by: str = "undertow"
+    log_path: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one test log says about a task: each listed test's status, and the score.
+
+    `found` is False when the log holds no verdict (no markers, tests timed out, or no
+    test named); then the reward is 0. `successes` and `failures` are the FAIL_TO_PASS
+    and PASS_TO_PASS tests counted each way (skipped tests are in neither).
+    """
+
+    statuses: dict[str, str]
+    found: bool
+    reward: float
+    resolved: bool
+    reason: str
+    decided_by: str
+    successes: frozenset[str] = frozenset()
+    failures: frozenset[str] = frozenset()
 
 
 def patched_paths(patch: str) -> list[str]:
@@ -81,24 +132,91 @@ def patched_paths(patch: str) -> list[str]:
     return paths
 
 
+def diff_key(diff: str) -> str:
+    """The name a diff's test log is stored under: a hash of the diff."""
+    return hashlib.sha256(diff.encode()).hexdigest()[:16]
+
+
+def classify_test(test: str, statuses: dict[str, str], fail_only: bool = False) -> str:
+    """"success", "failure" or "neither", by the official harness's rules (module doc);
+    `fail_only`: only a failed test is a failure, anything else a success (the harness's
+    rule for repositories whose parsers report failures only)."""
+    status = statuses.get(test, MISSING)
+    if fail_only:
+        return "failure" if status == FAILED else "success"
+    if is_passing(status):
+        return "success"
+    return "failure" if status in (MISSING, FAILED, ERROR) else "neither"
+
+
+def _fraction(tests: tuple[str, ...], statuses: dict[str, str],
+              fail_only: bool) -> tuple[float, list[str]]:
+    outcomes = [classify_test(test, statuses, fail_only) for test in tests]
+    num_counted = sum(outcome != "neither" for outcome in outcomes)
+    num_success = outcomes.count("success")
+    failed = [test for test, outcome in zip(tests, outcomes, strict=True)
+              if outcome == "failure"]
+    return (num_success / num_counted if num_counted else 1.0), failed
+
+
 def score(task: Task, statuses: dict[str, str], config: GradingConfig,
           timed_out: bool = False) -> tuple[float, bool, str]:
     """The reward, whether the task is resolved, and why, from per-test statuses."""
-    fail_to_pass = [statuses.get(test, MISSING) == PASSED for test in task.FAIL_TO_PASS]
-    broken = [test for test in task.PASS_TO_PASS if statuses.get(test, MISSING) != PASSED]
-    num_passed = sum(fail_to_pass)
-    if num_passed == len(fail_to_pass) and not broken:
+    fail_only = is_fail_only(task.repo, task.log_parser)
+    fail_to_pass, _ = _fraction(task.FAIL_TO_PASS, statuses, fail_only)
+    pass_to_pass, broken = _fraction(task.PASS_TO_PASS, statuses, fail_only)
+    if fail_to_pass == 1 and pass_to_pass == 1:
         return 1.0, True, "all FAIL_TO_PASS and PASS_TO_PASS tests pass"
-    summary = (f"{num_passed}/{len(fail_to_pass)} FAIL_TO_PASS pass, "
+    num_passed = sum(is_passing(statuses.get(test, MISSING)) for test in task.FAIL_TO_PASS)
+    summary = (f"{num_passed}/{len(task.FAIL_TO_PASS)} FAIL_TO_PASS pass, "
                f"{len(broken)} PASS_TO_PASS broken")
     partial = config.partial_credit == "always" or (config.partial_credit == "timeout"
                                                     and timed_out)
     if not partial:
         return 0.0, False, f"not resolved: {summary}"
-    if broken and config.zero_if_pass_to_pass_breaks:
+    if pass_to_pass < 1 and config.zero_if_pass_to_pass_breaks:
         return 0.0, False, f"partial credit 0 because PASS_TO_PASS broke: {summary}"
-    reward = num_passed / len(fail_to_pass) if fail_to_pass else 0.0
-    return reward, False, f"partial credit: {summary}"
+    return fail_to_pass, False, f"partial credit: {summary}"
+
+
+def grading_script(task: Task) -> str:
+    """The shell script that runs the task's tests, their output between the markers."""
+    return "\n".join([*task.eval_commands, f"echo '{START_MARKER}'", task.test_cmd,
+                      f"echo '{END_MARKER}'"])
+
+
+def _undertow_statuses(task: Task, log: str) -> tuple[dict[str, str], bool]:
+    """Undertow's parser on the log, read as the official harness reads one (module doc)."""
+    if TIMEOUT_MARKER in log or START_MARKER not in log or END_MARKER not in log:
+        return {}, False
+    parser = get_log_parser(task.log_parser)
+    return parser(log.split(START_MARKER)[1].split(END_MARKER)[0]) or parser(log), True
+
+
+def judge(task: Task, log: str, config: GradingConfig = GradingConfig(),
+          timed_out: bool = False) -> Verdict:
+    """The verdict of the task's parser (Undertow's, or the official harness's) on a log."""
+    if task.log_parser.startswith(SWEBENCH_PARSER):
+        decided_by = "swebench"
+        statuses, found = official_statuses(
+            log, instance_id=task.instance_id, repo=task.repo, version=task.version,
+            log_parser=task.log_parser, fail_to_pass=task.FAIL_TO_PASS,
+            pass_to_pass=task.PASS_TO_PASS)
+    else:
+        decided_by = "undertow"
+        statuses, found = _undertow_statuses(task, log)
+    tests = (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)
+    fail_only = is_fail_only(task.repo, task.log_parser)
+    outcomes = {test: classify_test(test, statuses, fail_only) for test in tests}
+    successes = frozenset(t for t, outcome in outcomes.items() if outcome == "success")
+    failures = frozenset(t for t, outcome in outcomes.items() if outcome == "failure")
+    if not found:
+        reason = (f"the tests ran past {task.timeout_s:g} s and were stopped"
+                  if TIMEOUT_MARKER in log else "the log holds no test output")
+        return Verdict(statuses, False, 0.0, False, f"no verdict: {reason}", decided_by,
+                       successes, failures)
+    reward, resolved, reason = score(task, statuses, config, timed_out)
+    return Verdict(statuses, True, reward, resolved, reason, decided_by, successes, failures)
 
 
 async def _apply(sandbox: Sandbox, patch: str, name: str, timeout_s: float) -> str | None:
@@ -128,7 +246,8 @@ async def grade(connection: Connection, task: Task, diff: str, *, run: str,
                 image: str | None = None) -> Grade:
     """Grades `diff` (a git diff against the task's base commit) in a fresh container."""
     started = time.monotonic()
-    parser = get_log_parser(task.log_parser)
+    if not task.log_parser.startswith(SWEBENCH_PARSER):
+        get_log_parser(task.log_parser)  # an unknown parser fails before a container starts
     image = image or await ensure_task_image(connection, task)
     session = f"grade-{task.instance_id}"
     async with await Sandbox.start(connection, image, run=run, session=session,
@@ -136,24 +255,35 @@ async def grade(connection: Connection, task: Task, diff: str, *, run: str,
                                    config=config.sandbox) as sandbox:
         problem = await _apply(sandbox, diff, "session", config.apply_timeout_s)
         if problem is not None:
+            log = f"{APPLY_FAILED_MARKER}\n{problem}\n"
             return Grade(0.0, False, reason=f"the diff does not apply: {problem}",
                          num_fail_to_pass=len(task.FAIL_TO_PASS),
-                         duration_s=time.monotonic() - started)
+                         duration_s=time.monotonic() - started,
+                         log_path=_keep_log(config, task, diff, log))
         await _restore_tests(sandbox, task.test_patch, config.apply_timeout_s)
         problem = await _apply(sandbox, task.test_patch, "tests", config.apply_timeout_s)
         if problem is not None:
             raise SandboxError(f"task {task.instance_id}: its test_patch does not apply to the "
                                f"base commit: {problem}; fix the task")
-        result = await sandbox.exec(task.test_cmd, task.timeout_s)
-    statuses = parser(result.output)
-    tests = {test: statuses.get(test, MISSING) for test in (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)}
-    reward, resolved, reason = score(task, statuses, config, timed_out)
-    if result.timed_out:
-        reason += f" (the tests ran past {task.timeout_s:g} s and were stopped)"
+        result = await sandbox.exec(grading_script(task), task.timeout_s)
+    log = result.output + (f"\n{TIMEOUT_MARKER}\n" if result.timed_out else "")
+    verdict = judge(task, log, config, timed_out)
+    tests = {test: verdict.statuses.get(test, MISSING)
+             for test in (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)}
     return Grade(
-        reward=reward, resolved=resolved, tests=tests,
-        num_fail_to_pass_passed=sum(tests[test] == PASSED for test in task.FAIL_TO_PASS),
+        reward=verdict.reward, resolved=verdict.resolved, tests=tests,
+        num_fail_to_pass_passed=sum(is_passing(tests[test]) for test in task.FAIL_TO_PASS),
         num_fail_to_pass=len(task.FAIL_TO_PASS),
-        broken_pass_to_pass=tuple(t for t in task.PASS_TO_PASS if tests[t] != PASSED),
-        reason=reason, log_tail=result.output[-_LOG_TAIL_CHARS:],
-        duration_s=time.monotonic() - started)
+        broken_pass_to_pass=tuple(t for t in task.PASS_TO_PASS if t in verdict.failures),
+        reason=verdict.reason, log_tail=log[-_LOG_TAIL_CHARS:],
+        duration_s=time.monotonic() - started, decided_by=verdict.decided_by,
+        log_path=_keep_log(config, task, diff, log))
+
+
+def _keep_log(config: GradingConfig, task: Task, diff: str, log: str) -> str:
+    if config.log_dir is None:
+        return ""
+    path = Path(config.log_dir) / task.instance_id / f"{diff_key(diff)}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(log, encoding="utf-8")
+    return str(path)

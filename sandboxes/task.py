@@ -6,6 +6,11 @@ fields are SWE-bench's, so SWE-bench, SWE-Gym and SWE-smith instances load
 unchanged (their list fields may be JSON strings, as SWE-bench stores them);
 Undertow adds how to run it: `image`, `test_cmd`, `log_parser`, `timeout_s`,
 and, for task sets that ship their sources instead of images, `source_dir`.
+SWE-bench's `version` and `environment_setup_commit` load too, with the set-up of the
+official harness: `pre_install` (image set-up) and `eval_commands` (run before
+`test_cmd`). A record of a repository and version that the `swebench` package knows,
+and that names no `log_parser` or `test_cmd` of its own, takes all of these from
+`swebench` (`swebench_harness.py`): its verdicts then agree with the official harness.
 
 `load_tasks(path)` reads a JSONL file, a folder holding `tasks.jsonl`, or a local
 Hugging Face dataset (saved with `save_to_disk`, or parquet/JSON files; this
@@ -18,6 +23,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from undertow.sandboxes import swebench_harness
 from undertow.sandboxes.errors import TaskFormatError
 
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
@@ -48,10 +54,15 @@ class Task:
     timeout_s: float = 300.0
     source_dir: Path | None = None
     workdir: str = DEFAULT_WORKDIR
+    version: str = ""
+    environment_setup_commit: str = ""
+    pre_install: tuple[str, ...] = ()
+    eval_commands: tuple[str, ...] = ()
 
 
 _TEXT_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
 _LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+_COMMAND_FIELDS = ("pre_install", "eval_commands")
 
 
 def _fail(field: str, message: str, where: str) -> TaskFormatError:
@@ -101,9 +112,11 @@ def parse_task(record: Mapping[str, Any], where: str, base_dir: Path | None = No
             raise _fail(field, "is missing", where)
         values[field] = _test_list(record[field], field, where)
     values["image"] = _optional_text(record, "image", None, where)
-    values["test_cmd"] = _optional_text(record, "test_cmd", DEFAULT_TEST_CMD, where)
-    values["log_parser"] = _optional_text(record, "log_parser", "pytest", where)
     values["workdir"] = _optional_text(record, "workdir", DEFAULT_WORKDIR, where)
+    values["version"] = _version(record.get("version"), where)
+    values["environment_setup_commit"] = _optional_text(
+        record, "environment_setup_commit", "", where)
+    values.update(_how_to_test(record, values, where))
     timeout_s = record.get("timeout_s", 300.0)
     if timeout_s is None:
         timeout_s = 300.0
@@ -112,6 +125,46 @@ def parse_task(record: Mapping[str, Any], where: str, base_dir: Path | None = No
     values["timeout_s"] = float(timeout_s)
     values["source_dir"] = _source_dir(record, values, base_dir, where)
     return Task(**values)
+
+
+def _version(value: Any, where: str) -> str:
+    """SWE-bench versions are strings ("3.0"); a number read from JSON is written back so."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.1f}" if isinstance(value, float) and value == int(value) else str(value)
+    raise _fail("version", f"must be a string, got {type(value).__name__}", where)
+
+
+def _commands(record: Mapping[str, Any], field: str, where: str) -> tuple[str, ...] | None:
+    value = record.get(field)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list | tuple) or not all(isinstance(c, str) for c in value):
+        raise _fail(field, "must be a list of shell commands", where)
+    return tuple(value)
+
+
+def _how_to_test(record: Mapping[str, Any], values: dict[str, Any], where: str) -> dict:
+    """test_cmd, log_parser, pre_install, eval_commands: the record's, else the official
+    harness's for a repository and version it knows, else Undertow's defaults."""
+    given = {
+        "test_cmd": _optional_text(record, "test_cmd", None, where),
+        "log_parser": _optional_text(record, "log_parser", None, where),
+        **{field: _commands(record, field, where) for field in _COMMAND_FIELDS},
+    }
+    unnamed = given["test_cmd"] is None and given["log_parser"] is None
+    if unnamed and swebench_harness.knows(values["repo"], values["version"]):
+        spec = swebench_harness.official_spec(values["repo"], values["version"],
+                                              values["test_patch"])
+        official = {"test_cmd": spec.test_cmd, "log_parser": swebench_harness.SWEBENCH_PARSER,
+                    "pre_install": spec.pre_install, "eval_commands": spec.eval_commands}
+        return {key: official[key] if value is None else value for key, value in given.items()}
+    defaults = {"test_cmd": DEFAULT_TEST_CMD, "log_parser": "pytest", "pre_install": (),
+                "eval_commands": ()}
+    return {key: defaults[key] if value is None else value for key, value in given.items()}
 
 
 def _source_dir(record, values, base_dir: Path | None, where: str) -> Path | None:
@@ -198,8 +251,8 @@ def with_base_commit(task: Task, base_commit: str) -> Task:
 def task_record(task: Task, base_dir: Path | None = None) -> dict[str, Any]:
     """The task as a JSON-ready dict (source_dir relative to `base_dir` when possible)."""
     record: dict[str, Any] = {field.name: getattr(task, field.name) for field in fields(Task)}
-    record["FAIL_TO_PASS"] = list(task.FAIL_TO_PASS)
-    record["PASS_TO_PASS"] = list(task.PASS_TO_PASS)
+    for field in (*_LIST_FIELDS, *_COMMAND_FIELDS):
+        record[field] = list(getattr(task, field))
     source = task.source_dir
     if source is not None and base_dir is not None and source.is_relative_to(base_dir):
         source = source.relative_to(base_dir)

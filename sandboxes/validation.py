@@ -4,7 +4,9 @@ For each task, `num_runs` times: grade the empty diff (every FAIL_TO_PASS test
 must fail, every PASS_TO_PASS test pass) and the gold patch (every test must
 pass). A test whose status differs between runs is reported as flaky. A task that
 ships its source must also carry the base commit that source gives (`taskset.py`). Tasks run
-with bounded concurrency; `undertow tasks validate DIR` prints the table.
+with bounded concurrency; `undertow tasks validate DIR` prints the table, with the side that
+decided each task's verdicts: `swebench` (the official harness, for a repository and version
+it knows) or `undertow` (the task set's own parser).
 """
 
 import asyncio
@@ -14,19 +16,22 @@ from dataclasses import dataclass
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import SandboxError
 from undertow.sandboxes.grading import Grade, GradingConfig, grade
-from undertow.sandboxes.log_parsers import PASSED
+from undertow.sandboxes.log_parsers import is_passing
+from undertow.sandboxes.swebench_harness import SWEBENCH_PARSER
 from undertow.sandboxes.task import Task
 from undertow.sandboxes.task_image import compute_base_commit, ensure_task_image
 
 
 @dataclass(frozen=True)
 class TaskCheck:
-    """The verdict on one task: `ok` iff `problems` is empty."""
+    """The verdict on one task: `ok` iff `problems` is empty. `decided_by` names the side
+    whose parser and rules judged its logs: "swebench" or "undertow"."""
 
     instance_id: str
     num_runs: int
     problems: tuple[str, ...]
     duration_s: float
+    decided_by: str = "undertow"
 
     @property
     def ok(self) -> bool:
@@ -36,13 +41,13 @@ class TaskCheck:
 def _problems(task: Task, without: Grade, with_gold: Grade) -> list[str]:
     problems = []
     for test in task.FAIL_TO_PASS:
-        if without.tests[test] == PASSED:
+        if is_passing(without.tests[test]):
             problems.append(f"FAIL_TO_PASS {test} passes without the gold patch")
-        if with_gold.tests[test] != PASSED:
+        if not is_passing(with_gold.tests[test]):
             problems.append(f"FAIL_TO_PASS {test} is {with_gold.tests[test]} with the gold patch")
     for test in task.PASS_TO_PASS:
         for label, verdict in (("without", without), ("with", with_gold)):
-            if verdict.tests[test] != PASSED:
+            if not is_passing(verdict.tests[test]):
                 problems.append(f"PASS_TO_PASS {test} is {verdict.tests[test]} {label} the gold "
                                 "patch")
     return problems
@@ -80,7 +85,9 @@ async def validate_task(connection: Connection, task: Task, *, run: str,
         problems.append(str(error))
     problems.extend(f"flaky: {test} varies between runs {sorted(outcomes)}"
                     for test, outcomes in seen.items() if len(outcomes) > 1)
-    return TaskCheck(task.instance_id, num_runs, tuple(problems), time.monotonic() - started)
+    decided_by = "swebench" if task.log_parser.startswith(SWEBENCH_PARSER) else "undertow"
+    return TaskCheck(task.instance_id, num_runs, tuple(problems), time.monotonic() - started,
+                     decided_by)
 
 
 async def validate_tasks(connection: Connection, tasks: list[Task], *, run: str,
@@ -97,11 +104,14 @@ async def validate_tasks(connection: Connection, tasks: list[Task], *, run: str,
 
 def format_checks(checks: list[TaskCheck]) -> str:
     """A Markdown table of the checks, one row per task."""
-    rows = ["| task | verdict | runs | seconds | problems |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| task | verdict | decided by | runs | seconds | problems |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for check in checks:
         verdict = "ok" if check.ok else "FAIL"
-        rows.append(f"| {check.instance_id} | {verdict} | {check.num_runs} | "
-                    f"{check.duration_s:.1f} | {'; '.join(check.problems)} |")
+        rows.append(f"| {check.instance_id} | {verdict} | {check.decided_by} | {check.num_runs} "
+                    f"| {check.duration_s:.1f} | {'; '.join(check.problems)} |")
     num_ok = sum(check.ok for check in checks)
-    rows.append(f"\n{num_ok}/{len(checks)} tasks valid")
+    by_swebench = sum(check.decided_by == "swebench" for check in checks)
+    rows.append(f"\n{num_ok}/{len(checks)} tasks valid; verdicts decided by swebench for "
+                f"{by_swebench}, by undertow for {len(checks) - by_swebench}")
     return "\n".join(rows)

@@ -46,4 +46,15 @@ async def test_validate_flags_a_task_whose_tests_do_not_decide_it(
 def test_validate_command_passes_the_fixture_set(task_set_dir, fixture_image, capsys):
     assert main(["tasks", "validate", str(task_set_dir), "--runs", "2"]) == 0
     out = capsys.readouterr().out
-    assert "| minimath-1 | ok | 2 |" in out and "1/1 tasks valid" in out
+    assert "| minimath-1 | ok | undertow | 2 |" in out and "1/1 tasks valid" in out
+
+
+def test_the_table_names_who_decided_each_verdict():
+    from undertow.sandboxes.validation import TaskCheck
+
+    checks = [TaskCheck("django__django-1", 1, (), 2.0, "swebench"),
+              TaskCheck("minimath-1", 1, ("flaky: t",), 1.0, "undertow")]
+    table = format_checks(checks)
+    assert "| django__django-1 | ok | swebench | 1 |" in table
+    assert "| minimath-1 | FAIL | undertow | 1 |" in table
+    assert "1/2 tasks valid; verdicts decided by swebench for 1, by undertow for 1" in table

@@ -39,7 +39,7 @@ from typing import Any
 
 from undertow.config import build_section, read_config
 
-SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "pool")
+SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "logging", "pool")
 
 
 @dataclass(frozen=True)
@@ -233,6 +233,7 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     from undertow.learner.config import TrainConfig
     from undertow.learner.gateway_link import GatewayAdmin
     from undertow.learner.losses import LossConfig
+    from undertow.learner.trackers import TrackerConfig, track_learner
     from undertow.learner.train import Learner
 
     run = build_section(RunConfig, tree.get("run"), "run")
@@ -246,12 +247,15 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     model_dir = base_model_dir(run)
     resolved = _plain({"run": asdict(run), "rollout": asdict(rollout), "learner": asdict(config),
                        "loss": asdict(loss), "advantages": asdict(advantages)})
+    tracking = build_section(TrackerConfig, tree.get("logging"), "logging")
+    resolved["logging"] = _plain({"logging": asdict(tracking)})["logging"]
     if "pool" in tree:
         return _train_with_pool(tree["pool"], resume, stop, model_dir, resolved, {
             "run": run, "rollout": rollout, "learner": config, "loss": loss,
             "advantages": advantages})
     learner = (Learner.restore if resume else Learner)(
         config, loss, advantages, model_dir, run.run_dir, resolved)
+    trackers = track_learner(learner, tracking, resolved, model_dir)
     with background_loop() as loop, \
             embedded_services(loop, model_dir, run.run_dir / "store", run.engine_urls) as gateway:
         admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
@@ -266,6 +270,7 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
             outcome = learner.run(source, admin, stop)
         finally:
             source.cancel()
+            trackers.close()
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     return outcome
 

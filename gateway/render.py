@@ -154,6 +154,11 @@ class Renderer:
             return False
         return True
 
+    @property
+    def template_kwargs(self) -> dict:
+        """The arguments this renderer passes to the template besides the messages."""
+        return self._kwargs
+
     def with_kwargs(self, kwargs: Mapping | None) -> Renderer:
         """This renderer, passing `kwargs` to the template as well (a request's
         `chat_template_kwargs` such as `enable_thinking`, and `reasoning_effort`)."""

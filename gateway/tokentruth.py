@@ -134,8 +134,11 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
-def tools_key(tools: Sequence[dict] | None) -> str:
-    return _digest(json.dumps(list(tools or []), sort_keys=True, ensure_ascii=False))
+def tools_key(tools: Sequence[dict] | None, template_kwargs: dict | None = None) -> str:
+    """The digest of what a request gives the template besides its messages: its tools,
+    and its template arguments (a call with other arguments is no retry of this one)."""
+    given = [list(tools or []), template_kwargs] if template_kwargs else list(tools or [])
+    return _digest(json.dumps(given, sort_keys=True, ensure_ascii=False))
 
 
 def same_assistant(sent: dict, returned: dict) -> bool:
@@ -157,7 +160,7 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
     else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree
     into a list the prompt then owns (and extends)."""
     keys = _Keys(messages)
-    tkey = tools_key(tools)
+    tkey = tools_key(tools, renderer.template_kwargs)
     for position, head in enumerate(reversed(heads)):
         num_head = len(head.message_keys)
         if tkey != head.tools_key or len(messages) <= num_head + 1:

@@ -13,7 +13,10 @@ One session, top to bottom (`Rollout._session`):
    the sandbox.
 A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
 error of the run; an error of Undertow's own (image, sandbox, grading) closes the
-session with reward 0 and `cause = error:<stage>`.
+session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its meta
+(the learner leaves it out), and the slot is run again as a new session of the same
+group (same `index`, next `attempt`; the task's image is built again if that failed),
+up to `max_attempts` attempts in all.
 
 With `timeout_value="tree_estimate"`, a timed-out session is closed only after its
 group's other sessions: its reward is then QwenGyre's tree-value estimate
@@ -68,9 +71,10 @@ class RolloutConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     grading: GradingConfig = field(default_factory=GradingConfig)
     progress_interval_s: float = 5.0
+    max_attempts: int = 3
 
     def __post_init__(self):
-        for name in ("group_size", "concurrency"):
+        for name in ("group_size", "concurrency", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.timeout_s <= 0:
@@ -142,27 +146,41 @@ class Rollout:
         with contextlib.suppress(Exception):
             await gc(self.connection, self.run_id)
 
-    def _group_name(self, task: Task) -> str:
+    def group_name(self, task: Task) -> str:
         name = "".join(c if c.isalnum() or c in "._-" else "-" for c in task.instance_id)
         return f"{self.run_id}.{name}"[:128]
 
     async def _group(self, task: Task) -> None:
-        image: str | Exception
-        try:
-            async with self._builds:
-                image = await ensure_task_image(self.connection, task)
-        except Exception as error:  # every session of the task records it
-            image = error
-        results = [SessionResult(task.instance_id, index)
-                   for index in range(self.config.group_size)]
-        self.results.extend(results)
+        images: dict[str, str | Exception] = {"image": await self._image(task)}
+        results: list[SessionResult] = []
         try:
             async with asyncio.TaskGroup() as sessions:
-                for result in results:
-                    sessions.create_task(self._session(task, image, result))
+                for index in range(self.config.group_size):
+                    sessions.create_task(self._slot(task, images, index, results))
         finally:
             await asyncio.shield(self._close_deferred(task, results))
             self.progress.num_tasks_done += 1
+
+    async def _image(self, task: Task) -> str | Exception:
+        try:
+            async with self._builds:
+                return await ensure_task_image(self.connection, task)
+        except Exception as error:  # every session of the task records it
+            return error
+
+    async def _slot(self, task: Task, images: dict[str, str | Exception], index: int,
+                    results: list[SessionResult]) -> None:
+        """Attempts of one slot of the group until one ends with an outcome the policy
+        earned (or `max_attempts` are spent)."""
+        for attempt in range(self.config.max_attempts):
+            if attempt and isinstance(images["image"], Exception):
+                images["image"] = await self._image(task)
+            result = SessionResult(task.instance_id, index, attempt=attempt)
+            results.append(result)
+            self.results.append(result)
+            await self._session(task, images["image"], result)
+            if not result.infra_failure:
+                return
 
     async def _session(self, task: Task, image: str | Exception, result: SessionResult) -> None:
         async with self._slots:
@@ -189,7 +207,7 @@ class Rollout:
         sandbox: Sandbox | None = None
         try:
             opened = await self.admin.open_session(
-                self._group_name(task), {"run": self.run_id, "instance_id": task.instance_id,
+                self.group_name(task), {"run": self.run_id, "instance_id": task.instance_id,
                                          "index": result.index, "scaffold": self.scaffold.name})
             result.session_id = opened["session_id"]
             stage = "image"
@@ -277,7 +295,7 @@ class Rollout:
         tree = None
         if finished and any(r.timed_out for r in waiting):
             with contextlib.suppress(Exception):
-                tree = await self.admin.group_tree(self._group_name(task))
+                tree = await self.admin.group_tree(self.group_name(task))
         for result in waiting:
             estimate = tree and result.timed_out and estimate_tree_value(
                 tree, result.session_id, finished)

@@ -2,9 +2,19 @@
 
 `SessionResult` is what the runner learns about one session and attaches (as `meta`)
 when it closes the session at the gateway. `RolloutSummary` aggregates them per task
-(pass rate, rewards, tokens, durations, timeouts, failures by cause) and renders JSON
-and a Markdown table. `Progress` prints one line at a time while the run goes on:
-tasks done, sessions running, pass rate so far, tokens per second.
+(pass rate, rewards, tokens, durations, timeouts, failures by cause, sessions re-run
+after failures of Undertow's own) and renders JSON and a Markdown table. `Progress`
+prints one line at a time while the run goes on: tasks done, sessions running, pass
+rate so far, re-runs, tokens per second.
+
+Outcomes and failures: a session whose scaffold ended by itself (`exited`, `crashed`),
+ran out of time (`timeout`) or flooded its output (`output_flood`, the policy's doing)
+has an outcome the policy earned. Any other cause (`error:<stage>`: Undertow could not
+open, build, start, run or grade it; `killed`, `interrupted`: the runner stopped it)
+is a failure of Undertow's own (`is_infra_failure`): the session carries
+`infra_failure: true` in its meta, never enters advantages or the loss, and its slot
+is run again as a new session of the same group (`attempt` counts from 0). Pass
+rates and rewards of a summary count only the sessions with outcomes.
 """
 
 import json
@@ -17,6 +27,13 @@ from typing import Any, TextIO
 
 # Causes that are not failures of the scaffold: it ended by itself or ran out of time.
 NOT_FAILURES = ("exited", "timeout")
+# Causes of sessions whose reward the policy earned (see the module docstring).
+OUTCOME_CAUSES = ("exited", "crashed", "timeout", "output_flood")
+
+
+def is_infra_failure(cause: str) -> bool:
+    """Whether a session that ended with `cause` failed through Undertow, not the policy."""
+    return cause not in OUTCOME_CAUSES
 
 
 @dataclass
@@ -32,6 +49,7 @@ class SessionResult:
     instance_id: str
     index: int
     session_id: str = ""
+    attempt: int = 0
     cause: str = "pending"
     exit_code: int | None = None
     reward: float = 0.0
@@ -55,11 +73,16 @@ class SessionResult:
     def timed_out(self) -> bool:
         return self.cause == "timeout"
 
+    @property
+    def infra_failure(self) -> bool:
+        return is_infra_failure(self.cause)
+
     def meta(self) -> dict[str, Any]:
         """What goes to the gateway with the reward (the log tail shortened)."""
         record = asdict(self)
         record.pop("closed")
         record["log_tail"] = self.log_tail[-1000:]
+        record["infra_failure"] = self.infra_failure
         return record
 
 
@@ -93,20 +116,36 @@ class RolloutSummary:
         return [_task_summary(instance_id, results) for instance_id, results in by_task.items()]
 
     @property
+    def outcomes(self) -> list[SessionResult]:
+        """The sessions whose reward the policy earned (no failure of Undertow's own)."""
+        return [r for r in self.sessions if not r.infra_failure]
+
+    @property
     def pass_rate(self) -> float:
-        return sum(r.resolved for r in self.sessions) / len(self.sessions) if self.sessions else 0
+        outcomes = self.outcomes
+        return sum(r.resolved for r in outcomes) / len(outcomes) if outcomes else 0
 
     def failures(self) -> dict[str, int]:
         return dict(Counter(r.cause for r in self.sessions if r.cause not in NOT_FAILURES))
+
+    def infra_failures(self) -> dict[str, int]:
+        """Sessions that failed through Undertow, by cause."""
+        return dict(Counter(r.cause for r in self.sessions if r.infra_failure))
+
+    @property
+    def num_reruns(self) -> int:
+        """Sessions run again after an earlier attempt of their slot failed."""
+        return sum(r.attempt > 0 for r in self.sessions)
 
     def to_json(self) -> dict[str, Any]:
         num_tokens = sum(r.num_completion_tokens for r in self.sessions)
         return {"run_id": self.run_id, "scaffold": self.scaffold,
                 "duration_s": self.duration_s, "interrupted": self.interrupted,
                 "num_sessions": len(self.sessions), "pass_rate": self.pass_rate,
-                "mean_reward": _mean([r.reward for r in self.sessions]),
+                "mean_reward": _mean([r.reward for r in self.outcomes]),
                 "num_timeouts": sum(r.timed_out for r in self.sessions),
-                "failures": self.failures(), "num_completion_tokens": num_tokens,
+                "failures": self.failures(), "infra_failures": self.infra_failures(),
+                "num_reruns": self.num_reruns, "num_completion_tokens": num_tokens,
                 "sessions_per_minute": 60 * len(self.sessions) / max(self.duration_s, 1e-9),
                 "tasks": [asdict(task) for task in self.tasks()],
                 "sessions": [asdict(result) for result in self.sessions]}
@@ -138,10 +177,11 @@ def _mean(values: list[float]) -> float:
 
 
 def _task_summary(instance_id: str, results: list[SessionResult]) -> TaskSummary:
+    outcomes = [r for r in results if not r.infra_failure]
     return TaskSummary(
         instance_id=instance_id, num_sessions=len(results),
-        pass_rate=sum(r.resolved for r in results) / len(results),
-        rewards=[r.reward for r in results], mean_reward=_mean([r.reward for r in results]),
+        pass_rate=sum(r.resolved for r in outcomes) / len(outcomes) if outcomes else 0.0,
+        rewards=[r.reward for r in outcomes], mean_reward=_mean([r.reward for r in outcomes]),
         num_completion_tokens=sum(r.num_completion_tokens for r in results),
         mean_duration_s=_mean([r.duration_s for r in results]),
         num_timeouts=sum(r.timed_out for r in results),
@@ -163,12 +203,16 @@ class Progress:
 
     def line(self) -> str:
         elapsed_s = max(time.monotonic() - self.started_s, 1e-9)
-        num_resolved = sum(r.resolved for r in self.ended)
+        outcomes = [r for r in self.ended if not r.infra_failure]
+        num_resolved = sum(r.resolved for r in outcomes)
         num_tokens = sum(r.num_completion_tokens for r in self.ended)
-        rate = f"{num_resolved / len(self.ended):.0%}" if self.ended else "-"
+        rate = f"{num_resolved / len(outcomes):.0%}" if outcomes else "-"
+        failed = Counter(r.cause for r in self.ended if r.infra_failure)
+        reruns = (" · re-run after " + ", ".join(f"{c} {n}" for c, n in sorted(failed.items()))
+                  if failed else "")
         return (f"[rollout {elapsed_s:6.0f}s] tasks {self.num_tasks_done}/{self.num_tasks} · "
-                f"sessions {len(self.ended)}/{self.num_sessions} done, {self.num_running} "
-                f"running · pass {rate} ({num_resolved}/{len(self.ended)}) · "
+                f"sessions {len(outcomes)}/{self.num_sessions} done, {self.num_running} "
+                f"running · pass {rate} ({num_resolved}/{len(outcomes)}){reruns} · "
                 f"{num_tokens / elapsed_s:.1f} tok/s")
 
     def print(self) -> None:

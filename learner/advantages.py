@@ -11,7 +11,16 @@ group with the reward chosen by `timeout_reward`:
 - "tree_value": the mean reward of the sessions that did not time out and share
   the longest token prefix with it (the value of the deepest tree node it shares);
   its own recorded reward when no such session exists.
-The learner calls `group_advantages(tree, config)` per finished group.
+Only sessions with an outcome the policy earned enter a group: a session closed
+with `infra_failure: true` in its meta, or with a cause `error:<stage>`, `killed` or
+`interrupted` (Undertow failed it, or stopped it: `adapters/summary.py`), has no
+advantage, so it never reaches the loss (`valid_sessions`). The learner calls
+`group_advantages(tree, config)` per finished group.
+
+DAPO's dynamic sampling (`filter_uniform_groups`): a group whose valid sessions all
+got the same reward has every advantage 0 and carries no signal; the training loop
+(`train.py`) drops it and launches a replacement, at most `max_extra_groups` extra
+groups per step (past that bound such groups are trained as they are).
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from undertow.gateway.tree import Tree
 
 SCALES = ("std", "none")
 TIMEOUT_REWARDS = ("partial_credit", "tree_value")
+# Causes of sessions stopped or failed by Undertow, not by the policy (with `error:*`).
+INFRA_CAUSES = ("killed", "interrupted", "pending")
 
 
 @dataclass(frozen=True)
@@ -32,8 +43,13 @@ class AdvantageConfig:
     scale: str = "std"
     eps: float = 1e-6
     timeout_reward: str = "partial_credit"
+    filter_uniform_groups: bool = False
+    max_extra_groups: int = 8
 
     def __post_init__(self):
+        if self.max_extra_groups < 0:
+            raise ValueError(f"AdvantageConfig.max_extra_groups must be >= 0, "
+                             f"got {self.max_extra_groups}")
         if self.scale not in SCALES:
             raise ValueError(f"AdvantageConfig.scale must be one of {SCALES}, got {self.scale!r}")
         if self.timeout_reward not in TIMEOUT_REWARDS:
@@ -44,13 +60,41 @@ class AdvantageConfig:
 
 
 def is_timed_out(tree: Tree, session_id: str) -> bool:
-    return bool(tree.sessions[session_id].meta.get("timed_out", False))
+    meta = tree.sessions[session_id].meta
+    return bool(meta.get("timed_out", False)) or meta.get("cause") == "timeout"
+
+
+def is_infra_failure(meta: dict) -> bool:
+    """Whether a session's close meta says Undertow, not the policy, ended it."""
+    cause = str(meta.get("cause", ""))
+    return bool(meta.get("infra_failure")) or cause.startswith("error:") or \
+        cause in INFRA_CAUSES
+
+
+def valid_sessions(tree: Tree) -> dict[str, float]:
+    """The closed sessions with an outcome the policy earned, and their rewards."""
+    return {s: p.reward for s, p in tree.sessions.items()
+            if p.closed and p.reward is not None and not is_infra_failure(p.meta)}
+
+
+def infra_failures(tree: Tree) -> dict[str, int]:
+    """Closed sessions of `tree` that Undertow failed, by cause."""
+    causes: dict[str, int] = {}
+    for paths in tree.sessions.values():
+        if paths.closed and is_infra_failure(paths.meta):
+            cause = str(paths.meta.get("cause") or "infra_failure")
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
+
+
+def is_uniform(rewards: dict[str, float]) -> bool:
+    """Whether every reward is the same (then every group-relative advantage is 0)."""
+    return len(set(rewards.values())) <= 1
 
 
 def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
-    """The reward each closed session enters its group with."""
-    closed = {s: p.reward for s, p in tree.sessions.items()
-              if p.closed and p.reward is not None}
+    """The reward each valid closed session enters its group with."""
+    closed = valid_sessions(tree)
     if config.timeout_reward == "partial_credit":
         return dict(closed)
     finished = {s: r for s, r in closed.items() if not is_timed_out(tree, s)}

@@ -32,6 +32,9 @@ class TrainConfig:
     whose oldest sampled token is more than `max_staleness` versions older than the
     weights it would train is dropped and replaced when `drop_stale`, else trained.
 
+    `max_failed_groups`: that many groups in a row whose every session Undertow failed
+    (after each slot's attempts) stop the run with one error naming the cause.
+
     `max_tokens` bounds a packed micro-batch. Checkpoints are written every
     `checkpoint_every` steps and after the last one; the last `keep_checkpoints`
     are kept (the weights of every step are written anyway, to push them).
@@ -55,11 +58,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     push_mode: str = "drain"
     group_timeout_s: float = 3600.0
+    max_failed_groups: int = 4
 
     def __post_init__(self) -> None:
         owner = "learner"
         for name in ("num_steps", "groups_per_step", "group_size", "max_tokens",
-                     "checkpoint_every", "keep_checkpoints"):
+                     "checkpoint_every", "keep_checkpoints", "max_failed_groups"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{owner}.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_staleness < 0:

@@ -2,6 +2,7 @@
 
     LearnerError             base of everything the training path raises
     ├── EmptyStepError       a step (or a session set) has no trainable token
+    ├── RunFailedError       groups in a row lost every session to failures of Undertow
     └── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
 """
 
@@ -13,6 +14,12 @@ class LearnerError(Exception):
 class EmptyStepError(LearnerError):
     """A step has no trainable token: the loss mask would be all zero, which would
     train nothing while looking like a normal step."""
+
+
+class RunFailedError(LearnerError):
+    """A training run cannot go on: `learner.max_failed_groups` groups in a row had
+    every session failed by Undertow itself (image, sandbox, grading, gateway); the
+    message names the cause and the last error."""
 
 
 class LossConfigError(LearnerError, ValueError):

@@ -1,7 +1,12 @@
 """Per-step metrics of a training run, one JSON object per line in `RUN/metrics.jsonl`.
 
 A line holds the step, its weight version and the fields of `STEP_FIELDS` (absent
-ones are omitted): reward and pass rate of the groups trained, the loss and its
+ones are omitted): reward (mean, population spread) and pass rate of the valid
+sessions trained, what the step dropped (`num_dropped_groups`: stale;
+`num_dropped_uniform`: every reward equal, under `advantages.filter_uniform_groups`;
+`num_dropped_invalid`: fewer than two valid sessions, or nothing trainable) and the
+sessions Undertow failed (`num_infra_failures`, `infra_failures` by cause,
+`num_rerun_sessions`), the loss and its
 parts (`kl`: mean k3 estimate of KL(behaviour || policy) over the trained tokens, i.e.
 how far the weights trained have moved from those that sampled; `kl_ref`: to the
 reference model, when the loss has a KL term; `entropy`: mean policy entropy at the
@@ -25,8 +30,10 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 
 STEP_FIELDS = (
-    "reward_mean", "pass_rate", "loss", "kl", "kl_ref", "entropy", "clip_fraction", "grad_norm",
-    "num_groups", "num_sessions", "num_dropped_groups", "num_trained_tokens",
+    "reward_mean", "reward_std", "pass_rate", "loss", "kl", "kl_ref", "entropy",
+    "clip_fraction", "grad_norm", "num_groups", "num_sessions", "num_dropped_groups",
+    "num_dropped_uniform", "num_dropped_invalid", "num_rerun_sessions", "num_infra_failures",
+    "infra_failures", "num_trained_tokens",
     "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",
     "staleness_max", "rollout_s", "train_s", "sync_s", "step_s", "num_members",
 )
@@ -57,6 +64,25 @@ class MetricsLog:
             handle.flush()
             os.fsync(handle.fileno())
         return record
+
+
+def format_step(record: dict[str, Any], num_steps: int | None = None) -> str:
+    """One progress line of a step's record (what `undertow train` prints per step)."""
+    def number(key: str, spec: str) -> str:
+        value = record.get(key)
+        return "-" if value is None else format(value, spec)
+
+    failures = record.get("infra_failures") or {}
+    failed = ", ".join(f"{cause} {n}" for cause, n in sorted(failures.items())) or "0"
+    total = f"/{num_steps}" if num_steps else ""
+    return (f"step {record['step']}{total} · reward {number('reward_mean', '.3f')} "
+            f"± {number('reward_std', '.3f')} · pass {number('pass_rate', '.0%')} · "
+            f"dropped uniform {record.get('num_dropped_uniform', 0)}, invalid "
+            f"{record.get('num_dropped_invalid', 0)}, stale {record.get('num_dropped_groups', 0)}"
+            f" · re-run {record.get('num_rerun_sessions', 0)} (failed: {failed}) · tokens "
+            f"{record.get('num_trained_tokens', 0)} · staleness "
+            f"{number('staleness_mean', '.2f')} · kl {number('kl', '.4f')} · entropy "
+            f"{number('entropy', '.3f')} · {number('step_s', '.1f')}s")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """`undertow plot RUN`: the run's per-step metrics (`RUN/metrics.jsonl`) drawn to PNG files.
 
 One figure per theme, each a column of panels over the step axis, written to
-`RUN/plots/` (or `--out`): `reward.png` (reward, pass rate), `loss.png` (loss, KL,
+`RUN/plots/` (or `--out`): `reward.png` (reward, pass rate, reward spread, groups
+dropped and sessions re-run or failed by Undertow), `loss.png` (loss, KL,
 entropy, clip fraction, gradient norm), `tokens.png` (trained, unique and flat tokens,
 unique/flat ratio, staleness) and `time.png` (the step's seconds split into rollout,
 train and sync). matplotlib runs with its file-only Agg backend.
@@ -14,7 +15,9 @@ from pathlib import Path
 from undertow.learner.metrics_log import read_metrics
 
 FIGURES = {
-    "reward": (("reward_mean", "pass_rate"),),
+    "reward": (("reward_mean", "pass_rate"), ("reward_std",),
+               ("num_dropped_uniform", "num_dropped_invalid", "num_dropped_groups",
+                "num_rerun_sessions", "num_infra_failures")),
     "loss": (("loss",), ("kl", "kl_ref"), ("entropy",), ("clip_fraction",), ("grad_norm",)),
     "tokens": (("num_trained_tokens", "num_unique_tokens", "num_flat_tokens"),
                ("unique_flat_ratio",), ("staleness_mean", "staleness_max")),

@@ -21,6 +21,19 @@ yet trained). A group whose oldest sampled token is still older than that when i
 taken is dropped and replaced (`drop_stale`), e.g. a long session that straddled
 several updates.
 
+Only real outcomes train: a finished group's sessions that Undertow failed (their
+close meta says so, `advantages.valid_sessions`) have no advantage and no loss; the
+rollout source has already re-run them as new sessions of the group. A group left
+with fewer than two valid sessions (one when `group_size` is 1) is dropped, with its
+reason printed, and replaced; with `advantages.filter_uniform_groups`, so is a group
+whose valid sessions all got the same reward (at most `advantages.max_extra_groups`
+per step). A step whose groups hold no trainable token (`EmptyStepError`) is not
+trained: its groups are dropped and more are launched. When `max_failed_groups`
+groups in a row are dropped because Undertow failed their sessions, the run stops
+with one `RunFailedError` naming the causes and the last error. Each step counts
+what it dropped and re-ran (`num_dropped_uniform`, `num_dropped_invalid`,
+`infra_failures` by cause, `num_rerun_sessions`) in its metrics line.
+
 Stopping and resuming: `stop` (set by SIGTERM in the command line) is checked while
 waiting for groups and between steps; the loop then writes a checkpoint holding the
 finished groups not yet trained and returns. `Learner.restore` continues from the
@@ -31,16 +44,25 @@ group ID, so the gateway's store keeps both).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from undertow.gateway.tree import Tree
-from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.advantages import (
+    AdvantageConfig,
+    group_advantages,
+    infra_failures,
+    is_uniform,
+    valid_sessions,
+)
 from undertow.learner.checkpoint import (
     PendingGroup,
     TrainState,
@@ -50,6 +72,7 @@ from undertow.learner.checkpoint import (
     save_weights,
 )
 from undertow.learner.config import TrainConfig, torch_dtype
+from undertow.learner.errors import EmptyStepError, RunFailedError
 from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
@@ -72,11 +95,19 @@ class GroupRequest:
 
 @dataclass
 class FinishedGroup:
-    """A group whose sessions are all closed with rewards."""
+    """A group whose sessions are all closed with rewards.
+
+    `failures`: its sessions that Undertow failed, by cause (also those that never
+    opened, so not in the tree); `num_reruns`: sessions run again after such a failure;
+    `error`: one failure's message. A source that leaves them empty has them read
+    from the tree's close metas."""
 
     index: int
     tree: Tree
     rollout_s: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)
+    num_reruns: int | None = None
+    error: str = ""
 
 
 class GroupSource(Protocol):
@@ -151,7 +182,7 @@ class Learner:
                                                    self.config.max_grad_norm)
         self.optimizer.step()
         self.state.step += 1
-        rewards = [p.reward for t in trees for p in t.sessions.values() if p.closed]
+        rewards = [r for t in trees for r in valid_sessions(t).values()]
         num_terms = max(totals["num_terms"], 1.0)
         num_unique = sum(t.num_unique_tokens for t in trees)
         num_flat = sum(t.num_flat_tokens for t in trees)
@@ -160,6 +191,7 @@ class Learner:
             "entropy": totals["entropy_sum"] / num_terms,
             "clip_fraction": totals["num_clipped"] / num_terms, "grad_norm": float(grad_norm),
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_std": statistics.pstdev(rewards) if rewards else None,
             "pass_rate": (sum(r >= PASS_REWARD for r in rewards) / len(rewards)
                           if rewards else None),
             "num_groups": len(trees), "num_sessions": len(rewards),
@@ -207,21 +239,28 @@ class Learner:
         return save_weights(self.run_dir, self.state.step, self.policy.model,
                             self.base_model_dir)
 
-    def run(self, source: GroupSource, sink: WeightSink,
-            stop: threading.Event | None = None) -> str:
-        """Trains until `num_steps` steps are done ("done") or `stop` is set ("stopped")."""
-        return _Loop(self, source, sink, stop or threading.Event()).run()
+    def run(self, source: GroupSource, sink: WeightSink, stop: threading.Event | None = None,
+            on_step: Callable[[dict[str, Any]], None] | None = None) -> str:
+        """Trains until `num_steps` steps are done ("done") or `stop` is set ("stopped");
+        `on_step` receives each step's metrics record (and may print it)."""
+        loop = _Loop(self, source, sink, stop or threading.Event())
+        loop.on_step = on_step or (lambda record: None)
+        return loop.run()
 
 
 class _Loop:
-    """The bookkeeping of `Learner.run`: launches, waits, staleness, timing."""
+    """The bookkeeping of `Learner.run`: launches, waits, admission, staleness, timing."""
 
     def __init__(self, learner: Learner, source: GroupSource, sink: WeightSink,
                  stop: threading.Event):
         self.learner, self.source, self.sink, self.stop = learner, source, sink, stop
         self.config, self.state = learner.config, learner.state
+        self.advantage_config = learner.advantage_config
         self.ready: list[PendingGroup] = list(learner.pending)
-        self.num_dropped = 0
+        self.on_step: Callable[[dict[str, Any]], None] = lambda record: None
+        self.counts: Counter = Counter()
+        self.failures: Counter = Counter()
+        self.failed_in_a_row: list[FinishedGroup] = []
 
     def run(self) -> str:
         self._relaunch_in_flight()
@@ -234,23 +273,41 @@ class _Loop:
             rollout_s = time.perf_counter() - started_s
             staleness = [group_staleness(g.tree, self.state.step) for g in groups]
             train_started_s = time.perf_counter()
-            values = self.learner.train_step([g.tree for g in groups])
+            try:
+                values = self.learner.train_step([g.tree for g in groups])
+            except EmptyStepError as error:
+                self._note_drop("empty", f"{len(groups)} group(s) not trained: {error}")
+                continue
             train_s = time.perf_counter() - train_started_s
             values.update(rollout_s=rollout_s, train_s=train_s,
                           staleness_mean=sum(staleness) / len(staleness),
-                          staleness_max=max(staleness), num_dropped_groups=self.num_dropped)
-            self.num_dropped = 0
+                          staleness_max=max(staleness), **self._step_counts())
             sync_started_s = time.perf_counter()
             self.learner.pending = list(self.ready)
             model_dir = self.learner.save(self._is_checkpoint_step())
             self.sink.push(model_dir, self.state.step)
             values["sync_s"] = time.perf_counter() - sync_started_s
             values["step_s"] = time.perf_counter() - started_s
-            self.learner.metrics.append(self.state.step, self.state.step, values)
+            self.on_step(self.learner.metrics.append(self.state.step, self.state.step, values))
             if self.stop.is_set() and self.state.step < self.config.num_steps:
                 self._save_pending()
                 return "stopped"
         return "done"
+
+    def _step_counts(self) -> dict[str, Any]:
+        """What the step dropped and re-ran since the last step; the counters restart."""
+        counts = {"num_dropped_groups": self.counts["stale"],
+                  "num_dropped_uniform": self.counts["uniform"],
+                  "num_dropped_invalid": self.counts["invalid"] + self.counts["empty"],
+                  "num_rerun_sessions": self.counts["reruns"],
+                  "num_infra_failures": sum(self.failures.values()),
+                  "infra_failures": dict(self.failures)}
+        self.counts, self.failures = Counter(), Counter()
+        return counts
+
+    def _note_drop(self, reason: str, message: str) -> None:
+        self.counts[reason] += 1
+        print(f"undertow train: step {self.state.step + 1}: dropped {message}", flush=True)
 
     def _is_checkpoint_step(self) -> bool:
         step = self.state.step
@@ -296,8 +353,55 @@ class _Loop:
                                    f"{self.config.group_timeout_s}; are the rollouts running?")
             self._launch_allowed()
             for group in self.source.wait(timeout_s=0.5):
-                self.ready.append(PendingGroup(group.index, group.tree, group.rollout_s))
+                self._admit(group)
         return None
+
+    def _admit(self, group: FinishedGroup) -> None:
+        """Adds a finished group to the ready ones, or drops it (counted, reason printed;
+        its index is consumed, so `_launch_allowed` launches a replacement)."""
+        failures = group.failures or infra_failures(group.tree)
+        self.failures.update(failures)
+        self.counts["reruns"] += (group.num_reruns if group.num_reruns is not None else
+                                  sum(bool(p.meta.get("attempt")) for p in
+                                      group.tree.sessions.values()))
+        rewards = valid_sessions(group.tree)
+        if len(rewards) < min(2, self.config.group_size):
+            self.state.consumed.append(group.index)
+            self._note_drop("invalid", f"group {group.tree.group_id}: {len(rewards)} valid "
+                            f"session(s) left; Undertow failed {dict(failures) or 'none'}"
+                            f"{': ' + group.error if group.error else ''}")
+            self._count_failed(group, failures, rewards)
+            return
+        self.failed_in_a_row.clear()
+        if (self.advantage_config.filter_uniform_groups and is_uniform(rewards)
+                and self.counts["uniform"] < self.advantage_config.max_extra_groups):
+            self.state.consumed.append(group.index)
+            self._note_drop("uniform", f"group {group.tree.group_id}: every valid session "
+                            f"got reward {next(iter(rewards.values()))} (no signal)")
+            return
+        self.ready.append(PendingGroup(group.index, group.tree, group.rollout_s))
+
+    def _count_failed(self, group: FinishedGroup, failures: dict[str, int],
+                      rewards: dict[str, float]) -> None:
+        """Stops the run once `max_failed_groups` groups in a row lost their sessions to
+        failures of Undertow's own."""
+        if rewards or not failures:
+            self.failed_in_a_row.clear()
+            return
+        self.failed_in_a_row.append(group)
+        if len(self.failed_in_a_row) < self.config.max_failed_groups:
+            return
+        causes: Counter = Counter()
+        for failed in self.failed_in_a_row:
+            causes.update(failed.failures or infra_failures(failed.tree))
+        named = (f"every session failed with {next(iter(causes))}" if len(causes) == 1
+                 else f"their sessions failed with {dict(causes)}")
+        last_error = next((g.error for g in reversed(self.failed_in_a_row) if g.error), "")
+        raise RunFailedError(
+            f"the last {len(self.failed_in_a_row)} groups had no session the policy could "
+            f"be trained on: {named} (a failure of Undertow, not of the policy, after each "
+            f"slot's configured attempts)" + (f"; last error: {last_error}" if last_error
+                                              else "") + ". Fix that cause and rerun.")
 
     def _drop_stale(self) -> None:
         """Drops (and counts) ready groups over the staleness bound, if configured."""
@@ -306,7 +410,7 @@ class _Loop:
         kept = []
         for group in self.ready:
             if group_staleness(group.tree, self.state.step) > self.config.max_staleness:
-                self.num_dropped += 1
+                self.counts["stale"] += 1
                 self.state.consumed.append(group.index)
             else:
                 kept.append(group)

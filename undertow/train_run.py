@@ -8,15 +8,22 @@ the gateway's admin API. The learner pushes weights through the gateway's pool
 (`POST /admin/update_weights`).
 
 Sections of the run config: `run` (`RunConfig`, below), `rollout` (`RolloutSection`),
-`learner`, `loss`, `advantages` (see `learner/config.py`), and optionally `pool`
-(`learner/pool/config.py`): with it the run goes to `pool_run.py`, the machine split into
-cells that move between rollout and training. With no config the default
-on this machine: the tiny model (built once into the run directory), one built-in
-engine, the embedded gateway, Docker sandboxes, mini-swe-agent on the bundled tasks.
+`learner`, `loss`, `advantages` (see `learner/config.py`), `warm_start`
+(`warm_start.py`), and optionally `pool` (`learner/pool/config.py`): with it the run
+goes to `pool_run.py`, the machine split into cells that move between rollout and
+training. With no config file, `undertow train` reads `configs/learn.yaml`: the tiny
+model (built once into the run directory), a warm start, one built-in engine, the
+embedded gateway and one-call chat sessions on a prompt task set whose reward the
+policy visibly learns in minutes. `configs/swe.yaml` is the SWE run: mini-swe-agent
+on the bundled tasks in Docker sandboxes.
 
+`rollout.scaffold` is a scaffold of `adapters/registry.py` (sessions in Docker
+sandboxes on SWE tasks) or `chat` (one chat call per session on a prompt task set,
+rewarded by the function each task names: `adapters/chat_rollout.py`).
 `rollout.source` plugs in another rollout: `"module:factory"`, where
-`factory(context: RolloutContext)` returns `async run_group(request) -> group name`
-(the group at the gateway whose sessions it ran and closed with rewards).
+`factory(context: RolloutContext)` returns `async run_group(request)` giving the group
+at the gateway whose sessions it ran and closed with rewards: its name, or a
+`GroupOutcome` that also counts the sessions Undertow failed (and re-ran).
 
 Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engine
 restarts and loads the checkpoint's weights as their version before any rollout (in a
@@ -32,14 +39,21 @@ import importlib
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from undertow.config import build_section, read_config
+from undertow.warm_start import WarmStartSection
 
-SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "logging", "pool")
+SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "warm_start", "logging",
+            "pool")
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = CONFIGS_DIR / "learn.yaml"
+CHAT = "chat"
+DEFAULT_PROMPT_TASKS = "colours.yaml"   # in undertow.adapters.configs
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,9 @@ class RunConfig:
 @dataclass(frozen=True)
 class RolloutSection:
     """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
-    bundled set), group index i running task i mod the number of tasks."""
+    bundled set; for `chat`, `adapters/configs/colours.yaml`), group index i running
+    task i mod the number of tasks. A session that Undertow fails is run again as a
+    new session of its group, up to `max_attempts` attempts per slot."""
 
     tasks: Path | None = None
     num_tasks: int | None = None
@@ -67,6 +83,21 @@ class RolloutSection:
     timeout_s: float = 600.0
     timeout_value: str = "partial_credit"
     source: str = ""
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """What a rollout source's `run_group` may return instead of the group's name:
+    `num_opened` sessions opened at the gateway (0: the group has no tree there),
+    `failures` by cause and `num_reruns` of the sessions Undertow failed, and one
+    failure's `error` message."""
+
+    group: str
+    num_opened: int
+    failures: dict[str, int] = field(default_factory=dict)
+    num_reruns: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,9 +140,21 @@ class ThreadedGroupSource:
         groups = []
         for request, future, rollout_s in finished:
             self.futures.discard(future)
-            group = future.result()  # a failed rollout stops the run with its error
-            groups.append(FinishedGroup(request.index, self.admin.group_tree(group), rollout_s))
+            outcome = future.result()  # a failed rollout stops the run with its error
+            if isinstance(outcome, str):
+                groups.append(FinishedGroup(request.index, self.admin.group_tree(outcome),
+                                            rollout_s))
+                continue
+            groups.append(FinishedGroup(
+                request.index, self._tree(outcome), rollout_s, dict(outcome.failures),
+                outcome.num_reruns, outcome.error))
         return groups
+
+    def _tree(self, outcome: GroupOutcome):
+        from undertow.gateway.tree import Tree
+
+        return self.admin.group_tree(outcome.group) if outcome.num_opened else \
+            Tree(outcome.group)
 
     def cancel(self) -> None:
         for future in list(self.futures):
@@ -121,8 +164,53 @@ class ThreadedGroupSource:
                 future.result(timeout=120)
 
 
+def outcome_of(group: str, results) -> GroupOutcome:
+    """The `GroupOutcome` of a group's `SessionResult`s (every attempt of every slot)."""
+    failed = [r for r in results if r.infra_failure]
+    return GroupOutcome(group, sum(bool(r.session_id) for r in results),
+                        dict(Counter(r.cause for r in failed)),
+                        sum(r.attempt > 0 for r in results),
+                        next((r.error for r in failed if r.error), ""))
+
+
+def chat_rollouts(context: RolloutContext) -> RunGroup:
+    """`rollout.scaffold: chat`: one-call chat sessions on a prompt task set."""
+    from undertow.adapters.chat_rollout import ChatRollout, ChatRolloutConfig
+    from undertow.adapters.gateway_client import GatewayAdmin
+
+    section = context.rollout
+    tasks = select_prompt_tasks(section)
+
+    async def run_group(request) -> GroupOutcome:
+        config = ChatRolloutConfig(group_size=request.group_size,
+                                   concurrency=section.concurrency,
+                                   timeout_s=section.timeout_s, max_attempts=section.max_attempts,
+                                   **section.scaffold_options)
+        task = tasks[request.index % len(tasks)]
+        async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
+            results = await ChatRollout(admin, config).run_group(
+                task, request.group_id, {"run_group": request.index})
+        return outcome_of(request.group_id, results)
+    return run_group
+
+
+def select_prompt_tasks(section: RolloutSection) -> list:
+    """The prompt tasks of `rollout.tasks` (default: the colours task set), filtered."""
+    from undertow.adapters import configs
+    from undertow.adapters.chat_rollout import load_prompt_tasks
+
+    tasks = load_prompt_tasks(section.tasks or Path(configs.__file__).parent /
+                              DEFAULT_PROMPT_TASKS)
+    if section.instance_ids:
+        tasks = [t for t in tasks if t.instance_id in section.instance_ids]
+    tasks = tasks[:section.num_tasks] if section.num_tasks else tasks
+    if not tasks:
+        raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
+    return tasks
+
+
 def scaffold_rollouts(context: RolloutContext) -> RunGroup:
-    """The default source: `adapters.rollout.Rollout` of one task per group."""
+    """The SWE source: `adapters.rollout.Rollout` of one task per group."""
     from undertow.adapters.gateway_client import GatewayAdmin
     from undertow.adapters.registry import create_scaffold
     from undertow.adapters.rollout import Rollout, RolloutConfig
@@ -139,24 +227,23 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
         raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
     scaffold = create_scaffold(section.scaffold, section.scaffold_options)
 
-    async def run_group(request) -> str:
+    async def run_group(request) -> GroupOutcome:
         config = RolloutConfig(group_size=request.group_size, concurrency=section.concurrency,
                                timeout_s=section.timeout_s, out_dir=context.run_dir / "rollouts",
                                run_id=request.group_id, timeout_value=section.timeout_value,
-                               progress_interval_s=0)
+                               progress_interval_s=0, max_attempts=section.max_attempts)
         task = tasks[request.index % len(tasks)]
         with connect(context.docker_url) as connection:
             async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
-                summary = await Rollout([task], scaffold, admin, connection, config).run()
-                opened = [r.session_id for r in summary.sessions if r.session_id]
-                if not opened:
-                    raise RuntimeError(f"group {request.group_id}: no session opened: "
-                                       f"{[r.error for r in summary.sessions]}")
-                return (await admin.session(opened[0]))["group"]
+                rollout = Rollout([task], scaffold, admin, connection, config)
+                summary = await rollout.run()
+                return outcome_of(rollout.group_name(task), summary.sessions)
     return run_group
 
 
 def load_source(context: RolloutContext) -> RunGroup:
+    if not context.rollout.source and context.rollout.scaffold == CHAT:
+        return chat_rollouts(context)
     if not context.rollout.source:
         return scaffold_rollouts(context)
     module_name, sep, attribute = context.rollout.source.partition(":")
@@ -199,11 +286,11 @@ def resolve_config(config_path: Path | None, overrides: list[str], run_dir: Path
 
     if run_dir is not None:
         overrides = [*overrides, f"run.run_dir={run_dir}"]
-    tree = read_config(config_path, overrides)
+    tree = read_config(config_path or DEFAULT_CONFIG, overrides)
     unknown = sorted(set(tree) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; known: {list(SECTIONS)}")
-    if resume and config_path is None:
+    if resume and config_path is None:   # the checkpoint's config, else the default
         run = build_section(RunConfig, tree.get("run"), "run")
         latest = latest_checkpoint(run.run_dir)
         if latest is not None:
@@ -241,12 +328,14 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     config = build_section(TrainConfig, tree.get("learner"), "learner")
     loss = build_section(LossConfig, tree.get("loss"), "loss")
     advantages = build_section(AdvantageConfig, tree.get("advantages"), "advantages")
+    warm = build_section(WarmStartSection, tree.get("warm_start"), "warm_start")
     if not resume and (run.run_dir / "checkpoints").exists():
         raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
                          "it, or choose another run.run_dir")
-    model_dir = base_model_dir(run)
+    model_dir = start_model_dir(run, rollout, warm)
     resolved = _plain({"run": asdict(run), "rollout": asdict(rollout), "learner": asdict(config),
-                       "loss": asdict(loss), "advantages": asdict(advantages)})
+                       "loss": asdict(loss), "advantages": asdict(advantages),
+                       "warm_start": asdict(warm)})
     tracking = build_section(TrackerConfig, tree.get("logging"), "logging")
     resolved["logging"] = _plain({"logging": asdict(tracking)})["logging"]
     if "pool" in tree:
@@ -267,12 +356,55 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
                                  run.docker_url)
         source = ThreadedGroupSource(loop, load_source(context), admin)
         try:
-            outcome = learner.run(source, admin, stop)
+            outcome = learner.run(source, admin, stop, on_step=step_printer(config.num_steps))
         finally:
             source.cancel()
             trackers.close()
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
+    print_results(run.run_dir, rollout)
     return outcome
+
+
+def step_printer(num_steps: int) -> Callable[[dict[str, Any]], None]:
+    """Prints each step's metrics record as one progress line."""
+    from undertow.learner.metrics_log import format_step
+
+    return lambda record: print(f"undertow train: {format_step(record, num_steps)}", flush=True)
+
+
+def print_results(run_dir: Path, rollout: RolloutSection) -> None:
+    """At the end of a run: the reward curve's PNG, the checkpoint and how to evaluate it."""
+    from undertow.learner.checkpoint import latest_checkpoint
+
+    try:
+        from undertow.learner.plot import plot_run
+
+        reward_png = next(p for p in plot_run(run_dir) if p.name == "reward.png")
+        print(f"undertow train: reward curve {reward_png}", flush=True)
+    except (ImportError, FileNotFoundError) as error:
+        print(f"undertow train: no plot ({error}); `undertow plot {run_dir}` draws it")
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return
+    print(f"undertow train: checkpoint {checkpoint}", flush=True)
+    if rollout.scaffold == CHAT and not rollout.source:
+        tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
+        print(f"undertow train: evaluate it with: undertow evaluate --model "
+              f"{checkpoint / 'model'}{tasks}", flush=True)
+    else:
+        print(f"undertow train: evaluate it with: undertow rollout --model {checkpoint / 'model'}"
+              f" --scaffold {rollout.scaffold} --tasks <tasks>", flush=True)
+
+
+def start_model_dir(run: RunConfig, rollout: RolloutSection, warm: WarmStartSection) -> Path:
+    """The weights the run starts from: the base model, warm-started when the rollout
+    is `chat` on tasks that list `warm_start` replies (`warm_start.py`)."""
+    model_dir = base_model_dir(run)
+    if rollout.scaffold != CHAT or rollout.source or warm.num_steps == 0:
+        return model_dir
+    from undertow.warm_start import warm_start
+
+    return warm_start(select_prompt_tasks(rollout), model_dir, run.run_dir / "model-warm", warm)
 
 
 def _train_with_pool(section: dict[str, Any] | None, resume: bool, stop: threading.Event,

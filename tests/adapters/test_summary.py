@@ -25,7 +25,9 @@ def test_per_task_pass_rate_rewards_and_failures():
     assert first.failures == {}
     assert second.failures == {"crashed": 1, "error:sandbox": 1}
     assert summary.failures() == {"crashed": 1, "error:sandbox": 1}
-    assert summary.pass_rate == 0.25
+    # The sandbox failure was Undertow's: it is no outcome of the policy.
+    assert summary.infra_failures() == {"error:sandbox": 1}
+    assert second.rewards == [0.0] and summary.pass_rate == 1 / 3
 
 
 def test_json_and_table_hold_every_session():
@@ -44,6 +46,16 @@ def test_session_meta_is_json_and_bounded():
     meta = result.meta()
     assert "closed" not in meta and len(meta["log_tail"]) == 1000
     json.dumps(meta)
+
+
+def test_meta_and_summary_mark_failures_of_undertow_and_reruns():
+    failed = SessionResult("t1", 0, "s1", cause="error:grade", error="GradingError: boom")
+    rerun = SessionResult("t1", 0, "s2", attempt=1, cause="exited", reward=1.0, resolved=True)
+    assert failed.meta()["infra_failure"] and not rerun.meta()["infra_failure"]
+    summary = RolloutSummary("run", "command", 1.0, [failed, rerun])
+    data = summary.to_json()
+    assert data["infra_failures"] == {"error:grade": 1} and data["num_reruns"] == 1
+    assert data["pass_rate"] == 1.0 and data["mean_reward"] == 1.0
 
 
 def test_progress_line_counts_sessions_and_pass_rate():

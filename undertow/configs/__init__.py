@@ -1,0 +1,1 @@
+"""Run configs of `undertow train -c`: `learn.yaml` (the default) and `swe.yaml`."""

@@ -303,13 +303,18 @@ def _train(args) -> int:
     import signal
     import threading
 
+    from undertow.learner.errors import RunFailedError
     from undertow.train_run import resolve_config, train
 
     tree = resolve_config(args.config, args.overrides, args.run_dir, args.resume)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    outcome = train(tree, args.resume, stop)
+    try:
+        outcome = train(tree, args.resume, stop)
+    except RunFailedError as error:   # one clear line, not a traceback
+        print(f"undertow train: error: {error}", file=sys.stderr, flush=True)
+        return 1
     return 0 if outcome == "done" else 143
 
 

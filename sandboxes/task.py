@@ -231,16 +231,23 @@ def _dataset_records(path: Path) -> Iterator[tuple[str, Any]]:
 _DATA_SUFFIXES = {".parquet", ".json", ".jsonl"}
 
 
-def load_tasks(path: Path | str) -> list[Task]:
-    """Loads every task at `path` (JSONL file, folder with tasks.jsonl, or local HF dataset)."""
+def read_records(path: Path | str) -> tuple[Iterator[tuple[str, Any]], Path]:
+    """The (where, record) pairs at `path` (JSONL file, folder with tasks.jsonl, or local HF
+    dataset), and the folder that relative paths in them are relative to."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no task file or folder at {path}")
     if path.is_dir() and (path / "tasks.jsonl").exists():
         path = path / "tasks.jsonl"
     if path.is_file() and path.suffix in {".jsonl", ".json"} and path.name != "dataset_info.json":
-        return parse_tasks(_jsonl_records(path), path.parent)
-    return parse_tasks(_dataset_records(path), path if path.is_dir() else path.parent)
+        return _jsonl_records(path), path.parent
+    return _dataset_records(path), path if path.is_dir() else path.parent
+
+
+def load_tasks(path: Path | str) -> list[Task]:
+    """Loads every task at `path` (JSONL file, folder with tasks.jsonl, or local HF dataset)."""
+    records, base_dir = read_records(path)
+    return parse_tasks(records, base_dir)
 
 
 def with_base_commit(task: Task, base_commit: str) -> Task:

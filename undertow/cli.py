@@ -15,7 +15,8 @@ from pathlib import Path
 from undertow.commands.serve import add_auto_session_arguments, auto_sessions_config
 
 # Command groups in `undertow/commands/`, one module each (see its docstring).
-COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair", "ui")
+COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair", "ui",
+                                    "tasks_import")
 
 
 def _add_model(commands) -> None:

@@ -1,0 +1,95 @@
+"""`undertow tasks import NAME --from DIR --out DIR`: a dataset's rows in, a task set out.
+
+Each row goes through its dataset's `convert` (`formats.py`), gets its image name (the
+row's own, else the dataset's template; `image_template` overrides both; `registry`
+prefixes it, for a private mirror), and must then load as a `Task`. The rows kept are
+written to `OUT/tasks.jsonl` (loadable by `load_tasks`, so `undertow rollout --tasks OUT`
+runs them); `ImportReport` counts the rows dropped, by reason.
+"""
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from undertow.sandboxes.datasets.formats import DatasetFormat, DroppedRow, get_format, image_fields
+from undertow.sandboxes.errors import TaskFormatError
+from undertow.sandboxes.task import parse_task, read_records, task_record
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What an import did: `num_rows` read, `num_kept` written to `out_path`, and the
+    dropped rows counted by reason (with the first row of each reason in `examples`)."""
+
+    dataset: str
+    num_rows: int
+    num_kept: int
+    dropped: dict[str, int]
+    out_path: Path
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"{self.dataset}: kept {self.num_kept} of {self.num_rows} rows -> "
+                 f"{self.out_path}"]
+        if self.dropped:
+            lines.append(f"dropped {self.num_rows - self.num_kept}:")
+            lines += [f"  {count} {reason} (e.g. {self.examples[reason]})"
+                      for reason, count in sorted(self.dropped.items(), key=lambda i: -i[1])]
+        return "\n".join(lines)
+
+
+def image_name(record: Mapping[str, Any], dataset: DatasetFormat, image_template: str | None,
+               registry: str | None) -> str:
+    """The task's image: the row's own unless a template is forced, else the dataset's."""
+    image = record.get("image")
+    if image_template or not image:
+        template = image_template or dataset.image_template
+        try:
+            image = template.format(**image_fields(record))
+        except KeyError as error:
+            raise ValueError(f"image template {template!r} uses {error}, which is not one of "
+                             f"{sorted(image_fields(record))}") from None
+    return f"{registry.rstrip('/')}/{image}" if registry else image
+
+
+def convert_rows(dataset: DatasetFormat, rows: Iterable[tuple[str, Any]],
+                 image_template: str | None = None, registry: str | None = None
+                 ) -> tuple[list[dict[str, Any]], Counter, dict[str, str], int]:
+    """The task records of the rows that convert and load; the others counted by reason."""
+    records, dropped, examples, seen = [], Counter(), {}, set()
+    num_rows = 0
+    for where, row in rows:
+        num_rows += 1
+        try:
+            record = dataset.convert(row)
+            record["image"] = image_name(record, dataset, image_template, registry)
+            if record["instance_id"] in seen:
+                raise DroppedRow("repeats an earlier instance_id")
+            task = parse_task(record, where)
+        except (DroppedRow, TaskFormatError) as error:
+            reason = str(error) if isinstance(error, DroppedRow) else (
+                "malformed: " + str(error).rsplit(": ", 1)[-1])
+            dropped[reason] += 1
+            examples.setdefault(reason, where)
+            continue
+        seen.add(task.instance_id)
+        records.append(task_record(task))
+    return records, dropped, examples, num_rows
+
+
+def import_dataset(name: str, source: Path, out_dir: Path, *, image_template: str | None = None,
+                   registry: str | None = None) -> ImportReport:
+    """Imports the rows at `source` as dataset `name`; writes `out_dir/tasks.jsonl`."""
+    dataset = get_format(name)
+    rows, _ = read_records(source)
+    records, dropped, examples, num_rows = convert_rows(dataset, rows, image_template, registry)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = out_dir / "tasks.jsonl"
+    with out_path.open("w", encoding="utf-8") as out:
+        for record in records:
+            record.pop("source_dir", None)
+            out.write(json.dumps({**record, "dataset": dataset.name}, ensure_ascii=False) + "\n")
+    return ImportReport(dataset.name, num_rows, len(records), dict(dropped), out_path, examples)

@@ -16,7 +16,7 @@ from undertow.commands.serve import add_auto_session_arguments, auto_sessions_co
 
 # Command groups in `undertow/commands/`, one module each (see its docstring).
 COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair", "ui",
-                                    "tasks_import")
+                                    "tasks_import", "export")
 
 
 def _add_model(commands) -> None:
@@ -321,7 +321,10 @@ def _train(args) -> int:
 
 def _add_sft(commands) -> None:
     sft = commands.add_parser("sft", help="warm start: cross-entropy on stored trajectories")
-    sft.add_argument("--store", type=Path, required=True, help="tree store of the trajectories")
+    source = sft.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", type=Path, help="tree store of the trajectories")
+    source.add_argument("--data", type=Path,
+                        help="a folder written by `undertow export sft` (sft.jsonl or hf/)")
     sft.add_argument("--model", type=Path, required=True, help="model directory to start from")
     sft.add_argument("--out", type=Path, required=True, help="model directory to write")
     sft.add_argument("-c", "--config", type=Path, default=None, help="config with an sft section")
@@ -336,7 +339,13 @@ def _sft(args) -> int:
     from undertow.learner.trees import load_store_trees
 
     config = build_section(SFTConfig, read_config(args.config, args.overrides).get("sft"), "sft")
-    print(run_sft(load_store_trees(args.store), args.model, args.out, config))
+    if args.data is not None:
+        from undertow.exports import read_sft_trees
+
+        trees = read_sft_trees(args.data)
+    else:
+        trees = load_store_trees(args.store)
+    print(run_sft(trees, args.model, args.out, config))
     return 0
 
 

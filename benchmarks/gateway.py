@@ -1,6 +1,6 @@
 """Gateway benchmark: what the gateway costs, side by side in one run.
 
-    python -m benchmarks.gateway [--num-calls 200] [--skip-litellm]
+    python -m benchmarks.gateway [--num-calls 200] [--skip-litellm] [--only-formats]
 
 (a) Added latency per call, measured in pairs. One built-in engine (tiny model) and, in
     front of it, the gateway (`undertow gateway serve`, a subprocess; once with the default
@@ -37,6 +37,9 @@
 (c) Storage of a 50-turn session (~200-token user turns, 24 sampled tokens per reply) through
     the gateway to the built-in engine: bytes of the store's file against a per-call log
     (JSON lines with each call's prompt IDs and completion IDs; and with logprobs too).
+(d) The latency a reasoning template and a non-Hermes tool-call parser add, against the
+    default template and Hermes (`gateway_formats.py`; `--only-formats` runs just this
+    part and writes `benchmarks/results/gateway_formats.json`).
 
 Store modes (`--store-sync`): `flush` (default) writes each call's record to the OS before
 the reply's last byte (survives the gateway being killed) and fsyncs in the background
@@ -59,6 +62,7 @@ from pathlib import Path
 
 import aiohttp
 
+from benchmarks.gateway_formats import format_latency, formats_markdown
 from benchmarks.gateway_history import cpu_by_history, text_of
 from benchmarks.proxies import (
     LITELLM_KEY,
@@ -76,6 +80,7 @@ from undertow.gateway.render import Renderer
 from undertow.gateway.store import TreeStore
 
 RESULTS = Path(__file__).parent / "results" / "gateway.json"
+FORMATS_RESULTS = Path(__file__).parent / "results" / "gateway_formats.json"
 NUM_WARMUP = 10
 NUM_STORAGE_TURNS = 50
 STREAMED = "gateway (flush), vs streamed"  # paired with /generate streamed, as the gateway asks
@@ -282,6 +287,7 @@ def markdown(report: dict) -> str:
               f"| per-call log (ids) | {st['per_call_log_bytes']:,} | {st['per_call_tokens']:,} |",
               f"| per-call log (ids + logprobs) | {st['per_call_log_with_logprobs_bytes']:,} | |",
               f"| ratio (ids log / store) | {st['ratio_vs_ids_log']:.1f}x | |", "",
+              *formats_markdown(report["formats"]), "",
               "targets: " + ", ".join(f"{k}={'met' if v else 'MISSED'}"
                                       for k, v in summary["targets"].items()),
               f"load average at the end: {report['machine']['load_average']}"]
@@ -301,24 +307,38 @@ async def run(work_dir: Path, num_calls: int, with_litellm: bool) -> dict:
                                           with_litellm)
         print("(c) storage of a 50-turn session", flush=True)
         report["storage"] = await storage(engine.url, model_dir, work_dir)
+    print("(d) reasoning template and tool-call format", flush=True)
+    report["formats"] = await format_latency(model_dir, work_dir, num_calls, run_pairs)
     report["summary"] = summarise(report)
     return report
+
+
+async def run_formats(work_dir: Path, num_calls: int) -> dict:
+    from undertow.learner.modeldir import init_model_dir
+
+    model_dir = init_model_dir(work_dir / "tiny", size="tiny", seed=0)
+    return {"formats": await format_latency(model_dir, work_dir, num_calls, run_pairs)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-calls", type=int, default=200)
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument("--only-formats", action="store_true",
+                        help="run only part (d) (reasoning template, non-Hermes parser)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="undertow-bench-gateway-") as work_dir:
-        report = asyncio.run(run(Path(work_dir), args.num_calls, not args.skip_litellm))
+        report = asyncio.run(run_formats(Path(work_dir), args.num_calls) if args.only_formats
+                             else run(Path(work_dir), args.num_calls, not args.skip_litellm))
     report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                          "load_average_at_start": load_before,
                          "load_average": os.getloadavg()}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(markdown(report))
+    results = FORMATS_RESULTS if args.only_formats else RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2) + "\n")
+    print("\n".join(formats_markdown(report["formats"])) if args.only_formats
+          else markdown(report))
 
 
 if __name__ == "__main__":

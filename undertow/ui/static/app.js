@@ -53,7 +53,7 @@ const fmt = (v, digits = 3) => v === null || v === undefined ? "–"
 
 function show(...nodes) {
   const view = document.getElementById("view");
-  view.replaceChildren(...nodes);
+  view.replaceChildren(...nodes.flat(2).filter(n => n !== null && n !== undefined));
 }
 
 function crumbs(...parts) {
@@ -167,7 +167,8 @@ function paged(items, perPage, render, label) {
     box.replaceChildren(render(slice), pages > 1 ? h("div", { class: "pager" },
       h("button", { disabled: page === 0, onclick: () => draw(page - 1) }, "previous"),
       `${label} page ${page + 1} of ${pages}`,
-      h("button", { disabled: page + 1 >= pages, onclick: () => draw(page + 1) }, "next")) : null);
+      h("button", { disabled: page + 1 >= pages, onclick: () => draw(page + 1) }, "next"))
+      : "");
   };
   draw(0);
   return box;
@@ -203,7 +204,7 @@ async function stepPage(name, step) {
     h("h2", {}, `Group ${group.group} `, h("a", { href: `#/run/${enc(name)}/tree/${enc(group.group)}` },
       "tree")),
     h("table", { "data-testid": "sessions" }, h("tr", {}, ["session", "reward", "advantage", "cause",
-      "duration s", "calls", "prompt tokens", "completion tokens"].map(t => h("th", {}, t))),
+      "duration s", "calls", "new prompt tokens", "sampled tokens"].map(t => h("th", {}, t))),
     group.sessions.map(s => h("tr", {}, h("td", {}, h("a", {
       href: `#/run/${enc(name)}/session/${enc(group.group)}/${enc(s.session)}` }, s.session)),
       h("td", { class: "num" }, fmt(s.reward)), h("td", { class: "num", "data-testid": "advantage" },

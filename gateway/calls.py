@@ -316,33 +316,27 @@ class CallRunner:
 
     async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
                       results: list[dict], started_s: float) -> Outcome:
+        """Applies the choices' records to the tree and writes their lines, all or none
+        (a failed write undoes the tree's change and raises `StoreUnavailable`, a 503);
+        only then leaves the session's heads, choice 0's last, so that it is the newest:
+        a scaffold that continues choice 0 (as they do) extends the newest head, with no
+        branch. (`HeadReplay` keeps that order after a restart.)"""
         tree = self.store.tree(session.group)
         num_prompt = len(prompt.token_ids)
-        futures, choices = [], []
         head = (head_record(prompt, session.heads, self._parses_tools(request))
                 if request.messages is not None else None)
-        for result in sorted(results, key=lambda item: item["index"]):
-            branch = prompt.branch if result["index"] == 0 else "sample"
-            meta = {"api": request.api, "model": request.model,
-                    "finish_reason": result["finish_reason"], "sampling": result["sampling"],
-                    "cached_tokens": result["cached_tokens"], "extends": prompt.extends,
-                    "token_truth": prompt.token_truth,
-                    **({"head": head} if head else {}),
-                    "timings": {"start_s": started_s, "first_token_s": result["first_token_s"],
-                                "end_s": time.time()}}
-            record = tree.add_call(result["call_id"], session.session_id, prompt.token_ids,
-                                   result["token_ids"], result["logprobs"],
-                                   result["weight_versions"], branch=branch, meta=meta,
-                                   extends_leaf=prompt.extends_leaf)
-            futures.append(self.store.submit(session.group, record.to_json()))
-            choice = self._choice(result, request)
-            choices.append(choice)
-            if request.messages is not None:
-                self._leave_head(session, request, prompt, choice, tree.calls[-1].leaf,
-                                 num_prompt)
+        results = sorted(results, key=lambda item: item["index"])
+        with tree.transaction():
+            records = [self._add_call(tree, session, request, prompt, result, head, started_s)
+                       for result in results]
+            written = self.store.submit(session.group, *(r.to_json() for r in records))
+        leaves = [call.leaf for call in tree.calls[-len(results):]]
+        choices = [self._choice(result, request) for result in results]
+        if request.messages is not None:
+            for choice, leaf in reversed(list(zip(choices, leaves, strict=True))):
+                self._leave_head(session, request, prompt, choice, leaf, num_prompt)
         session.num_calls += 1
-        for future in futures:  # a done future (`flush` mode) is awaited without a loop turn
-            await future
+        await written  # a done future (`flush` mode) is awaited without a loop turn
         self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
         self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
                                            api=request.api)
@@ -351,15 +345,29 @@ class CallRunner:
             self.metrics.time_to_first_token_s.observe(min(first) - started_s, api=request.api)
         return Outcome(choices, num_prompt, max(result["cached_tokens"] for result in results))
 
+    @staticmethod
+    def _add_call(tree, session: Session, request: CallRequest, prompt: Prompt, result: dict,
+                  head: dict | None, started_s: float):
+        branch = prompt.branch if result["index"] == 0 else "sample"
+        meta = {"api": request.api, "model": request.model,
+                "finish_reason": result["finish_reason"], "sampling": result["sampling"],
+                "cached_tokens": result["cached_tokens"], "extends": prompt.extends,
+                "token_truth": prompt.token_truth,
+                **({"head": head} if head else {}),
+                "timings": {"start_s": started_s, "first_token_s": result["first_token_s"],
+                            "end_s": time.time()}}
+        return tree.add_call(result["call_id"], session.session_id, prompt.token_ids,
+                             result["token_ids"], result["logprobs"], result["weight_versions"],
+                             branch=branch, meta=meta, extends_leaf=prompt.extends_leaf)
+
     def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
                     choice: Choice, leaf: int, num_prompt: int) -> None:
         """The head this choice leaves for the session's next call. With one choice, the
-        prompt's list of IDs, extended in place by the completion, becomes the head's
-        (the path to `leaf`): nothing reads a recorded call's prompt list again, and the
-        next call takes it over instead of copying 128k IDs out of the tree."""
-        token_ids = prompt.token_ids if request.n == 1 else None
-        if token_ids is not None:
-            token_ids += choice.token_ids
+        head owns a new list of its path's IDs (the prompt's and the completion's), which
+        the next call takes over instead of copying 128k IDs out of the tree. The prompt's
+        own list is never extended: the pool, the engine request and a migration still
+        running may hold it as an unchanging list."""
+        token_ids = prompt.token_ids + choice.token_ids if request.n == 1 else None
         ids_json = (prompt.token_ids_json.extend(choice.token_ids)
                     if prompt.token_ids_json is not None else None)
         session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,

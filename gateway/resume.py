@@ -9,8 +9,8 @@ way the tree stores tokens: a call's record carries `meta["head"]` =
 that head's, "tools": tools key, "parse_tools": bool}` (tens of bytes per call, not
 the history). The rest is derived on replay from the call's tokens: the leaf and the
 prompt length from the tree, the closing text and the assistant message (re-parsed
-from the completion's text exactly as `CallRunner` parsed it, tool-call IDs aside,
-which token truth ignores) from the completion IDs.
+from the completion's text exactly as `CallRunner` parsed it: cut at the call's first
+stop string, tool-call IDs aside, which token truth ignores) from the completion IDs.
 
 So after a restart, a session's next call extends its last call by token truth, as
 if the gateway had never stopped.
@@ -33,6 +33,14 @@ def assistant_message(text: str, tool_parser: str, parse_tools: bool,
     `tool_call_id()` names each tool call."""
     parser = create_parser(tool_parser, parse_tools=parse_tools)
     return message_of_events(parser.feed(text) + parser.finish(), tool_call_id)
+
+
+def text_before_stop(text: str, stops) -> str:
+    """The reply's text as the APIs return it: up to the first stop string (the engine's
+    completion, which the tree keeps whole, ends with it). `StopTrimmer` gives the same
+    text while streaming."""
+    cut = min((i for i in (text.find(stop) for stop in stops) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
 
 
 def message_of_events(events: list[Event], tool_call_id) -> dict[str, Any]:
@@ -86,14 +94,21 @@ class HeadReplay:
         call = tree.calls[-1]
         token_ids = tree.path_token_ids(call.leaf)
         completion_ids = token_ids[len(token_ids) - call.num_completion_tokens:]
-        text = self.renderer.decode(completion_ids)
+        stops = ((event.get("meta") or {}).get("sampling") or {}).get("stop") or ()
+        text = text_before_stop(self.renderer.decode(completion_ids), stops)
         message = assistant_message(text, self.tool_parser, stored["parse_tools"],
                                     lambda: "call_restored")
-        session.add_head(Head(event["call_id"], keys, stored["tools"], message, call.leaf,
-                              len(token_ids) - len(completion_ids),
-                              self.renderer.closing_text(completion_ids)),
-                         self.sessions.num_heads)
-        session.num_calls += event.get("branch") != "sample"
+        head = Head(event["call_id"], keys, stored["tools"], message, call.leaf,
+                    len(token_ids) - len(completion_ids),
+                    self.renderer.closing_text(completion_ids))
+        if event.get("branch") == "sample" and session.heads:
+            # choice i > 0 of the call whose choice 0 is the newest head: the live gateway
+            # left choice 0's head last (`CallRunner._record`), and so does replay
+            session.heads.insert(len(session.heads) - 1, head)
+            del session.heads[:-self.sessions.num_heads]
+        else:
+            session.add_head(head, self.sessions.num_heads)
+            session.num_calls += 1
 
     def finish(self) -> None:
         self._keys.clear()

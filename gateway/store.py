@@ -5,49 +5,80 @@ event: `session_open` (ID, group, the SHA-256 of its key, metadata), `call` (a
 `CallRecord`: only the tokens new to the tree, so the file grows with unique
 tokens), or `session_close` (reward, metadata).
 
-Write-ahead: a call's line is written before the API sends the last byte of its
-reply. What "written" means is the store's `sync` mode:
+Write-ahead: a call's lines are written (`write(2)` on the group's file, in `submit`,
+before it returns) before the API sends the last byte of its reply, and before the
+tree keeps the call: `CallRunner` applies a call's records inside a tree transaction
+and submits their lines before the transaction ends, so a failed write (a full disk,
+an I/O error) undoes the tree's change, leaves the file as it was (a partly written
+line is cut off again) and answers the scaffold with `StoreUnavailable`, a retryable
+503. What "written" means beyond that is the store's `sync` mode:
 
-- `flush` (the default): `submit` hands the line to the operating system at once
-  (`write(2)` on the group's file, before it returns), so a delivered call survives
-  the gateway being killed (SIGKILL, a crash, OOM): the kernel holds the bytes. The
-  files are fsync'ed in the background, grouped, at most `fsync_interval_s` after a
-  write, and on `close`; so a power loss or kernel crash can lose the calls of the
-  last `fsync_interval_s` (1 s), delivered or not. The reply waits for no disk.
-- `fsync`: the reply waits until its line is fsync'ed, so a delivered call also
-  survives a power loss; one writer task commits lines in the order they were queued
-  (group commit: one fsync per file per batch). It costs a call one fsync
-  (milliseconds on a slow disk).
+- `flush` (the default): the kernel holds the bytes once `submit` returns, so a
+  delivered call survives the gateway being killed (SIGKILL, a crash, OOM). The files
+  are fsync'ed in the background, grouped, at most `fsync_interval_s` after a write,
+  and on `close`; so a power loss or kernel crash can lose the calls of the last
+  `fsync_interval_s` (1 s), delivered or not. The reply waits for no disk.
+- `fsync`: the reply also waits until its lines are fsync'ed (group commit: one writer
+  task fsyncs every file written since its last round), so a delivered call survives
+  a power loss. It costs a call one fsync (milliseconds on a slow disk). An fsync that
+  fails leaves the kernel's copy of the lines in doubt: the calls waiting for it are
+  answered 503 and the store refuses every later write until the gateway restarts
+  (their lines may stay in the file: a scaffold's retry is then recorded as a retry).
 
 Either way a group's file holds its records in the order they were applied to the
 tree, which replay needs to rebuild the same node IDs.
 
 On start-up `replay` reads every file; a torn last line (the process died while
-writing it; its reply was never sent) is cut off.
+writing it; its reply was never sent) is cut off. A line that is damaged anywhere
+else (not JSON, not an event, or a record that does not fit the tree) stops replay
+with `StoreDamaged`, naming the file and line; `repair_store` (`undertow trees repair
+STORE`) keeps the records before it and moves the rest aside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
-from undertow.gateway.errors import BadRequest
-from undertow.gateway.tree import CallRecord, Tree
+from undertow.gateway.errors import BadRequest, Unavailable
+from undertow.gateway.tree import CallRecord, Tree, TreeError
 
 log = logging.getLogger(__name__)
 SYNC_MODES = ("flush", "fsync")
 FSYNC_INTERVAL_S = 1.0
 GROUP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The fields replay needs, by event kind; an event of another kind needs only its kind
+# (its reader checks the rest).
+EVENT_FIELDS = {"session_open": ("session_id", "group", "key_sha256"),
+                "call": ("call_id", "session_id", "anchor", "token_ids", "num_prompt",
+                         "logprobs", "weight_versions"),
+                "session_close": ("session_id", "reward")}
+
+
+class StoreUnavailable(Unavailable):
+    """A log line could not be written: nothing of the call (or session event) was
+    kept, and the scaffold gets a retryable 503 (529 from the Anthropic API)."""
+
+
+class StoreDamaged(ValueError):
+    """A log line, not the last, is damaged: the store cannot be replayed past it.
+    `path` and `line` (1-based) name it; `undertow trees repair STORE` mends the store."""
+
+    def __init__(self, path: Path, line: int, reason: str):
+        super().__init__(f"{path} line {line} is damaged ({reason}); the gateway cannot "
+                         f"replay its tree past it. Run `undertow trees repair "
+                         f"{path.parent}` to keep the records before it and move the rest "
+                         "aside")
+        self.path, self.line, self.reason = path, line, reason
 
 
 def check_group(group: str) -> str:
@@ -58,15 +89,26 @@ def check_group(group: str) -> str:
 
 
 @dataclass
-class _Pending:
+class _GroupFile:
+    """A group's log, open for appending; `size` is its length in bytes, all of it
+    whole lines; `broken` is set when a failed write could not be cut off again."""
+
+    fd: int
+    size: int
+    broken: str | None = None
+
+
+@dataclass
+class _Waiter:
+    """`fsync` mode: a submit waiting for the next fsync of its group's file."""
+
     group: str
-    line: bytes
     done: asyncio.Future = field(repr=False)
 
 
 class TreeStore:
     """Trees by group, plus their write-ahead log under `directory` (see the module
-    docstring for what each `sync` mode guarantees)."""
+    docstring for what each `sync` mode guarantees, and what a failed write leaves)."""
 
     def __init__(self, directory: Path, create: bool = True, sync: str = "flush",
                  fsync_interval_s: float = FSYNC_INTERVAL_S):
@@ -82,9 +124,10 @@ class TreeStore:
         elif not self.directory.is_dir():
             raise FileNotFoundError(f"no tree store at {self.directory}")
         self.trees: dict[str, Tree] = {}
-        self._files: dict[str, BinaryIO] = {}
-        self._queue: list[_Pending] = []  # `fsync` mode: lines not yet written
-        self._unsynced: set[str] = set()  # `flush` mode: groups written since their fsync
+        self._files: dict[str, _GroupFile] = {}
+        self._waiters: list[_Waiter] = []  # `fsync` mode: submits waiting for an fsync
+        self._unsynced: set[str] = set()  # groups written since their last fsync
+        self._failed: str | None = None  # `fsync` mode: why an fsync failed
         self._wakeup: asyncio.Event | None = None
         self._closing: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
@@ -97,54 +140,58 @@ class TreeStore:
     def replay(self, repair: bool = True) -> Iterator[dict[str, Any]]:
         """Rebuilds every tree from disk; yields every event (with its `group`) after
         applying it, so that a `call` event's call is the last of its tree's calls.
-        `repair` cuts a torn last line off its file (readers pass False)."""
+        `repair` cuts a torn last line off its file (readers pass False). A damaged
+        line raises `StoreDamaged`."""
         for path in sorted(self.directory.glob("*.jsonl")):
             group = path.stem
             tree = self.tree(group)
-            for event in _read_events(path, repair):
-                if event["kind"] == "call":
-                    tree.apply(CallRecord.from_json(event))
-                elif event["kind"] == "session_close":
-                    tree.close_session(event["session_id"], event["reward"], event.get("meta"))
+            for line_number, event in read_events(path, repair):
+                try:
+                    apply_event(tree, event)
+                except (TreeError, KeyError, TypeError, ValueError) as error:
+                    raise StoreDamaged(path, line_number, _reason(error)) from error
                 event["group"] = group
                 yield event
 
     async def start(self) -> None:
         self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
-        self._writer = asyncio.create_task(self._write_forever(), name="tree-store-writer")
+        self._writer = asyncio.create_task(self._sync_forever(), name="tree-store-writer")
 
     async def close(self) -> None:
-        """Writes and fsyncs whatever is pending, then closes the files."""
+        """Fsyncs whatever was written, then closes the files."""
         if self._writer is not None:
             self._closing.set()
             self._wakeup.set()
             await asyncio.gather(self._writer, return_exceptions=True)
             self._writer = None
-        if self._queue:
-            self._write_batch(self._queue)
-            self._queue = []
-        self._fsync_files(self._take_unsynced())
-        for handle in self._files.values():
-            handle.close()
+        with contextlib.suppress(OSError):
+            self._fsync_groups(self._take_unsynced())
+        self._resolve(self._waiters, None)
+        self._waiters = []
+        for group_file in self._files.values():
+            os.close(group_file.fd)
         self._files.clear()
 
-    def submit(self, group: str, event: dict[str, Any]) -> asyncio.Future:
-        """Writes (`flush`) or queues (`fsync`) one event line now, so that lines keep
-        the order of the calls to `submit`; the future resolves once the line is as
-        durable as the mode promises (at once for `flush`: the OS has it)."""
+    def submit(self, group: str, *events: dict[str, Any]) -> asyncio.Future:
+        """Writes the events' lines to the group's file now, in one piece, so that lines
+        keep the order of the calls to `submit`; raises `StoreUnavailable`, the file
+        unchanged, when it cannot. The future resolves once the lines are as durable as
+        the mode promises (at once for `flush`: the OS has them)."""
         if self._wakeup is None:
             raise RuntimeError("TreeStore.start() must run before submit()")
+        if self._failed is not None:
+            raise StoreUnavailable(f"the tree store stopped writing after an fsync failed "
+                                   f"({self._failed}); restart the gateway")
         # orjson writes NaN as null: records keep non-finite numbers out (`Tree.add_call`).
-        line = orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+        data = b"".join(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+                        for event in events)
+        self._write(group, data)
+        self._unsynced.add(group)
         done = asyncio.get_running_loop().create_future()
         if self.sync == "flush":
-            handle = self._file(group)
-            handle.write(line)
-            handle.flush()
-            self._unsynced.add(group)
             done.set_result(None)
         else:
-            self._queue.append(_Pending(group, line, done))
+            self._waiters.append(_Waiter(group, done))
         self._wakeup.set()
         return done
 
@@ -152,74 +199,123 @@ class TreeStore:
         """Writes one event line and waits until it is as durable as the mode promises."""
         await asyncio.shield(self.submit(group, event))
 
-    async def _write_forever(self) -> None:
-        """`fsync` mode: commits queued lines in batches. `flush` mode: fsyncs written
-        files, at most `fsync_interval_s` after their first unsynced write."""
+    def _write(self, group: str, data: bytes) -> None:
+        """Appends whole lines, or nothing: a partial write is cut off again."""
+        path = self.directory / f"{group}.jsonl"
+        group_file = self._open(group, path)
+        if group_file.broken is not None:
+            raise StoreUnavailable(f"{path} cannot be written ({group_file.broken}); restart "
+                                   "the gateway once the disk is fixed")
+        view, num_written = memoryview(data), 0
+        try:
+            while num_written < len(data):
+                num_written += os.write(group_file.fd, view[num_written:])
+        except OSError as error:
+            if num_written:
+                try:
+                    os.ftruncate(group_file.fd, group_file.size)
+                except OSError as cut_error:
+                    group_file.broken = f"a torn line could not be cut off: {cut_error}"
+            reason = error.strerror or str(error)
+            raise StoreUnavailable(f"the tree store could not write {path} ({reason}); "
+                                   "nothing of this was recorded, retry later") from error
+        group_file.size += len(data)
+
+    def _open(self, group: str, path: Path) -> _GroupFile:
+        group_file = self._files.get(group)
+        if group_file is None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise StoreUnavailable(f"the tree store could not open {path} "
+                                       f"({error.strerror or error}); retry later") from error
+            group_file = self._files[group] = _GroupFile(fd, os.fstat(fd).st_size)
+        return group_file
+
+    async def _sync_forever(self) -> None:
+        """Fsyncs the files written since the last round: at once in `fsync` mode (then
+        resolves the submits that waited for it), at most `fsync_interval_s` after
+        their first unsynced write in `flush` mode."""
         while not self._closing.is_set():
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self.sync == "fsync":
-                await self._commit_queue()
-            elif self._unsynced:
+            if not self._unsynced:
+                continue
+            if self.sync == "flush":
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), self.fsync_interval_s)
-                try:
-                    await asyncio.to_thread(self._fsync_files, self._take_unsynced())
-                except OSError as error:
-                    log.error("tree store: fsync failed (%s); calls written since the last "
-                              "fsync are safe from a gateway crash, not from a power loss",
-                              error)
+            waiters, self._waiters = self._waiters, []
+            try:
+                await asyncio.to_thread(self._fsync_groups, self._take_unsynced())
+            except OSError as error:
+                self._fsync_failed(error, waiters)
+                continue
+            self._resolve(waiters, None)
 
-    async def _commit_queue(self) -> None:
-        batch, self._queue = self._queue, []
-        if not batch:
+    def _fsync_failed(self, error: OSError, waiters: list[_Waiter]) -> None:
+        if self.sync == "flush":
+            log.error("tree store: fsync failed (%s); calls written since the last fsync are "
+                      "safe from a gateway crash, not from a power loss", error)
             return
-        try:
-            await asyncio.to_thread(self._write_batch, batch)
-        except OSError as error:
-            for pending in batch:
-                if not pending.done.done():
-                    pending.done.set_exception(error)
-            return
-        for pending in batch:
-            if not pending.done.done():
-                pending.done.set_result(None)
-
-    def _file(self, group: str) -> BinaryIO:
-        handle = self._files.get(group)
-        if handle is None:
-            handle = open(self.directory / f"{group}.jsonl", "ab")  # noqa: SIM115
-            self._files[group] = handle
-        return handle
-
-    def _take_unsynced(self) -> list[BinaryIO]:
-        handles = [self._files[group] for group in self._unsynced]
-        self._unsynced.clear()
-        return handles
+        self._failed = str(error)
+        log.error("tree store: fsync failed (%s); no further call is recorded until the "
+                  "gateway restarts", error)
+        self._resolve(waiters, StoreUnavailable(
+            f"the tree store could not fsync its log ({error}); retry later"))
 
     @staticmethod
-    def _fsync_files(handles: list[BinaryIO]) -> None:
-        for handle in handles:
-            os.fsync(handle.fileno())
+    def _resolve(waiters: list[_Waiter], error: BaseException | None) -> None:
+        for waiter in waiters:
+            if not waiter.done.done():
+                if error is None:
+                    waiter.done.set_result(None)
+                else:
+                    waiter.done.set_exception(error)
 
-    def _write_batch(self, batch: list[_Pending]) -> None:
-        touched: dict[str, BinaryIO] = {}
-        for pending in batch:
-            handle = self._file(pending.group)
-            handle.write(pending.line)
-            touched[pending.group] = handle
-        for handle in touched.values():
-            handle.flush()
-            os.fsync(handle.fileno())
+    def _take_unsynced(self) -> list[int]:
+        fds = [self._files[group].fd for group in self._unsynced]
+        self._unsynced.clear()
+        return fds
+
+    @staticmethod
+    def _fsync_groups(fds: list[int]) -> None:
+        for fd in fds:
+            os.fsync(fd)
 
 
-def _read_events(path: Path, repair: bool) -> Iterator[dict[str, Any]]:
-    """Events of one file; a torn last line is skipped (and cut off, with `repair`)."""
+def apply_event(tree: Tree, event: dict[str, Any]) -> None:
+    """Applies one stored event to its group's tree; a malformed one raises."""
+    kind = event.get("kind") if isinstance(event, dict) else None
+    if not isinstance(kind, str):
+        raise ValueError("not a store event (no kind)")
+    missing = [name for name in EVENT_FIELDS.get(kind, ()) if name not in event]
+    if missing:
+        raise ValueError(f"a {kind} event without {', '.join(missing)}")
+    if kind == "call":
+        tree.apply(CallRecord.from_json(event))
+    elif kind == "session_close":
+        tree.close_session(event["session_id"], event["reward"], event.get("meta"))
+
+
+def read_events(path: Path, repair: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, event) of one file. A torn last line (no newline) is
+    skipped, and cut off with `repair`; any other line that is not JSON raises
+    `StoreDamaged`."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data) and repair:
         with open(path, "r+b") as handle:
             handle.truncate(end)
-    for line in data[:end].splitlines():
-        if line.strip():
-            yield json.loads(line)
+    for line_number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            yield line_number, orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            raise StoreDamaged(path, line_number, f"not JSON: {error}") from None
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, KeyError):
+        return f"a record without {error}"
+    return str(error) or type(error).__name__

@@ -20,11 +20,16 @@ Invariants:
 - Every call is stored as a compact `CallRecord`: an anchor (node, offset) where its
   sequence leaves the existing tree plus only the new tokens, so that the size of
   a group's log grows with its unique tokens, not with calls x context.
+- Changes made inside `Tree.transaction()` are undone, exactly, when it raises: the
+  store applies a call's records inside one and writes their log lines before it
+  ends, so a tree never holds a node that its log does not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +124,28 @@ class Tree:
         self.sessions: dict[str, SessionPaths] = {}
         self.calls: list[Call] = []
         self._next_id = 1
+        self._undo: list[Callable[[], None]] | None = None
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Tree]:
+        """Every change made inside is undone, in reverse order, if the block raises;
+        node IDs are handed out again as if the changes had never happened."""
+        if self._undo is not None:
+            raise TreeError("tree transactions do not nest")
+        self._undo, next_id = [], self._next_id
+        try:
+            yield self
+        except BaseException:
+            for undo in reversed(self._undo):
+                undo()
+            self._next_id = next_id
+            raise
+        finally:
+            self._undo = None
+
+    def _on_undo(self, undo: Callable[[], None]) -> None:
+        if self._undo is not None:
+            self._undo.append(undo)
 
     def add_call(self, call_id: str, session_id: str, prompt_ids: list[int],
                  completion_ids: list[int], logprobs: list[float], weight_versions: list[int],
@@ -158,6 +185,7 @@ class Tree:
         self._set_leaf(record.session_id, node_id)
         self.calls.append(Call(record.call_id, record.session_id, node_id, record.num_prompt,
                                len(sampled), record.branch, record.meta))
+        self._on_undo(self.calls.pop)
         return node_id
 
     def close_session(self, session_id: str, reward: float, meta: dict[str, Any] | None = None):
@@ -239,7 +267,17 @@ class Tree:
         node.parent = head.node_id
         head.children[(node.token_ids[0], node.sampled_by)] = node.node_id
         self.nodes[head.node_id] = head
+        self._on_undo(lambda: self._join(head, node))
         return head.node_id
+
+    def _join(self, head: Node, node: Node) -> None:
+        """Undoes `_split_at`: `node` takes back the tokens of `head`, which goes."""
+        node.token_ids = head.token_ids + node.token_ids
+        node.logprobs = head.logprobs + node.logprobs
+        node.weight_versions = head.weight_versions + node.weight_versions
+        node.parent = head.parent
+        self.nodes[head.parent].children[(node.token_ids[0], node.sampled_by)] = node.node_id
+        del self.nodes[head.node_id]
 
     def _insert(self, parent_id: int, token_ids: list[int], owner: str | None,
                 logprobs: list[float], weight_versions: list[int]) -> int:
@@ -254,6 +292,7 @@ class Tree:
                             weight_versions[done:], owner)
                 self.nodes[node.node_id] = node
                 parent.children[(token_ids[done], owner)] = node.node_id
+                self._on_undo(lambda node=node: self._remove_leaf_node(node))
                 return node.node_id
             child = self.nodes[child_id]
             num_same = 0
@@ -264,10 +303,19 @@ class Tree:
             done += num_same
         return parent_id
 
+    def _remove_leaf_node(self, node: Node) -> None:
+        del self.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)]
+        del self.nodes[node.node_id]
+
     def _set_leaf(self, session_id: str, leaf: int) -> None:
-        paths = self.sessions.setdefault(session_id, SessionPaths(session_id))
+        paths = self.sessions.get(session_id)
+        if paths is None:
+            paths = self.sessions[session_id] = SessionPaths(session_id)
+            self._on_undo(lambda: self.sessions.pop(session_id))
         on_path = set(self.path(leaf))
+        old_leaves = paths.leaves
         paths.leaves = [old for old in paths.leaves if old not in on_path] + [leaf]
+        self._on_undo(lambda: setattr(paths, "leaves", old_leaves))
 
     def _new_id(self) -> int:
         self._next_id += 1

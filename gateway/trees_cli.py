@@ -1,19 +1,30 @@
-"""`undertow trees show|stats STORE`: a tree store read back for people.
+"""`undertow trees show|stats|repair STORE`: a tree store read back for people, and mended.
 
 `show` prints each group's tree depth-first: one line per node with its span of
 token IDs (abbreviated), whether it is trainable (`*`, sampled by the named
 session) or prompt, its weight versions, and where it branches (a node with
 several children is a branch point; the calls that started branches are listed
 with their reasons). `stats` prints unique tokens against the tokens a per-call
-log would hold (every call's prompt plus completion), and their ratio.
+log would hold (every call's prompt plus completion), and their ratio. `repair`
+mends a store whose log is damaged in the middle (the gateway refuses to start on one,
+naming the file and line): in each file it keeps every record before the first damaged
+line, moves that line and the rest aside to `STORE/damaged/` (the records after a damaged
+one may hang on the nodes it made, so none of them can be kept), and reports the calls
+and sessions lost.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import ROOT, Tree, session_node_ids
+import orjson
+
+from undertow.gateway.store import TreeStore, apply_event
+from undertow.gateway.tree import ROOT, Tree, TreeError, session_node_ids
+
+DAMAGED_DIR = "damaged"
 
 
 def load(store_dir: Path) -> dict[str, Tree]:
@@ -91,3 +102,116 @@ def stats(store_dir: Path) -> str:
     ratio = f"{total_flat / total_unique:.2f}x" if total_unique else "-"
     lines.append(f"| all | | | {total_unique} | {total_flat} | {ratio} |")
     return "\n".join(lines)
+
+
+@dataclass
+class Repair:
+    """What `repair_file` did to one log: `damaged_line` (1-based) and everything after
+    it moved to `aside`; what the moved lines held, so far as they can be read."""
+
+    path: Path
+    num_kept: int
+    damaged_line: int
+    reason: str
+    aside: Path
+    num_lines_moved: int = 0
+    num_calls_lost: int = 0
+    num_unreadable: int = 0
+    sessions_opened: set[str] = field(default_factory=set)
+    sessions_with_calls: set[str] = field(default_factory=set)
+    sessions_closed: set[str] = field(default_factory=set)
+
+    def describe(self) -> str:
+        lost = sorted(self.sessions_with_calls | self.sessions_opened | self.sessions_closed)
+        return (f"{self.path}: line {self.damaged_line} is damaged ({self.reason}); kept "
+                f"{self.num_kept} records before it, moved {self.num_lines_moved} lines to "
+                f"{self.aside}\n"
+                f"  lost: {self.num_calls_lost} calls"
+                f"{f' (and {self.num_unreadable} unreadable lines)' if self.num_unreadable else ''}"
+                f", {len(self.sessions_opened)} sessions opened after the damage, "
+                f"{len(self.sessions_closed)} session closes (rewards)\n"
+                f"  sessions that lost something: {', '.join(lost) or 'none'}")
+
+
+def _first_damage(path: Path, data: bytes) -> tuple[int, int, int, str] | None:
+    """(records kept, 1-based line, byte offset of the line, reason) of the first line
+    that replay cannot take, or None."""
+    tree, offset, num_kept = Tree(path.stem), 0, 0
+    for line_number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        if line.strip():
+            try:
+                apply_event(tree, orjson.loads(line))
+            except orjson.JSONDecodeError as error:
+                return num_kept, line_number, offset, f"not JSON: {error}"
+            except (TreeError, KeyError, TypeError, ValueError) as error:
+                return num_kept, line_number, offset, str(error) or type(error).__name__
+            num_kept += 1
+        offset += len(line) + 1
+    return None
+
+
+def _aside_path(store_dir: Path, group: str, line: int) -> Path:
+    base = store_dir / DAMAGED_DIR / f"{group}.jsonl.from-line-{line}"
+    path, number = base, 1
+    while path.exists():
+        path, number = base.with_name(f"{base.name}.{number}"), number + 1
+    return path
+
+
+def _tally(repair: Repair, tail: bytes) -> None:
+    for line in tail.split(b"\n"):
+        if not line.strip():
+            continue
+        repair.num_lines_moved += 1
+        try:
+            event = orjson.loads(line)
+            kind, session_id = event.get("kind"), event.get("session_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            repair.num_unreadable += 1
+            continue
+        if kind == "call":
+            repair.num_calls_lost += 1
+            repair.sessions_with_calls.add(session_id)
+        elif kind == "session_open":
+            repair.sessions_opened.add(session_id)
+        elif kind == "session_close":
+            repair.sessions_closed.add(session_id)
+
+
+def repair_file(path: Path) -> Repair | None:
+    """Keeps the records of one log before its first damaged line and moves the rest
+    aside (written and fsync'ed before the log is cut); None when nothing is damaged.
+    A torn last line (no newline) is not damage: the gateway cuts it off itself."""
+    data = path.read_bytes()
+    found = _first_damage(path, data[:data.rfind(b"\n") + 1])
+    if found is None:
+        return None
+    num_kept, line, offset, reason = found
+    aside = _aside_path(path.parent, path.stem, line)
+    aside.parent.mkdir(exist_ok=True)
+    with open(aside, "xb") as handle:
+        handle.write(data[offset:])
+        handle.flush()
+        os.fsync(handle.fileno())
+    with open(path, "r+b") as handle:
+        handle.truncate(offset)
+        os.fsync(handle.fileno())
+    repair = Repair(path, num_kept, line, reason, aside)
+    _tally(repair, data[offset:])
+    return repair
+
+
+def repair_store(store_dir: Path) -> list[Repair]:
+    store_dir = Path(store_dir)
+    if not store_dir.is_dir():
+        raise FileNotFoundError(f"no tree store at {store_dir}")
+    repairs = (repair_file(path) for path in sorted(store_dir.glob("*.jsonl")))
+    return [repair for repair in repairs if repair is not None]
+
+
+def repair(store_dir: Path) -> str:
+    """Repairs every damaged log of the store; the report for people."""
+    repairs = repair_store(store_dir)
+    if not repairs:
+        return f"{store_dir}: no damaged record; nothing changed"
+    return "\n".join(repair.describe() for repair in repairs)

@@ -83,12 +83,12 @@ class _SessionHandlers:
                 reward):
             raise BadRequest(f"reward must be a finite number, got {reward!r}", param="reward")
         meta = body.get("meta") or body.get("metadata") or {}
+        await self.store.append(session.group, {"kind": "session_close",  # written ahead
+                                                "session_id": session.session_id,
+                                                "reward": float(reward), "meta": meta})
         self.store.tree(session.group).close_session(session.session_id, reward, meta)
         session.closed, session.reward = True, float(reward)
         session.meta.update(meta)
-        await self.store.append(session.group, {"kind": "session_close",
-                                                "session_id": session.session_id,
-                                                "reward": float(reward), "meta": meta})
         await self.pool.close_session(session.session_id)
         self.metrics.open_sessions.set(self.sessions.num_open)
         return web.json_response(session.summary())

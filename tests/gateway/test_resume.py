@@ -68,3 +68,74 @@ async def test_token_truth_resumes_after_restart(scripted, renderer, tiny_model_
         middle.prompt_ids + middle.completion_ids)
     assert last.prompt_ids == scripted.sent[call_ids[2]].input_ids
     assert not any(len(node.children) > 1 for node in tree.nodes.values())
+
+
+async def test_a_reply_cut_at_a_stop_string_keeps_token_truth_after_restart(
+        scripted, renderer, tiny_model_dir, tmp_path):
+    """The engine's completion ends with the stop string (the tree keeps it); the reply,
+    and so the history the scaffold sends back, does not. After a restart the head must
+    be rebuilt from the reply's text, cut where the live gateway cut it."""
+    store_dir = tmp_path / "store"
+    app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        session = await open_session(url, "stop")
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        messages = [{"role": "user", "content": "count"}]
+        script(scripted, renderer, "one two END")
+        first = await client.chat.completions.create(model="m", messages=messages,
+                                                     stop=["END"])
+        await client.close()
+    finally:
+        await runner.cleanup()
+    assert first.choices[0].message.content == "one two "
+
+    app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/{session['session_id']}/v1",
+                                    api_key=session["api_key"])
+        messages += [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "go on"}]
+        script(scripted, renderer, "three")
+        await client.chat.completions.create(model="m", messages=messages, stop=["END"])
+        await client.close()
+        tree = app[STORE_KEY].trees["stop"]
+    finally:
+        await runner.cleanup()
+    before, after = (captured(tree, c) for c in calls_of(tree, session["session_id"]))
+    assert after.branch is None and after.meta["token_truth"]
+    assert after.prompt_ids[:len(before.prompt_ids) + len(before.completion_ids)] == (
+        before.prompt_ids + before.completion_ids)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_continuing_choice_0_of_n_is_no_rewrite(scripted, renderer, tiny_model_dir,
+                                                      tmp_path, restart):
+    store_dir = tmp_path / "store"
+    app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        session = await open_session(url, "many")
+        messages = [{"role": "user", "content": "propose a fix"}]
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        for text in ("fix A", "fix B", "fix C"):
+            script(scripted, renderer, text)
+        reply = await client.chat.completions.create(model="m", messages=messages, n=3)
+        await client.close()
+        if restart:
+            await runner.cleanup()
+            app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "apply it"}]
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/{session['session_id']}/v1",
+                                    api_key=session["api_key"])
+        script(scripted, renderer, "applied")
+        await client.chat.completions.create(model="m", messages=messages)
+        await client.close()
+        tree = app[STORE_KEY].trees["many"]
+    finally:
+        await runner.cleanup()
+    call_ids = calls_of(tree, session["session_id"])
+    assert len(call_ids) == 4
+    choice_0 = next(c for c in tree.calls if c.call_id == reply.id.removeprefix("chatcmpl-"))
+    last = captured(tree, call_ids[-1])
+    assert last.branch is None and last.meta["extends"] == choice_0.call_id
+    assert last.meta["token_truth"]

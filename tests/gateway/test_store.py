@@ -1,21 +1,30 @@
 """The write-ahead tree store: a gateway killed with SIGKILL and restarted on the same
-store still has every call whose reply was delivered, and its sessions' keys; the
-trees CLI reads the store back."""
+store still has every call whose reply was delivered, and its sessions' keys; a write
+that fails for real (a full tmpfs) is a retryable 503 that changes nothing; a log
+damaged by hand stops the gateway at start-up, and `undertow trees repair` mends it;
+the trees CLI reads the store back."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 
+import aiohttp
+import anthropic
 import openai
 import pytest
 
-from tests.gateway.conftest import ADMIN_TOKEN
+from tests.gateway.capture import calls_of, captured
+from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
+from tests.gateway.test_api_scripted import script
+from undertow.gateway.app import SESSIONS_KEY, STORE_KEY
 from undertow.gateway.store import TreeStore
+from undertow.gateway.tree import tree_to_json
 from undertow.gateway.trees_cli import show, stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -54,8 +63,6 @@ async def admin(http, method: str, url: str, **kwargs):
 @pytest.mark.parametrize("store_sync", ["flush", "fsync"])
 async def test_sigkill_and_restart_keeps_every_delivered_call(scripted, tiny_model_dir,
                                                               tmp_path, store_sync):
-    import aiohttp
-
     store = tmp_path / "store"
     process, url = await start_gateway_process(scripted.url, tiny_model_dir, store, store_sync)
     async with aiohttp.ClientSession() as http:
@@ -130,3 +137,183 @@ async def test_fsync_mode_resolves_once_the_line_is_written(tmp_path):
         assert json.loads((tmp_path / "g1.jsonl").read_bytes())["reward"] == 0.5
     finally:
         await store.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (we run as root in CI), so that writes fail for real when it is full;
+    skipped only where no tmpfs can be mounted."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+
+def fill(disk) -> object:
+    """Writes a file until the disk refuses another byte; returns its path."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(b"\0" * size)
+    return filler
+
+
+def page_slack(path) -> int:
+    """Bytes a file can still grow without a new page: a write that needs more than this
+    on a full tmpfs is written in part, then refused."""
+    stat = os.stat(path)
+    return stat.st_blocks * 512 - stat.st_size
+
+
+def snapshot(gateway, session_id: str, group: str) -> tuple:
+    session = gateway.app[SESSIONS_KEY].get(session_id)
+    heads = [(h.call_id, h.message_keys, h.leaf, h.num_prompt_tokens, h.closing_text,
+              h.assistant) for h in session.heads]
+    tree = json.dumps(tree_to_json(gateway.tree(group)), sort_keys=True)
+    return ((gateway.store_dir / f"{group}.jsonl").read_bytes(), tree, heads,
+            session.num_calls, session.closed)
+
+
+@pytest.mark.parametrize("store_sync", ["flush", "fsync"])
+async def test_a_full_disk_answers_503_and_leaves_tree_log_and_heads_as_they_were(
+        make_gateway, scripted, renderer, small_disk, store_sync):
+    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store",
+                                 store_sync=store_sync)
+    session = await gateway.open_session(group="full")
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"],
+                                max_retries=0)
+    messages = [{"role": "user", "content": "start"}]
+    for turn in range(2):
+        script(scripted, renderer, f"step {turn}")
+        reply = await client.chat.completions.create(model="m", messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"observation {turn} " * 200}]
+    filler = fill(small_disk)
+    before = snapshot(gateway, session["session_id"], "full")
+    assert 0 < page_slack(gateway.store_dir / "full.jsonl") < 4096  # a line is written in part
+    script(scripted, renderer, "a long reply " * 200)
+    with pytest.raises(openai.APIStatusError) as refused:
+        await client.chat.completions.create(model="m", messages=messages)
+    assert refused.value.status_code == 503
+    assert "could not write" in refused.value.message
+    assert snapshot(gateway, session["session_id"], "full") == before
+
+    async with gateway.http.post(  # its line is longer than the file's page slack
+            f"{gateway.url}/admin/sessions/{session['session_id']}/close",
+            json={"reward": 1.0, "meta": {"log": "x" * 5000}}, headers=gateway.admin) as closing:
+        assert closing.status == 503
+    assert snapshot(gateway, session["session_id"], "full") == before
+
+    filler.unlink()  # the scaffold's retry, once the disk has room again
+    script(scripted, renderer, "a long reply " * 200)
+    await client.chat.completions.create(model="m", messages=messages)
+    await client.close()
+    tree = gateway.tree("full")
+    _, second, third = (captured(tree, c) for c in calls_of(tree, session["session_id"]))
+    assert third.branch is None and third.meta["extends"] == tree.calls[1].call_id
+    assert third.prompt_ids[:len(second.prompt_ids) + len(second.completion_ids)] == (
+        second.prompt_ids + second.completion_ids)
+    replayed = TreeStore(gateway.store_dir, create=False)
+    assert len([e for e in replayed.replay(repair=False) if e["kind"] == "call"]) == 3
+
+
+async def test_a_full_disk_fails_a_streamed_anthropic_call_retryably(make_gateway, scripted,
+                                                                    renderer, small_disk):
+    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store")
+    session = await gateway.open_session(group="full")
+    client = anthropic.AsyncAnthropic(base_url=f"{gateway.url}/s/{session['session_id']}",
+                                      api_key=session["api_key"], max_retries=0)
+    filler = fill(small_disk)
+    before = snapshot(gateway, session["session_id"], "full")
+    script(scripted, renderer, "streamed " * 400)
+    with pytest.raises(anthropic.APIError) as refused:
+        async with client.messages.stream(model="m", max_tokens=1000, messages=[
+                {"role": "user", "content": "go"}]) as stream:
+            async for _ in stream:
+                pass
+    assert "could not write" in str(refused.value)
+    assert snapshot(gateway, session["session_id"], "full") == before
+    filler.unlink()
+    script(scripted, renderer, "streamed " * 400)
+    reply = await client.messages.create(model="m", max_tokens=1000,
+                                         messages=[{"role": "user", "content": "go"}])
+    await client.close()
+    assert reply.content[0].text.startswith("streamed")
+    assert len(gateway.tree("full").calls) == 1
+
+
+async def write_session(scripted, renderer, tiny_model_dir, store_dir, num_sessions=2):
+    """Two sessions of three calls each (the second opened after the first's calls),
+    written by an in-process gateway that is then stopped."""
+    _, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(num_sessions):
+                session = await admin(http, "POST", f"{url}/admin/sessions",
+                                      json={"group": "hurt"})
+                client = openai.AsyncOpenAI(base_url=session["base_url"],
+                                            api_key=session["api_key"])
+                messages = [{"role": "user", "content": "start"}]
+                for turn in range(3):
+                    script(scripted, renderer, f"step {turn}")
+                    reply = await client.chat.completions.create(model="m", messages=messages)
+                    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "user", "content": f"turn {turn}"}]
+                await client.close()
+    finally:
+        await runner.cleanup()
+
+
+def undertow(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, UNDERTOW_ADMIN_TOKEN=ADMIN_TOKEN)
+    return subprocess.run([sys.executable, "-m", "undertow.cli", *args], capture_output=True,
+                          text=True, timeout=300, check=False, env=env)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "bad anchor"])
+async def test_a_damaged_record_stops_the_gateway_and_repair_keeps_what_precedes_it(
+        scripted, renderer, tiny_model_dir, tmp_path, damage):
+    store_dir = tmp_path / "store"
+    await write_session(scripted, renderer, tiny_model_dir, store_dir)
+    log_file = store_dir / "hurt.jsonl"
+    lines = log_file.read_bytes().split(b"\n")[:-1]
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds == ["session_open", "call", "call", "call"] * 2
+    if damage == "garbage":  # a sector of zeros in the middle of the third record
+        lines[2] = lines[2][:40] + b"\0" * 64 + lines[2][104:]
+    else:  # valid JSON that does not fit the tree
+        record = json.loads(lines[2])
+        record["anchor"] = [999, 0]
+        lines[2] = json.dumps(record).encode()
+    log_file.write_bytes(b"\n".join(lines) + b"\n")
+
+    refused = undertow("gateway", "serve", "--engine", scripted.url, "--model",
+                       str(tiny_model_dir), "--store", str(store_dir), "--port", "0")
+    assert refused.returncode != 0
+    assert f"{log_file} line 3 is damaged" in refused.stderr, refused.stderr
+    assert "undertow trees repair" in refused.stderr
+
+    repaired = undertow("trees", "repair", str(store_dir))
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"{log_file}: line 3 is damaged" in repaired.stdout
+    assert "kept 2 records before it, moved 6 lines" in repaired.stdout
+    assert "lost: 5 calls" in repaired.stdout or "lost: 4 calls" in repaired.stdout
+    assert "1 sessions opened after the damage" in repaired.stdout
+    aside = store_dir / "damaged" / "hurt.jsonl.from-line-3"
+    assert aside.read_bytes().split(b"\n")[:-1] == lines[2:]
+    assert log_file.read_bytes() == b"\n".join(lines[:2]) + b"\n"
+    assert "nothing changed" in undertow("trees", "repair", str(store_dir)).stdout
+
+    app, runner, _ = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        tree = app[STORE_KEY].trees["hurt"]
+        assert [call.call_id for call in tree.calls] == [json.loads(lines[1])["call_id"]]
+        assert len(app[SESSIONS_KEY]) == 1
+    finally:
+        await runner.cleanup()

@@ -1,9 +1,16 @@
 """Rendering and token truth on the tiny model's real tokenizer and chat template."""
 
+import aiohttp
+import openai
 import orjson
 import pytest
+from aiohttp import web
 
-from undertow.gateway.engines.protocol import GenerateRequest, TokenIdsJson
+from tests.gateway.conftest import ADMIN_TOKEN
+from undertow.gateway.app import create_app
+from undertow.gateway.config import GatewayConfig
+from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, TokenIdsJson
+from undertow.gateway.pool import EnginePool
 from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import (
@@ -179,6 +186,58 @@ def test_token_ids_json_extends_in_pieces_to_the_arrays_json():
         ids_json, token_ids = ids_json.extend(new_ids), token_ids + new_ids
         assert len(ids_json.pieces) <= TokenIdsJson.MAX_PIECES
     assert ids_json.to_bytes() == orjson.dumps(token_ids)
-    request = GenerateRequest(input_ids=token_ids, input_ids_json=ids_json, rid="r")
+    request = GenerateRequest(input_ids=token_ids, input_ids_json=ids_json, rid="r",
+                              sampling_params=SamplingParams(sampling_seed=3))
     assert orjson.loads(b"".join(request.sglang_body(stream=True))) == orjson.loads(
         orjson.dumps(request.to_sglang(stream=True)))
+
+
+class WatchedPool:
+    """The gateway's real engine pool, noting each prompt list it is given (the list
+    itself, and a copy of it as it was), so a test can see whether it changed later."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.given: list[tuple[list[int], list[int]]] = []
+
+    async def generate(self, session_id, input_ids, *args, **kwargs):
+        self.given.append((input_ids, list(input_ids)))
+        async for chunk in self.pool.generate(session_id, input_ids, *args, **kwargs):
+            yield chunk
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_prompt_list_the_pool_was_given_never_changes(scripted, tiny_model_dir,
+                                                                tmp_path):
+    """The pool, its engine requests and a migration hold a call's prompt list as one
+    that never changes; token truth must build the next prompt in a list of its own."""
+    pool = WatchedPool(EnginePool([scripted.url]))
+    await pool.start()
+    app = create_app(GatewayConfig(model_dir=tiny_model_dir, store_dir=tmp_path / "store",
+                                   admin_token=ADMIN_TOKEN), pool=pool)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{url}/admin/sessions", json={"group": "g"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as reply:
+            session = await reply.json()
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        messages = [{"role": "user", "content": "start"}]
+        for turn in range(3):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"turn {turn}"}]
+        await client.close()
+    finally:
+        await runner.cleanup()
+        await pool.close()
+    assert len(pool.given) == 3
+    for given, as_given in pool.given:
+        assert given == as_given
+    assert len(pool.given[1][0]) > len(pool.given[0][0])  # the later prompts did extend

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from undertow.gateway.tree import ROOT, CallRecord, Tree, TreeError
+from undertow.gateway.tree import ROOT, CallRecord, Tree, TreeError, tree_to_json
 
 SYSTEM = [1, 2, 3, 4, 5]
 
@@ -136,3 +136,31 @@ def test_random_calls_replay_to_the_same_tree_and_paths(seed):
             assert node.token_ids, "only the root is empty"
             assert tree.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)] \
                 == node.node_id
+
+
+def test_a_transaction_that_raises_leaves_the_tree_exactly_as_it_was():
+    rng = random.Random(5)
+
+    def random_call(tree, call_id):
+        prompt = rng.choice([SYSTEM, SYSTEM[:3], [7, 8]]) + [rng.randint(1, 6)
+                                                            for _ in range(rng.randint(0, 6))]
+        completion = [rng.randint(1, 6) for _ in range(rng.randint(1, 5))]
+        _call(tree, call_id, rng.choice("ABC"), prompt, completion)
+
+    num_splits_undone = 0
+    for trial in range(200):
+        tree = Tree("g")
+        for index in range(rng.randint(0, 8)):
+            random_call(tree, f"c{index}")
+        before = json.dumps(tree_to_json(tree), sort_keys=True)
+        num_nodes = len(tree.nodes)
+        with pytest.raises(OSError), tree.transaction():
+            for index in range(rng.randint(1, 4)):
+                random_call(tree, f"new{index}")
+            num_splits_undone += any(len(node.children) > 1 for node in tree.nodes.values())
+            raise OSError("the write failed")
+        assert json.dumps(tree_to_json(tree), sort_keys=True) == before, trial
+        assert len(tree.nodes) == num_nodes
+        random_call(tree, "after")  # IDs are handed out again from where they were
+        assert max(tree.nodes) == len(tree.nodes) - 1
+    assert num_splits_undone > 50

@@ -112,8 +112,8 @@ class PolicyModel:
             tree = self.model.config._attn_implementation == TREE_ATTENTION
             attention = "blocks" if tree else "dense"
         if attention == "blocks" and 0 < self.max_segment_tokens < micro_batch.num_tokens:
-            scorer = SegmentedScorer(self.model, micro_batch, self._head, self.max_segment_tokens,
-                                     self.max_query_tokens)
+            scorer = SegmentedScorer(self.model, micro_batch, self.score_hidden,
+                                     self.max_segment_tokens, self.max_query_tokens)
             anchor = self.model.get_output_embeddings().weight
             return Scores(*segmented_scores(anchor, scorer, with_entropy))
         if attention == "blocks":
@@ -126,17 +126,17 @@ class PolicyModel:
             position_ids=micro_batch.position_ids[None],
             attention_mask=mask, use_cache=False).last_hidden_state[0]  # (T, H)
         targets = micro_batch.token_ids[micro_batch.term_token_index]
-        return Scores(*self._head(hidden[micro_batch.term_predictor_index], targets,
-                                  with_entropy))
+        return Scores(*self.score_hidden(hidden[micro_batch.term_predictor_index], targets,
+                                         with_entropy))
 
     def score_path(self, token_ids: torch.Tensor, scored: torch.Tensor,
                    with_entropy: bool = False) -> Scores:
         """Scores positions `scored` (each > 0) of one path run alone, causal mask."""
         hidden = self.model.model(input_ids=token_ids[None],
                                   use_cache=False).last_hidden_state[0]  # (T, H)
-        return Scores(*self._head(hidden[scored - 1], token_ids[scored], with_entropy))
+        return Scores(*self.score_hidden(hidden[scored - 1], token_ids[scored], with_entropy))
 
-    def _head(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+    def score_hidden(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(N,) logprobs of `targets` and entropies at hidden rows (N, H)."""
         head = self.model.get_output_embeddings()

@@ -152,8 +152,10 @@ def pack_step(trees: list[Tree], advantages: dict[SessionKey, float], max_tokens
       the bound yields a longer micro-batch). A path of T tokens then costs about
       T^2 / (2 * unit) packed tokens: every unit past the bound brings its whole
       context again.
-    - "whole": the subtree goes whole into one micro-batch of its own, its context
-      once: packed tokens equal unique tokens. Such a micro-batch is longer than
+    - "whole": where the subtree starts with a chain (a long path, or a long node), it
+      goes whole into one micro-batch of its own, its context once; where it branches
+      at once, its first unit is placed and its children packed the same way. A long
+      path then costs its own tokens once. Such a micro-batch is longer than
       `max_tokens`; `PolicyModel` scores it in segments of `max_segment_tokens`
       (`segments.py`), so set that to `max_tokens` to keep activations within it.
     Raises EmptyStepError naming the sessions when there is no trainable token.
@@ -251,8 +253,9 @@ class _Terms:
 def _plan(units: list[Unit], children: dict[int | None, list[int]], max_tokens: int,
           whole: bool = False) -> list[tuple[list[int], set[int]]]:
     """Places units into micro-batches: a whole subtree where it fits (into the current
-    micro-batch, else a fresh one), otherwise (`whole`) a fresh micro-batch of the
-    whole subtree however long, or the unit alone and then its children.
+    micro-batch, else a fresh one), otherwise the unit alone and then its children;
+    with `whole`, a subtree that starts with a chain (its unit has at most one child)
+    goes into a fresh micro-batch whole, however long.
     Returns (unit keys in depth-first order, keys trained there) per micro-batch."""
     subtree_tokens = [u.num_tokens for u in units]
     for unit in reversed(units):
@@ -300,7 +303,8 @@ def _plan(units: list[Unit], children: dict[int | None, list[int]], max_tokens: 
         if size + missing + subtree_tokens[key] <= max_tokens:
             add(subtree(key))
             continue
-        if whole or units[key].depth + subtree_tokens[key] <= max_tokens:
+        if (units[key].depth + subtree_tokens[key] <= max_tokens
+                or (whole and len(children.get(key, [])) <= 1)):
             emit()
             add(subtree(key))
             continue

@@ -1,0 +1,171 @@
+"""Part (b) of `benchmarks.xlong`: the learner's peak memory and time for one step, the LM
+head chunked (with long micro-batches in segments) and unchunked, side by side.
+
+Three cases, each variant in a FRESH subprocess (tiny model, fp32, one torch thread):
+
+- `group`: one step over a group of sessions shaped like part (a)'s, scaled to this
+  CPU: 4 sessions of 60 calls (~50-token completions, ~200-token observations), each
+  condensed every 15 calls (history rewritten to the task plus a summary), so each has
+  4 branches; packed with `max_tokens` 8192.
+- `path`: one session's single path of `--path-tokens` tokens (15% of them sampled:
+  150-token completions between 850-token observations), packed whole
+  (`long_paths="whole"`): the chunked variant scores it in segments of 8192 positions
+  reusing the earlier segments' keys and values; the unchunked one runs it at once with
+  the full (N, V) head, as before this change.
+- `head`: the LM head alone (loss on logprobs and entropy, then backward) at the shape
+  of a 128k-token path with 15% sampled: N = 19,660 scored positions, V = the tiny
+  model's vocabulary, from random hidden states.
+
+Reported per run: CPU and wall seconds of the step (loss, forward and backward), and
+peak_step_mib = ru_maxrss after the step minus before it (how far the step pushed the
+process's peak resident memory above the model, data and a warm-up step).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MAX_TOKENS = 8192
+HEAD_CHUNK_TOKENS = 1024
+PATH_SAMPLED_FRACTION = 0.15
+HEAD_SHAPE_TOKENS = 131072
+GROUP = {"sessions": 4, "calls": 60, "condense_every": 15, "task": 500, "summary": 300,
+         "completion": 50, "observation": 200}
+VARIANTS = {"chunked": {"head_chunk_tokens": HEAD_CHUNK_TOKENS,
+                        "max_segment_tokens": MAX_TOKENS},
+            "unchunked": {"head_chunk_tokens": 0, "max_segment_tokens": 0}}
+
+
+def _ids(rng: random.Random, num: int) -> list[int]:
+    return [rng.randrange(6000) for _ in range(num)]
+
+
+def group_tree(seed: int = 0):
+    """Part (a)'s sessions at CPU scale: a shared task, growing histories, condensed."""
+    from undertow.gateway.tree import Tree
+
+    rng = random.Random(seed)
+    tree = Tree("xlong")
+    task = _ids(rng, GROUP["task"])
+    for index in range(GROUP["sessions"]):
+        session_id = f"s{index}"
+        prompt = list(task)
+        for call in range(GROUP["calls"]):
+            if call and call % GROUP["condense_every"] == 0:
+                prompt = task + _ids(rng, GROUP["summary"])
+            completion = _ids(rng, GROUP["completion"])
+            tree.add_call(f"{session_id}-{call}", session_id, prompt, completion,
+                          [rng.uniform(-9.5, -8.0) for _ in completion], [0] * len(completion))
+            prompt = prompt + completion + _ids(rng, GROUP["observation"])
+        tree.close_session(session_id, reward=float(index % 2))
+    return tree
+
+
+def path_tree(num_tokens: int, seed: int = 0):
+    """One session whose single path has `num_tokens` tokens, 15% sampled."""
+    from undertow.gateway.tree import Tree
+
+    rng = random.Random(seed)
+    tree = Tree("xlong-path")
+    completion_len = int(1000 * PATH_SAMPLED_FRACTION)
+    prompt = _ids(rng, 1000 - completion_len)
+    call = 0
+    while len(prompt) + completion_len <= num_tokens:
+        completion = _ids(rng, completion_len)
+        tree.add_call(f"c{call}", "s0", prompt, completion,
+                      [rng.uniform(-9.5, -8.0) for _ in completion], [0] * len(completion))
+        prompt = prompt + completion + _ids(rng, 1000 - completion_len)
+        call += 1
+    tree.close_session("s0", reward=1.0)
+    return tree
+
+
+def _maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _measure(run) -> dict:
+    before = _maxrss_mib()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    value = run()
+    return {"step_s": time.perf_counter() - start, "step_cpu_s": time.process_time() - start_cpu,
+            "peak_step_mib": _maxrss_mib() - before, "loss": value}
+
+
+def run_worker(case: str, variant: str, model_dir: str, path_tokens: int) -> dict:
+    import torch
+
+    from undertow.learner.model import PolicyModel
+
+    torch.set_num_threads(1)
+    policy = PolicyModel.load(model_dir, **VARIANTS[variant])
+    warm_up = policy.score_path(torch.arange(16), torch.arange(1, 16), with_entropy=True)
+    (warm_up.logprobs.sum() + warm_up.entropy.sum()).backward()
+    policy.model.zero_grad(set_to_none=True)
+    result = {"case": case, "variant": variant}
+    if case == "head":
+        return {**result, **_head_step(policy, variant)}
+    tree = group_tree() if case == "group" else path_tree(path_tokens)
+    return {**result, **_tree_step(policy, tree)}
+
+
+def _tree_step(policy, tree) -> dict:
+    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.losses import LossConfig
+    from undertow.learner.objective import backward_step
+    from undertow.learner.packing import pack_step
+
+    advantages = {(tree.group_id, s): a
+                  for s, a in group_advantages(tree, AdvantageConfig()).items()}
+    if not any(advantages.values()):
+        advantages = {key: 1.0 for key in advantages}
+    step = pack_step([tree], advantages, MAX_TOKENS, long_paths="whole")
+    config = LossConfig(name="token_mean", entropy_coef=0.01)
+    measured = _measure(lambda: backward_step(policy, step, config)["loss"])
+    return {**measured, "num_unique_tokens": step.num_unique_tokens,
+            "num_packed_tokens": step.num_packed_tokens, "num_terms": step.num_terms,
+            "num_micro_batches": len(step.micro_batches),
+            "longest_micro_batch": max(mb.num_tokens for mb in step.micro_batches)}
+
+
+def _head_step(policy, variant: str) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    head = policy.model.get_output_embeddings()
+    num_rows = int(HEAD_SHAPE_TOKENS * PATH_SAMPLED_FRACTION)
+    hidden = torch.randn(num_rows, head.in_features, generator=generator, requires_grad=True)
+    targets = torch.randint(0, head.out_features, (num_rows,), generator=generator)
+
+    def run():
+        logprobs, entropy = policy.score_hidden(hidden, targets, True)
+        loss = logprobs.mean() + 0.01 * entropy.mean()
+        loss.backward()
+        return float(loss)
+
+    return {**_measure(run), "num_terms": num_rows, "vocab_size": head.out_features}
+
+
+def run_all(model_dir: Path, path_tokens: int, timeout_s: int) -> list[dict]:
+    rows = []
+    for case in ("group", "path", "head"):
+        for variant in VARIANTS:
+            command = [sys.executable, "-m", "benchmarks.xlong", "--worker", case,
+                       "--variant", variant, "--model-dir", str(model_dir),
+                       "--path-tokens", str(path_tokens)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode:
+                raise RuntimeError(f"{case}/{variant} failed:\n{done.stderr[-3000:]}")
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"  {json.dumps(rows[-1])}", flush=True)
+    return rows
+
+
+def worker_main(case: str, variant: str, model_dir: str, path_tokens: int) -> None:
+    print(json.dumps(run_worker(case, variant, model_dir, path_tokens)))

@@ -9,7 +9,12 @@ The flow, one module per step (import them directly; this package imports nothin
     sandbox.py      Sandbox.start / exec / read_file / write_file / diff / close; gc(run)
     link.py         GatewayLink, start_linked_sandbox        (the gateway is the only peer)
     grading.py      grade(connection, task, diff) -> Grade   (fresh container, tests, reward)
+                    judge(task, log) -> Verdict              (the official harness's rules)
     log_parsers.py  LOG_PARSERS by name                      (pytest first)
+    swebench_harness.py  the `swebench` package's specs, parsers and grader, where it knows
+                    the repository (optional extra `undertow[swebench]`)
+    datasets/       SWE-bench, SWE-Gym, SWE-smith, R2E-Gym, SWE-rebench rows -> task sets
+                    (`undertow tasks import`), image names and how to get them
     taskset.py      stamp_task_set / check_stamps            (shipped task sets' base commits)
     validation.py   validate_tasks                           (`undertow tasks validate`)
     errors.py       SandboxError and its subclasses

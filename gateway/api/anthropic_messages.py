@@ -181,7 +181,7 @@ def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
                                        param="output_format")
         call = json_output(call, fmt.get("schema"), "output_format")
     if not parallel and kind == "auto":
-        call = single_call(call, tool_parser, "tool_choice.disable_parallel_tool_use")
+        call = single_call(call, tool_parser)
     return call
 
 

@@ -193,7 +193,7 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
                          "or a named function", param="tool_choice")
     call = output_format(call, body.get("response_format"), "response_format")
     if parallel is False and call.tool_parser is None and call.parse_tools:
-        call = single_call(call, tool_parser, "parallel_tool_calls")
+        call = single_call(call, tool_parser)
     return call
 
 

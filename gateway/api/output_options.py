@@ -68,14 +68,11 @@ def force_tools(call: CallRequest, name: str | None, parallel: bool,
     return replace(call, sampling=sampling, tool_parser=FORCED)
 
 
-def single_call(call: CallRequest, tool_parser: str, param: str) -> CallRequest:
+def single_call(call: CallRequest, tool_parser: str) -> CallRequest:
     """The call, stopped at the end of its first tool call (free tool use)."""
     stop = PARSERS[tool_parser].single_call_stop
-    if not call.tools or not stop:
-        return call
-    if call.sampling.constraint is not None:
-        raise BadRequest(f"{param}: one tool call at most cannot be combined with a JSON "
-                         "output format", param=param)
+    if not call.tools or not stop or call.sampling.constraint is not None:
+        return call  # no calls to limit (JSON output leaves no room for a call)
     return replace(call, sampling=replace(call.sampling, stop=call.sampling.stop + (stop,)))
 
 

@@ -161,7 +161,7 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
         raise BadRequest("text must be an object", param="text")
     call = output_format(call, text.get("format"), "text.format")
     if parallel is False and call.tool_parser is None and call.parse_tools:
-        call = single_call(call, tool_parser, "parallel_tool_calls")
+        call = single_call(call, tool_parser)
     return call
 
 

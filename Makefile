@@ -8,8 +8,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: system-packages setup setup-vllm setup-agents setup-openhands docker-daemon doctor run \
-	test lint bench
+.PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
+	docker-daemon doctor run test lint bench
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -70,6 +70,15 @@ $(OPENHANDS_VENV)/.installed:
 
 setup-openhands: $(OPENHANDS_VENV)/.installed
 
+# SGLang's wheel, downloaded and never installed (it needs CUDA): the tests read its own
+# request and reply types from it (tests/engines/sglang_types.py).
+SGLANG_WHEELS := .cache/sglang
+$(SGLANG_WHEELS)/.downloaded: | $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps -d $(SGLANG_WHEELS) sglang==0.5.23
+	touch $@
+
+setup-sglang-types: $(SGLANG_WHEELS)/.downloaded
+
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
@@ -83,7 +92,7 @@ run: setup docker-daemon
 	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train
 
-test: setup setup-vllm setup-agents setup-openhands docker-daemon
+test: setup setup-vllm setup-agents setup-openhands setup-sglang-types docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)

@@ -78,13 +78,18 @@ async def run_rollout(command: RolloutCommand):
     from undertow.adapters.registry import create_scaffold
     from undertow.adapters.rollout import Rollout, RolloutConfig, new_run_id
     from undertow.sandboxes.connection import connect
+    from undertow.sandboxes.grading import GradingConfig
 
     tasks = select_tasks(command)
     scaffold = create_scaffold(command.scaffold, command.scaffold_options)
+    run_id = new_run_id()
+    # Each graded diff's whole test log is kept, so the official harness can judge the same
+    # log (`<run>/test-logs/<instance_id>/<diff_key(diff)>.log`).
+    grading = GradingConfig(log_dir=command.out_dir / run_id / "test-logs")
     config = RolloutConfig(group_size=command.group_size, concurrency=command.concurrency,
                            timeout_s=command.timeout_s, out_dir=command.out_dir,
-                           run_id=new_run_id(), timeout_value=command.timeout_value,
-                           progress_interval_s=command.progress_interval_s)
+                           run_id=run_id, timeout_value=command.timeout_value,
+                           progress_interval_s=command.progress_interval_s, grading=grading)
     async with _gateway(command, command.out_dir / config.run_id / "gateway") as (url, token):
         with connect(command.docker_url) as connection:
             async with GatewayAdmin(url, token) as admin:

@@ -87,7 +87,7 @@ def _tests(value: Any, field: str) -> list[str]:
     return list(value)
 
 
-def test_directives(test_patch: str) -> list[str]:
+def files_under_test(test_patch: str) -> list[str]:
     """The test files a test_patch touches (as the official harness picks what to run)."""
     return [path for path in _DIFF_PATH.findall(test_patch)
             if not path.endswith(_NON_TEST_SUFFIXES)]
@@ -116,7 +116,7 @@ def _with_pytest(record: dict[str, Any]) -> dict[str, Any]:
         spec = swebench_harness.official_spec(repo, version, record["test_patch"])
         return {**record, "test_cmd": spec.test_cmd, "log_parser": swebench_harness.SWEBENCH_PARSER,
                 "pre_install": list(spec.pre_install), "eval_commands": list(spec.eval_commands)}
-    directives = test_directives(record["test_patch"])
+    directives = files_under_test(record["test_patch"])
     return {**record, "test_cmd": " ".join([PYTEST_SUMMARY, *directives]),
             "log_parser": "pytest", "eval_commands": list(_CONDA)}
 
@@ -142,7 +142,7 @@ def convert_swe_rebench(row: Mapping[str, Any]) -> dict[str, Any]:
     test_cmd = test_cmd[-1] if isinstance(test_cmd, list) else test_cmd
     parser = config.get("log_parser") or "parse_log_pytest"
     record.update({
-        "test_cmd": " ".join([test_cmd, *test_directives(record["test_patch"])]),
+        "test_cmd": " ".join([test_cmd, *files_under_test(record["test_patch"])]),
         "log_parser": parser if parser.startswith("swebench") else f"swebench:{parser}",
         "pre_install": list(config.get("pre_install") or []),
         "eval_commands": [*_CONDA, *(config.get("eval_commands") or [])],

@@ -1,0 +1,128 @@
+"""The SWE ecosystem round trip: dataset rows in, official verdicts out.
+
+1. `undertow tasks import` of fixture rows of every dataset (the counts each must keep);
+2. rows of two bundled tasks in SWE-rebench's shape (its per-row install_config names
+   swebench's `parse_log_pytest`), imported; their images built here from the bundled
+   sources and tagged with the names the import gave them;
+3. `undertow rollout` of that set with a command scaffold that applies the gold patch to
+   one task and nothing to the other;
+4. `undertow export predictions`;
+5. the `swebench` grader's report on each session's own test log equals the reward
+   Undertow gave that session, per instance and per test.
+"""
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.sandboxes import dataset_rows
+from undertow.cli import main
+from undertow.sandboxes.connection import connect
+from undertow.sandboxes.datasets.formats import files_under_test
+from undertow.sandboxes.grading import diff_key
+from undertow.sandboxes.swebench_harness import official_report
+from undertow.sandboxes.task import load_tasks
+from undertow.sandboxes.task_image import ensure_task_image
+from undertow.sandboxes.taskset import BUNDLED_DIR
+
+GOLD, EMPTY = "calclang__calclang-2", "inilike__inilike-17"
+KEPT = {"swe-bench": 3, "swe-bench-lite": 3, "swe-bench-verified": 3,
+        "swe-bench-multilingual": 2, "swe-gym": 1, "swe-smith": 2, "r2e-gym": 2,
+        "swe-rebench": 2}
+
+
+def _rebench_row(task) -> dict:
+    """A bundled task as SWE-rebench stores a row (tests outside the test_patch's files are
+    not run by the official command, so PASS_TO_PASS keeps only those files' tests)."""
+    files = files_under_test(task.test_patch)
+    return {"instance_id": task.instance_id, "repo": task.repo, "base_commit": task.base_commit,
+            "patch": task.patch, "test_patch": task.test_patch,
+            "problem_statement": task.problem_statement, "version": "0.1",
+            "FAIL_TO_PASS": json.dumps(list(task.FAIL_TO_PASS)),
+            "PASS_TO_PASS": json.dumps([t for t in task.PASS_TO_PASS
+                                        if t.split("::")[0] in files]),
+            "install_config": {"test_cmd": "python -m pytest -rA -p no:cacheprovider",
+                               "log_parser": "parse_log_pytest"}}
+
+
+def _build_images(imported) -> None:
+    """Each task's image, built from its bundled source, under the imported image name."""
+    bundled = {task.instance_id: task for task in load_tasks(BUNDLED_DIR)}
+    client = docker.from_env()
+
+    async def build():
+        with connect(os.environ.get("DOCKER_HOST")) as connection:
+            return [await ensure_task_image(connection, bundled[task.instance_id])
+                    for task in imported]
+
+    try:
+        for task, tag in zip(imported, asyncio.run(build()), strict=True):
+            repository, _, name = task.image.rpartition(":")
+            client.images.get(tag).tag(repository, name)
+    finally:
+        client.close()
+
+
+def _import_everything(tmp_path: Path) -> None:
+    tmp_path.mkdir()
+    for name, rows in dataset_rows.ROWS.items():
+        source = tmp_path / f"{name}.jsonl"
+        source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        assert main(["tasks", "import", name, "--from", str(source), "--out",
+                     str(tmp_path / name)]) == 0
+        assert len(load_tasks(tmp_path / name)) == KEPT[name], name
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_import_rollout_export_and_the_official_verdict(tiny_model_dir, tmp_path, capsys):
+    _import_everything(tmp_path / "datasets")
+    bundled = {task.instance_id: task for task in load_tasks(BUNDLED_DIR)}
+    rows = tmp_path / "rebench.jsonl"
+    rows.write_text("".join(json.dumps(_rebench_row(bundled[i])) + "\n" for i in (GOLD, EMPTY)))
+    task_set = tmp_path / "set"
+    assert main(["tasks", "import", "swe-rebench", "--from", str(rows), "--out",
+                 str(task_set)]) == 0
+    imported = load_tasks(task_set)
+    assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2
+    _build_images(imported)
+
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / f"{GOLD}.diff").write_text(bundled[GOLD].patch)
+    command = (f"if [ -f {patches}/{{instance_id}}.diff ]; then "
+               f"docker exec -i -u 1000 {{container}} "
+               f"git -C {{repo_dir}} apply - < {patches}/{{instance_id}}.diff; fi")
+    out = tmp_path / "runs"
+    capsys.readouterr()
+    assert main(["rollout", "--tasks", str(task_set), "--scaffold", "command", "-o",
+                 f"command={command}", "--model", str(tiny_model_dir), "--out", str(out),
+                 "--timeout-s", "300", "--progress-interval-s", "0"]) == 0
+    [run] = [path.parent for path in out.glob("*/summary.json")]
+    sessions = {s["instance_id"]: s for s in json.loads((run / "summary.json").read_text())[
+        "sessions"]}
+    assert {i: s["reward"] for i, s in sessions.items()} == {GOLD: 1.0, EMPTY: 0.0}
+
+    preds = tmp_path / "preds.jsonl"
+    assert main(["export", "predictions", str(run), "--out", str(preds)]) == 0
+    predictions = {p["instance_id"]: p for p in map(json.loads, preds.read_text().splitlines())}
+    assert predictions[GOLD]["model_patch"].startswith("diff --git")
+    assert predictions[EMPTY]["model_patch"] == ""
+
+    for task in imported:
+        session = sessions[task.instance_id]
+        log = run / "test-logs" / task.instance_id / f"{diff_key(session['details']['diff'])}.log"
+        report = official_report(
+            log.read_text(), instance_id=task.instance_id, repo=task.repo, version=task.version,
+            log_parser=task.log_parser, fail_to_pass=task.FAIL_TO_PASS,
+            pass_to_pass=task.PASS_TO_PASS)
+        assert report["found"]
+        resolved = report["status"] == "RESOLVED_FULL"
+        assert (resolved, float(resolved)) == (session["resolved"], session["reward"])
+        for kind in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            passed = {t for t, status in session["tests"].items() if status == "passed"}
+            assert set(report["tests"][kind]["success"]) == passed & set(getattr(task, kind))

@@ -72,7 +72,8 @@ async def test_task_image_builds_a_missing_base_image_once_under_concurrency(
     cache_dir.mkdir(parents=True)
     _seed_tarball(client, base_image, recipe, cache_dir)
     monkeypatch.setenv("HOME", str(tmp_path))
-    tasks = [dataclasses.replace(fixture_task, instance_id=f"firstuse-{uuid.uuid4().hex[:8]}-{i}")
+    tasks = [dataclasses.replace(fixture_task, instance_id=f"firstuse-{uuid.uuid4().hex[:8]}-{i}",
+                                 base_commit="")
              for i in range(3)]
     tags: list[str] = []
     try:

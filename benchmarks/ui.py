@@ -124,9 +124,10 @@ def measure(url: str, repeats: int) -> dict[str, dict[str, float]]:
             results[f"{name} (warm)"] = {"p50_s": statistics.median(times), "n": repeats,
                                          "max_s": max(times)}
         browser.close()
-    times = [time_json(api) for _ in range(repeats)]
-    results["session JSON, first page (warm)"] = {"p50_s": statistics.median(times),
-                                                  "n": repeats, "max_s": max(times)}
+    for name, offset in (("first", 0), ("last", 40)):
+        times = [time_json(api.replace("offset=0", f"offset={offset}")) for _ in range(repeats)]
+        results[f"session JSON alone, {name} page (warm)"] = {
+            "p50_s": statistics.median(times), "n": repeats, "max_s": max(times)}
     return results
 
 

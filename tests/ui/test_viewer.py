@@ -72,7 +72,8 @@ def runs_dir(tiny_model_dir, tmp_path_factory) -> Path:
     command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(runs / "a"),
                f"run.model_dir={tiny_model_dir}", "learner.num_steps=2", "learner.group_size=2",
                "learner.max_staleness=0", "learner.lr=0.001",
-               "rollout.source=tests.e2e.scripted_rollouts:make_run_group"]
+               "rollout.source=tests.e2e.scripted_rollouts:make_run_group",
+               "logging.trackers=[tensorboard]"]
     process = _start(command, log)
     try:
         assert process.wait(timeout=TIMEOUT_S) == 0, log.read_text()[-3000:]
@@ -119,6 +120,21 @@ def _click_to(page, selector: str, route_prefix: str):
         "prefix => (document.body.dataset.ready || '').startsWith(prefix)", arg=route_prefix)
 
 
+def test_train_records_each_steps_groups_and_feeds_its_trackers(runs_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = [json.loads(line) for line in
+             (runs_dir / "a" / "steps.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["group_ids"]) for r in lines] == [(1, ["g000000-r0"]),
+                                                            (2, ["g000001-r0"])]
+    accumulator = EventAccumulator(str(runs_dir / "a" / "trackers" / "tensorboard"))
+    accumulator.Reload()
+    metrics = [json.loads(line) for line in
+               (runs_dir / "a" / "metrics.jsonl").read_text().splitlines()]
+    got = [(e.step, e.value) for e in accumulator.Scalars("train/reward_mean")]
+    assert got == [(r["step"], pytest.approx(r["reward_mean"])) for r in metrics]
+
+
 def test_click_runs_step_session_tree(viewer, runs_dir, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1300, "height": 900})
     _open(page, viewer, "#/")
@@ -139,6 +155,7 @@ def test_click_runs_step_session_tree(viewer, runs_dir, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
 
     _click_to(page, 'a[href="#/run/a/step/1"]', "#/run/a/step/1")
+    assert "groups as the learner recorded them" in page.inner_text("main")
     sessions = page.locator('section[data-group="g000000-r0"] [data-testid="sessions"] tr')
     assert sessions.count() == 3
     texts = [sessions.nth(i).inner_text() for i in (1, 2)]

@@ -118,19 +118,23 @@ def call_view(tree: Tree, call: Call, previous: Call | None, index: int,
               decoder: Decoder) -> dict[str, Any]:
     """One call: the prompt tokens new since `previous`, and the reply token by token."""
     path = tree.path(call.leaf)
-    num_shared = _num_shared_tokens(tree, path, tree.path(previous.leaf) if previous else [])
-    token_ids, logprobs, versions = _path_tokens(tree, path)
-    num_tokens = len(token_ids)
+    previous_path = tree.path(previous.leaf) if previous else []
+    num_shared = _num_shared_tokens(tree, path, previous_path)
+    num_tokens = sum(len(tree.nodes[node_id].token_ids) for node_id in path)
     start = num_tokens - call.num_completion_tokens
-    reply = token_ids[start:]
-    new_prompt = token_ids[min(num_shared, start):start]
-    reply_versions = versions[start:]
+    first = min(num_shared, start)
+    # Only the tail past `first` is read: a page costs its calls' new tokens, not their context.
+    token_ids, logprobs, versions = _path_tail(tree, path, num_tokens - first)
+    new_prompt, reply = token_ids[:start - first], token_ids[start - first:]
+    reply_versions = versions[start - first:]
+    rewrote = previous is not None and num_shared < sum(
+        len(tree.nodes[node_id].token_ids) for node_id in previous_path)
     return {"index": index, "call_id": call.call_id, "branch": call.branch,
-            "labels": _labels(call, previous, num_shared, tree, reply_versions),
+            "labels": _labels(call, rewrote, reply_versions),
             "num_prompt_tokens": start, "num_new_prompt_tokens": len(new_prompt),
             "prompt_text": decoder.text(new_prompt),
             "reply": {"token_ids": reply, "pieces": decoder.pieces(reply),
-                      "logprobs": logprobs[start:], "weight_versions": reply_versions},
+                      "logprobs": logprobs[start - first:], "weight_versions": reply_versions},
             "finish_reason": call.meta.get("finish_reason"),
             "timings": call.meta.get("timings"), "api": call.meta.get("api")}
 
@@ -152,16 +156,22 @@ def tree_view(run: RunFolder, group: str) -> dict[str, Any]:
             "num_unique_tokens": tree.num_unique_tokens}
 
 
-def _path_tokens(tree: Tree, path: list[int]) -> tuple[list[int], list[float | None], list[int]]:
+def _path_tail(tree: Tree, path: list[int],
+               num_tokens: int) -> tuple[list[int], list[float | None], list[int]]:
+    """The last `num_tokens` tokens of `path`: IDs, logprobs (None for prompt tokens),
+    weight versions; read from the leaf up, so the cost is the tail's, not the path's."""
     token_ids: list[int] = []
-    logprobs: list[float | None] = []
+    logprobs: list[float] = []
     versions: list[int] = []
-    for node_id in path:
+    for node_id in reversed(path):
+        if len(token_ids) >= num_tokens:
+            break
         node = tree.nodes[node_id]
-        token_ids += node.token_ids
-        logprobs += [None if v != v else v for v in node.logprobs]  # NaN: a prompt token
-        versions += node.weight_versions
-    return token_ids, logprobs, versions
+        token_ids[:0], logprobs[:0] = node.token_ids, node.logprobs
+        versions[:0] = node.weight_versions
+    cut = len(token_ids) - num_tokens
+    return (token_ids[cut:], [None if v != v else v for v in logprobs[cut:]],  # NaN: prompt
+            versions[cut:])
 
 
 def _num_shared_tokens(tree: Tree, path: list[int], previous_path: list[int]) -> int:
@@ -173,10 +183,9 @@ def _num_shared_tokens(tree: Tree, path: list[int], previous_path: list[int]) ->
     return num_shared
 
 
-def _labels(call: Call, previous: Call | None, num_shared: int, tree: Tree,
-            reply_versions: list[int]) -> list[str]:
+def _labels(call: Call, rewrote: bool, reply_versions: list[int]) -> list[str]:
     labels = [call.branch] if call.branch else []
-    if previous is not None and num_shared < tree.path_length(previous.leaf) and not labels:
+    if rewrote and not labels:
         labels.append("rewrite")
     versions = sorted({v for v in reply_versions if v >= 0})
     if len(versions) > 1:

@@ -228,17 +228,30 @@ function tokenColor(logprob) {
 }
 
 function replyNode(reply) {
+  // One span per sampled token; one pair of listeners on the box (not per token), so a
+  // page of thousands of tokens draws fast. The tooltip text is built on hover.
   const box = h("div", { class: "reply", "data-testid": "reply" });
   const tip = document.getElementById("tip");
-  reply.pieces.forEach((piece, i) => {
-    const lp = reply.logprobs[i];
-    const text = `token ${JSON.stringify(piece)} · id ${reply.token_ids[i]} · logprob ` +
-      `${lp === null ? "–" : lp.toFixed(4)} · weight v${reply.weight_versions[i]}`;
-    box.append(h("span", { class: "tok", style: `background:${tokenColor(lp)}`, "data-tip": text,
-      onmouseenter: e => { tip.textContent = text; tip.hidden = false;
-        tip.style.left = `${e.clientX + 12}px`; tip.style.top = `${e.clientY + 14}px`; },
-      onmouseleave: () => { tip.hidden = true; } }, piece));
+  const spans = reply.pieces.map((piece, i) => {
+    const span = document.createElement("span");
+    span.className = "tok";
+    span.dataset.i = i;
+    span.style.background = tokenColor(reply.logprobs[i]);
+    span.textContent = piece;
+    return span;
   });
+  box.append(...spans);
+  box.addEventListener("mouseover", e => {
+    const i = e.target.dataset ? e.target.dataset.i : undefined;
+    if (i === undefined) return;
+    const lp = reply.logprobs[i];
+    tip.textContent = `token ${JSON.stringify(reply.pieces[i])} · id ${reply.token_ids[i]} · ` +
+      `logprob ${lp === null ? "–" : lp.toFixed(4)} · weight v${reply.weight_versions[i]}`;
+    tip.hidden = false;
+    tip.style.left = `${e.clientX + 12}px`;
+    tip.style.top = `${e.clientY + 14}px`;
+  });
+  box.addEventListener("mouseleave", () => { tip.hidden = true; });
   return box;
 }
 

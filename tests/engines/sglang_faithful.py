@@ -37,7 +37,8 @@ the `sglang==0.5.23` wheel, `sglang/srt/...`):
    `deprecated_calls` (SGLang logs a warning); `old_server` is an SGLang from before
    `/server_info`, `/model_info` and `/ready` (404).
 
-`bodies` keeps every JSON body received, by path, for tests that check what was sent.
+`bodies` keeps every JSON body received, by path, and `replies` every `/generate` reply and
+stream event sent, for tests that check both against SGLang's own types (`sglang_types.py`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class FaithfulSGLang:
     prompts: list[list[int]] = field(default_factory=list)
     bodies: dict[str, list[dict]] = field(default_factory=dict)
     deprecated_calls: list[str] = field(default_factory=list)
+    replies: list[dict] = field(default_factory=list)
     rids: list[str] = field(default_factory=list)
     num_health_generations: int = 0
     updating: bool = False
@@ -206,7 +208,8 @@ class FaithfulSGLang:
         body = await self.record(http)
         rid = body["rid"]
         self.rids.append(rid)
-        input_ids = list(body["input_ids"])
+        input_ids = (list(body["input_ids"]) if "input_ids" in body
+                     else [ord(char) % self.vocab_size for char in body["text"]])  # "tokenized"
         request = Request(rid, input_ids, dict(body.get("sampling_params") or {}),
                           bool(body.get("stream")), bool(body.get("return_logprob")),
                           self.cached_prefix(input_ids))
@@ -232,9 +235,9 @@ class FaithfulSGLang:
             self.requests.pop(rid, None)
             await self.notify()
 
-    @staticmethod
-    async def events(request: Request) -> AsyncIterator[dict]:
+    async def events(self, request: Request) -> AsyncIterator[dict]:
         while (event := await request.events.get()) is not None:
+            self.replies.append(event)
             yield event
 
     def cached_prefix(self, input_ids: list[int]) -> int:

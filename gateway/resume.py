@@ -23,15 +23,23 @@ from typing import Any
 from undertow.gateway.render import Renderer
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.tokentruth import Head, Prompt
-from undertow.gateway.toolparsers import Content, Event, Reasoning, ToolCall, create_parser
+from undertow.gateway.toolparsers import (
+    PARSERS,
+    Content,
+    Event,
+    Reasoning,
+    ToolCall,
+    create_parser,
+    replay_parser,
+)
 from undertow.gateway.tree import Tree
 
 
 def assistant_message(text: str, tool_parser: str, parse_tools: bool,
-                      tool_call_id) -> dict[str, Any]:
+                      tool_call_id, prompt_tail: str = "") -> dict[str, Any]:
     """The assistant message (internal chat form) of a completion's text.
-    `tool_call_id()` names each tool call."""
-    parser = create_parser(tool_parser, parse_tools=parse_tools)
+    `tool_call_id()` names each tool call; `prompt_tail`: see `ToolParser`."""
+    parser = create_parser(tool_parser, parse_tools=parse_tools, prompt_tail=prompt_tail)
     return message_of_events(parser.feed(text) + parser.finish(), tool_call_id)
 
 
@@ -92,15 +100,20 @@ class HeadReplay:
         keys = base_keys + tuple(stored["keys"])
         self._keys[event["call_id"]] = keys
         call = tree.calls[-1]
+        parser = replay_parser(self.tool_parser, event)  # as `CallRunner._parser` chose
+        skip_special = not PARSERS[parser].keeps_special_tokens
         token_ids = tree.path_token_ids(call.leaf)
         completion_ids = token_ids[len(token_ids) - call.num_completion_tokens:]
         stops = ((event.get("meta") or {}).get("sampling") or {}).get("stop") or ()
-        text = text_before_stop(self.renderer.decode(completion_ids), stops)
-        message = assistant_message(text, self.tool_parser, stored["parse_tools"],
-                                    lambda: "call_restored")
+        text = text_before_stop(self.renderer.decode(completion_ids, skip_special), stops)
+        num_prompt = len(token_ids) - len(completion_ids)
+        tail = self.renderer.decode(token_ids[max(0, num_prompt - 8):num_prompt], False)
+        message = assistant_message(text, parser, stored["parse_tools"],
+                                    lambda: "call_restored", tail)
         head = Head(event["call_id"], keys, stored["tools"], message, call.leaf,
                     len(token_ids) - len(completion_ids),
-                    self.renderer.closing_text(completion_ids))
+                    self.renderer.closing_text(completion_ids),
+                    next_turn_start=self.renderer.next_turn_start(completion_ids))
         if event.get("branch") == "sample" and session.heads:
             # choice i > 0 of the call whose choice 0 is the newest head: the live gateway
             # left choice 0's head last (`CallRunner._record`), and so does replay

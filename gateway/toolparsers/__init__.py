@@ -23,7 +23,7 @@ from undertow.gateway.toolparsers.base import (
 )
 from undertow.gateway.toolparsers.deepseek import DeepSeekParser
 from undertow.gateway.toolparsers.detect import parser_of_template, resolve_parser
-from undertow.gateway.toolparsers.forced import ForcedCallsParser, forced_calls_schema
+from undertow.gateway.toolparsers.forced import ForcedCallsParser, forced_calls_schema, is_forced
 from undertow.gateway.toolparsers.glm45 import Glm45Parser
 from undertow.gateway.toolparsers.harmony import HarmonyParser
 from undertow.gateway.toolparsers.hermes import HermesParser
@@ -32,7 +32,7 @@ from undertow.gateway.toolparsers.qwen3_coder import Qwen3CoderParser
 
 __all__ = ["FORCED", "PARSERS", "Content", "Event", "Reasoning", "ToolCall", "ToolParser",
            "Unparsed", "create_parser", "forced_calls_schema", "parser_of_template",
-           "resolve_parser"]
+           "replay_parser", "resolve_parser"]
 
 FORCED = "forced"
 
@@ -50,6 +50,13 @@ PARSERS: dict[str, type[ToolParser]] = {
     "gpt_oss": HarmonyParser,
     FORCED: ForcedCallsParser,
 }
+
+
+def replay_parser(tool_parser: str, call_record: dict) -> str:
+    """The parser a recorded call's completion was parsed with: `forced` when its
+    sampling parameters forced tool calls, else the gateway's."""
+    sampling = (call_record.get("meta") or {}).get("sampling") or {}
+    return FORCED if is_forced(sampling) else tool_parser
 
 
 def create_parser(name: str, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,

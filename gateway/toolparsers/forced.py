@@ -16,6 +16,13 @@ from typing import Any
 
 from undertow.gateway.toolparsers.base import Event, ToolCall, Unparsed
 
+FORCED_TITLE = "undertow forced tool calls"
+
+
+def is_forced(sampling: dict) -> bool:
+    """Whether a call's recorded sampling parameters forced its tool calls."""
+    return FORCED_TITLE in (sampling.get("json_schema") or "")
+
 
 def forced_calls_schema(tools: Sequence[dict], name: str | None,
                         parallel: bool = True) -> dict[str, Any]:
@@ -30,7 +37,7 @@ def forced_calls_schema(tools: Sequence[dict], name: str | None,
                           "properties": {"name": {"const": function["name"]},
                                          "parameters": function.get("parameters")
                                          or {"type": "object"}}})
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+    schema: dict[str, Any] = {"title": FORCED_TITLE, "type": "array", "minItems": 1,
                               "items": items[0] if len(items) == 1 else {"anyOf": items}}
     if not parallel:
         schema["maxItems"] = 1

@@ -18,7 +18,7 @@ import pytest
 from tests.gateway.capture import calls_of
 from tests.gateway.conftest import ADMIN_TOKEN, Gateway, start_gateway
 from tests.gateway.thinking_template import thinking_model_dir
-from undertow.gateway.app import METRICS_KEY, RUNNER_KEY
+from undertow.gateway.app import METRICS_KEY, RUNNER_KEY, STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -209,3 +209,46 @@ async def test_bad_anthropic_thinking_is_a_400(clients):
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         await clients("anthropic").messages.create(model="m", max_tokens=10, messages=ASK,
                                                    thinking={"type": "sometimes"})
+
+
+@pytest.mark.parametrize("forced", [False, True])
+async def test_token_truth_survives_a_restart_with_reasoning_and_forced_calls(
+        scripted, renderer, thinking_dir, tmp_path, forced):
+    """After a restart the stored completion is re-parsed as it was live: inside the think
+    block the prompt opened, and as a forced call list when the call was forced; so the
+    session's next call still extends it by token truth."""
+    store_dir = tmp_path / "store"
+    completion = ('[{"name": "bash", "parameters": {"cmd": "ls -la", "timeout": 30}}]'
+                  if forced else COMPLETION)
+    app, runner, url = await start_gateway([scripted.url], thinking_dir, store_dir,
+                                           tool_parser="auto")
+    try:
+        async with aiohttp.ClientSession() as http:
+            session = await Gateway(url, app, store_dir, http).open_session(group="restart")
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        script(scripted, renderer, completion)
+        first = await client.chat.completions.create(
+            model="m", messages=ASK, tools=OPENAI_TOOLS,
+            tool_choice="required" if forced else "auto")
+        await client.close()
+    finally:
+        await runner.cleanup()
+    assert [json.loads(c.function.arguments) for c in first.choices[0].message.tool_calls] == [
+        ARGUMENTS]
+    app, runner, url = await start_gateway([scripted.url], thinking_dir, store_dir,
+                                           tool_parser="auto")
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/{session['session_id']}/v1",
+                                    api_key=session["api_key"])
+        assistant = first.choices[0].message.model_dump(exclude_none=True)
+        script(scripted, renderer, "Two files.")
+        await client.chat.completions.create(model="m", tools=OPENAI_TOOLS, messages=[
+            *ASK, assistant, {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"],
+                              "content": "a.py\nb.py"}])
+        await client.close()
+        tree = app[STORE_KEY].trees["restart"]
+    finally:
+        await runner.cleanup()
+    first_call, second_call = (tree.calls[0], tree.calls[1])
+    assert second_call.meta["token_truth"] and second_call.branch is None
+    assert second_call.meta["extends"] == first_call.call_id

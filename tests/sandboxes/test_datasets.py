@@ -119,3 +119,14 @@ def test_import_command_reports_kept_and_dropped(tmp_path, capsys):
     assert main(["tasks", "import", "nope", "--from", str(source), "--out",
                  str(tmp_path / "x")]) == 2
     assert "unknown dataset 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.docker
+def test_check_images_names_each_missing_image_and_its_command(tmp_path, capsys):
+    source = _write_jsonl(tmp_path / "rows.jsonl", dataset_rows.SWE_GYM)
+    assert main(["tasks", "import", "swe-gym", "--from", str(source), "--out",
+                 str(tmp_path / "out"), "--registry", "mirror.invalid", "--check-images"]) == 1
+    out = capsys.readouterr().out
+    image = "mirror.invalid/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
+    assert f"task getmoto__moto-5752: image {image} is not on this Docker host" in out
+    assert f"get it with: docker pull {image}" in out and "0/1 images on this Docker host" in out

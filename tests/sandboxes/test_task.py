@@ -98,3 +98,21 @@ def test_local_hugging_face_datasets(tmp_path):
     broken.save_to_disk(str(tmp_path / "broken"))
     with pytest.raises(TaskFormatError, match=r"row 0 \(instance owner__repo-1\).*FAIL_TO_PASS"):
         load_tasks(tmp_path / "broken")
+
+
+def test_swe_bench_fields_and_official_commands():
+    task = parse_task(RECORD, "here")
+    assert (task.version, task.environment_setup_commit) == ("1.0", "def")
+    assert (task.pre_install, task.eval_commands) == ((), ())  # owner/repo: swebench knows none
+    numeric = parse_task({**RECORD, "version": 3.0}, "here")
+    assert numeric.version == "3.0"
+    given = parse_task({**RECORD, "pre_install": ["apt-get update"], "eval_commands": "export A=1"},
+                       "here")
+    assert (given.pre_install, given.eval_commands) == (("apt-get update",), ("export A=1",))
+    with pytest.raises(TaskFormatError, match="'eval_commands' must be a list of shell commands"):
+        parse_task({**RECORD, "eval_commands": [1]}, "here")
+    known = parse_task({**RECORD, "repo": "django/django", "version": "3.0"}, "here")
+    assert known.log_parser == "swebench" and known.test_cmd.startswith("./tests/runtests.py")
+    assert known.pre_install or known.eval_commands
+    record = task_record(known)
+    assert parse_task(record, "again") == known

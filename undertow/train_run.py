@@ -53,7 +53,7 @@ SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "warm_start", "lo
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIGS_DIR / "learn.yaml"
 CHAT = "chat"
-DEFAULT_PROMPT_TASKS = "colours.yaml"   # in undertow.adapters.configs
+DEFAULT_PROMPT_TASKS = "directions.yaml"   # in undertow.adapters.configs
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class RolloutSection:
     """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
-    bundled set; for `chat`, `adapters/configs/colours.yaml`), group index i running
+    bundled set; for `chat`, `adapters/configs/directions.yaml`), group index i running
     task i mod the number of tasks. A session that Undertow fails is run again as a
     new session of its group, up to `max_attempts` attempts per slot."""
 
@@ -195,7 +195,7 @@ def chat_rollouts(context: RolloutContext) -> RunGroup:
 
 
 def select_prompt_tasks(section: RolloutSection) -> list:
-    """The prompt tasks of `rollout.tasks` (default: the colours task set), filtered."""
+    """The prompt tasks of `rollout.tasks` (default: the directions task set), filtered."""
     from undertow.adapters import configs
     from undertow.adapters.chat_rollout import load_prompt_tasks
 
@@ -389,11 +389,12 @@ def print_results(run_dir: Path, rollout: RolloutSection) -> None:
     print(f"undertow train: checkpoint {checkpoint}", flush=True)
     if rollout.scaffold == CHAT and not rollout.source:
         tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
-        print(f"undertow train: evaluate it with: undertow evaluate --model "
+        print(f"undertow train: evaluate it with: undertow chat-eval --model "
               f"{checkpoint / 'model'}{tasks}", flush=True)
     else:
-        print(f"undertow train: evaluate it with: undertow rollout --model {checkpoint / 'model'}"
-              f" --scaffold {rollout.scaffold} --tasks <tasks>", flush=True)
+        tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
+        print(f"undertow train: evaluate it with: undertow eval --model {checkpoint / 'model'}"
+              f" --scaffold {rollout.scaffold}{tasks}", flush=True)
 
 
 def start_model_dir(run: RunConfig, rollout: RolloutSection, warm: WarmStartSection) -> Path:

@@ -29,7 +29,8 @@ from undertow.gateway.toolparsers.base import (
 )
 
 START, MESSAGE, CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
-ENDS = ("<|end|>", "<|call|>", "<|return|>", START)
+ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|endoftext|>", START)
+MARKERS_ONLY = re.compile(r"(?:\s*<\|[a-z_]+\|>)*\s*")
 RECIPIENT = re.compile(r"to=([^\s<]+)")
 CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 
@@ -68,9 +69,10 @@ class HarmonyParser:
             return [self._call(text, "")]
         if self._state == "message":
             return [self._message(text)] if text else []
-        # A completion with no harmony markup at all: its text is the content.
+        # A completion with no harmony markup at all: its text is the content. Special
+        # tokens alone after the last message (an end-of-text token) are no text.
         text = self._header + text
-        return [Content(text)] if text.strip() else []
+        return [] if MARKERS_ONLY.fullmatch(text) else [Content(text)]
 
     def _step(self, events: list[Event]) -> bool:
         if self._state == "header":

@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.capture import calls_of
 from tests.gateway.conftest import ADMIN_TOKEN, Gateway, start_gateway
-from tests.gateway.thinking_template import thinking_model_dir
+from tests.gateway.thinking_template import HARMONY, thinking_model_dir
 from undertow.gateway.app import METRICS_KEY, RUNNER_KEY, STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -252,3 +252,51 @@ async def test_token_truth_survives_a_restart_with_reasoning_and_forced_calls(
     first_call, second_call = (tree.calls[0], tree.calls[1])
     assert second_call.meta["token_truth"] and second_call.branch is None
     assert second_call.meta["extends"] == first_call.call_id
+
+
+HARMONY_CALL = ("<|channel|>analysis<|message|>I should list the files.<|end|><|start|>assistant"
+                "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>"
+                '{"cmd": "ls -la", "timeout": 30}<|call|>')
+HARMONY_ANSWER = ("<|channel|>analysis<|message|>Nothing to run.<|end|><|start|>assistant"
+                  "<|channel|>final<|message|>Done here.<|return|>")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_harmony_channels_through_both_sdks(scripted, renderer, tiny_model_dir, tmp_path,
+                                                  stream):
+    """gpt-oss's layout: the analysis channel is reasoning, a message to functions.NAME a
+    tool call, the final channel the answer; the markers are decoded and never leak."""
+    model_dir = thinking_model_dir(tiny_model_dir, tmp_path / "harmony", HARMONY)
+    app, runner, url = await start_gateway([scripted.url], model_dir, tmp_path / "store",
+                                           tool_parser="auto")
+    try:
+        assert app[RUNNER_KEY].tool_parser == "harmony"
+        async with aiohttp.ClientSession() as http:
+            session = await Gateway(url, app, tmp_path / "store", http).open_session()
+        chat = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        messages = anthropic.AsyncAnthropic(base_url=session["base_url"].removesuffix("/v1"),
+                                            api_key=session["api_key"])
+        script(scripted, renderer, HARMONY_CALL)
+        if stream:
+            async with chat.chat.completions.stream(model="m", messages=ASK,
+                                                    tools=OPENAI_TOOLS) as events:
+                async for _ in events:
+                    pass
+                reply = await events.get_final_completion()
+        else:
+            reply = await chat.chat.completions.create(model="m", messages=ASK,
+                                                       tools=OPENAI_TOOLS)
+        message = reply.choices[0].message
+        assert message.model_extra["reasoning_content"] == "I should list the files."
+        assert [(c.function.name, json.loads(c.function.arguments))
+                for c in message.tool_calls] == [("bash", ARGUMENTS)]
+        assert not message.content
+        script(scripted, renderer, HARMONY_ANSWER)
+        answer = await messages.messages.create(model="m", max_tokens=64, messages=ASK)
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
+                for b in answer.content] == [("thinking", "Nothing to run."),
+                                             ("text", "Done here.")]
+        await chat.close()
+        await messages.close()
+    finally:
+        await runner.cleanup()

@@ -102,6 +102,8 @@ def test_harmony_final_answer_streams_and_analysis_is_reasoning():
     text = ("<|channel|>analysis<|message|>Think ä.<|end|><|start|>assistant<|channel|>final"
             "<|message|>The answer.<|return|>")
     check_every_split("harmony", text, ("The answer.", "Think ä.", [], 0))
+    # A special token after the last message (end of text) is no content.
+    check_every_split("harmony", text + "<|endoftext|>", ("The answer.", "Think ä.", [], 0))
     parser = create_parser("harmony")
     streamed = parser.feed("<|channel|>final<|message|>The ans")
     assert streamed == [Content("The ans")]  # streamed before the message ends

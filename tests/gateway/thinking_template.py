@@ -7,6 +7,9 @@ as Qwen3-Coder-style thinking templates do in what the reasoning tests need:
 - `reasoning_effort`, when given, is written into a system line (as gpt-oss's is);
 - tool calls are written in Qwen3-Coder's XML (`<function=...><parameter=...>`), so
   `--tool-parser auto` picks `qwen3_coder`.
+
+`HARMONY` is a small template in gpt-oss's harmony layout (messages on channels, the
+generation prompt ending with `<|start|>assistant`), so `auto` picks `harmony`.
 """
 
 from __future__ import annotations
@@ -58,12 +61,34 @@ TEMPLATE = """
 {%- endif -%}
 """
 
+HARMONY = """
+{%- for message in messages -%}
+    {%- if message.role == 'assistant' and message.reasoning_content is string -%}
+        {{- '<|start|>assistant<|channel|>analysis<|message|>' ~ message.reasoning_content
+            ~ '<|end|>' -}}
+    {%- endif -%}
+    {%- if message.role == 'assistant' and message.tool_calls -%}
+        {%- for tool_call in message.tool_calls -%}
+            {{- '<|start|>assistant<|channel|>commentary to=functions.' ~ tool_call.function.name
+                ~ ' <|constrain|>json<|message|>' ~ tool_call.function.arguments ~ '<|call|>' -}}
+        {%- endfor -%}
+    {%- elif message.role == 'assistant' -%}
+        {{- '<|start|>assistant<|channel|>final<|message|>' ~ message.content ~ '<|end|>' -}}
+    {%- else -%}
+        {{- '<|start|>' ~ message.role ~ '<|message|>' ~ message.content ~ '<|end|>' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|start|>assistant' -}}
+{%- endif -%}
+"""
 
-def thinking_model_dir(tiny_model_dir: Path, out: Path) -> Path:
-    """A copy of the tiny model directory with `TEMPLATE` as its chat template."""
+
+def thinking_model_dir(tiny_model_dir: Path, out: Path, template: str = TEMPLATE) -> Path:
+    """A copy of the tiny model directory with `template` as its chat template."""
     shutil.copytree(tiny_model_dir, out)
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["chat_template"] = TEMPLATE.strip()
+    config["chat_template"] = template.strip()
     config_path.write_text(json.dumps(config), encoding="utf-8")
     return out

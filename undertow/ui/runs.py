@@ -7,6 +7,7 @@ A run directory (`undertow train`'s `run.run_dir`) may hold:
     checkpoints/step-NNNNNN/  config.yaml (the resolved run config), state.json, model/
     store/GROUP.jsonl         the gateway's tree store (`gateway/store.py`)
     rollouts/GROUP/summary.json, sessions/   the rollout runner's records
+    pool_timeline.jsonl       a pool run's cells: their roles at each decision
 
 Any of them may be missing or half-written (a run that crashed, or is still going):
 `RunFolder.problems` lists what is not there in words, and every reader returns what
@@ -34,6 +35,8 @@ CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
 GROUP_NAME = re.compile(r"^g(\d{6})-r(\d+)$")
 RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
+# Written by a pool run (`learner/pool/live.py`): every decision and step with the cells' roles.
+POOL_TIMELINE_FILE = "pool_timeline.jsonl"
 
 
 class NotFoundError(LookupError):
@@ -95,6 +98,13 @@ class RunFolder:
             if record.get("step_s") and record.get("num_trained_tokens") is not None:
                 record["tokens_per_s"] = record["num_trained_tokens"] / record["step_s"]
         return records, torn
+
+    def cell_timeline(self) -> list[dict[str, Any]]:
+        """A pool run's events that carry the cells' roles (`t_s`, `event`, `cells`,
+        `step`), in order; empty for a run without a pool."""
+        records, _ = read_jsonl(self.path / POOL_TIMELINE_FILE)
+        return [{k: r.get(k) for k in ("t_s", "event", "step", "cells")}
+                for r in records if isinstance(r.get("cells"), dict)]
 
     def groups(self) -> list[str]:
         if not self.store_dir.is_dir():

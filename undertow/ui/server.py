@@ -5,7 +5,8 @@ Routes (all GET):
 - `/` and `/static/NAME`: the page (`static/index.html`, `app.js`, `style.css`);
 - `/api/info`: what this server shows (runs folder, store, whether live is on);
 - `/api/runs`: every run with its status, number of steps and problems;
-- `/api/runs/{run}`: its config, metrics, groups and problems;
+- `/api/runs/{run}`: its config, metrics, groups, a pool run's cell roles over time, and
+  problems;
 - `/api/runs/{run}/steps/{step}`: `views.step_view`;
 - `/api/runs/{run}/groups/{group}/tree`: `views.tree_view`;
 - `/api/runs/{run}/groups/{group}/sessions/{session}?offset=&limit=`: `views.session_view`;
@@ -101,7 +102,7 @@ class Viewer:
             run = self.catalog.run(request.match_info["run"])
             records, _ = run.metrics()
             return {**run.summary(), "config": run.config(), "metrics": records,
-                    "groups": run.groups()}
+                    "groups": run.groups(), "cell_timeline": run.cell_timeline()}
         return _json(await asyncio.to_thread(read))
 
     async def step(self, request: web.Request) -> web.Response:

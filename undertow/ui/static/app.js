@@ -174,6 +174,50 @@ function paged(items, perPage, render, label) {
   return box;
 }
 
+const ROLE_COLOURS = { rollout: "#93c5fd", training: "#fca5a5", switching: "#fde68a" };
+
+function cellTimeline(events) {
+  // One row per cell; each segment is the cell's role from one recorded event to the next.
+  if (!events.length) return null;
+  const cells = Object.keys(events[0].cells).sort((a, b) => Number(a) - Number(b));
+  const t0 = events[0].t_s, t1 = Math.max(events[events.length - 1].t_s, t0 + 1);
+  const W = 900, L = 60, ROW = 22, H = cells.length * ROW + 30;
+  const sx = t => L + (t - t0) / (t1 - t0) * (W - L - 10);
+  const box = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-testid": "cells" });
+  cells.forEach((cell, row) => {
+    const label = svg("text", { x: 4, y: row * ROW + 15, "font-size": 11 });
+    label.textContent = `cell ${cell}`;
+    box.append(label);
+    events.forEach((event, i) => {
+      const end = i + 1 < events.length ? events[i + 1].t_s : t1;
+      const role = event.cells[cell] || "?";
+      const rect = svg("rect", { x: sx(event.t_s), y: row * ROW + 3, height: ROW - 6,
+        width: Math.max(0.5, sx(end) - sx(event.t_s)), fill: ROLE_COLOURS[role] || "#d1d5db",
+        "data-role": role });
+      const tip = svg("title");
+      tip.textContent = `cell ${cell}: ${role} from ${event.t_s}s (${event.event})`;
+      rect.append(tip);
+      box.append(rect);
+    });
+  });
+  for (const event of events.filter(e => e.event === "published")) {
+    box.append(svg("line", { x1: sx(event.t_s), x2: sx(event.t_s), y1: 0, y2: H - 24,
+      stroke: "#111827", "stroke-dasharray": "3 2" }));
+    const label = svg("text", { x: sx(event.t_s) + 2, y: H - 12, "font-size": 10 });
+    label.textContent = `v${event.step}`;
+    box.append(label);
+  }
+  const axis = svg("text", { x: W - 10, y: H - 2, "text-anchor": "end", "font-size": 10,
+    fill: "#6b7280" });
+  axis.textContent = `${(t1 - t0).toFixed(1)} s`;
+  box.append(axis);
+  const roles = [...new Set(events.flatMap(e => Object.values(e.cells)))];
+  return [h("h2", {}, "Cells over time"), h("div", { class: "legend" }, roles.map(role =>
+    h("span", {}, h("span", { class: "swatch", style: `background:${ROLE_COLOURS[role] || "#d1d5db"}` }),
+      role)), h("span", {}, "dashed: a weight version published")),
+    h("div", { class: "tree-wrap" }, box)];
+}
+
 async function runPage(name) {
   crumbs(["runs", "#/"], [name]);
   const run = await getJSON(`/api/runs/${enc(name)}`);
@@ -186,7 +230,7 @@ async function runPage(name) {
   const groupList = slice => h("ul", { "data-testid": "groups" }, slice.map(g => h("li", {},
     h("a", { href: `#/run/${enc(name)}/tree/${enc(g)}` }, g))));
   show(h("h1", {}, `Run ${name}`), h("p", { class: "muted" }, `${run.path} · ${run.status}`),
-       problems(run.problems), ...chartGrid([run]),
+       problems(run.problems), ...chartGrid([run]), cellTimeline(run.cell_timeline),
        h("h2", {}, `Steps (${run.metrics.length})`),
        run.metrics.length ? paged(run.metrics, STEPS_PER_PAGE, stepTable, "steps")
          : h("p", { class: "muted" }, "no step recorded"),

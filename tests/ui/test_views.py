@@ -1,0 +1,133 @@
+"""What the viewer's pages are made of (`undertow/ui/runs.py`, `views.py`), without a
+browser: a store written by the gateway's own `TreeStore` from `Tree.add_call` records,
+with a history rewrite and a retry branch, and run folders with parts missing."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from undertow.gateway.store import TreeStore
+from undertow.gateway.tree import Tree
+from undertow.ui import views
+from undertow.ui.runs import Catalog, NotFoundError, RunFolder
+
+GROUP = "g000000-r0"
+
+
+async def _write(store_dir: Path, tree: Tree, records: list, closes: dict) -> None:
+    store = TreeStore(store_dir)
+    await store.start()
+    for record in records:
+        await store.append(tree.group_id, record.to_json())
+    for session, (reward, meta) in closes.items():
+        await store.append(tree.group_id, {"kind": "session_close", "session_id": session,
+                                           "reward": reward, "meta": meta})
+    await store.close()
+
+
+@pytest.fixture
+def run(tmp_path) -> RunFolder:
+    """Session `a`: three calls, the third rewriting the history (drops the second reply)
+    and marked `rewrite` by the gateway's branch label; session `b`: one call, a retry."""
+    tree = Tree(GROUP)
+    records = [
+        tree.add_call("a0", "a", [1, 2, 3], [10, 11], [-0.1, -0.2], [0, 0]),
+        tree.add_call("a1", "a", [1, 2, 3, 10, 11, 4], [12, 13], [-0.3, -0.4], [0, 1]),
+        tree.add_call("a2", "a", [1, 2, 3, 10, 11, 5], [14], [-0.5], [1], branch="rewrite"),
+        tree.add_call("b0", "b", [1, 2, 3], [20, 21, 22], [-1.0, -2.0, -3.0], [1, 1, 1],
+                      branch="retry"),
+    ]
+    closes = {"a": (1.0, {"cause": "exited", "duration_s": 12.5, "tests": {"t1": "PASSED"},
+                          "details": {"diff": "+fixed\n-broken"}}),
+              "b": (0.0, {"cause": "timeout", "duration_s": 30.0})}
+    asyncio.run(_write(tmp_path / "run" / "store", tree, records, closes))
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5,
+                                                                "step_s": 2.0,
+                                                                "num_trained_tokens": 8}) + "\n")
+    return RunFolder("run", tmp_path / "run")
+
+
+def test_session_view_gives_each_calls_new_tokens_and_reply(run):
+    view = views.session_view(run, GROUP, "a")
+    assert view["num_calls"] == 3 and view["reward"] == 1.0
+    assert view["outcome"]["tests"] == {"t1": "PASSED"} and view["diff"] == "+fixed\n-broken"
+    first, second, third = view["calls"]
+    assert (first["num_prompt_tokens"], first["num_new_prompt_tokens"]) == (3, 3)
+    assert second["num_new_prompt_tokens"] == 1   # token 4, after the first call's reply
+    assert third["num_new_prompt_tokens"] == 1    # token 5: the rewrite dropped reply 12 13
+    assert second["reply"]["token_ids"] == [12, 13]
+    assert second["reply"]["logprobs"] == [-0.3, -0.4]
+    assert second["reply"]["weight_versions"] == [0, 1]
+    assert second["labels"] == ["weights changed mid-reply: v0 → v1"]
+    assert third["labels"] == ["rewrite"] and first["labels"] == []
+    assert second["prompt_text"] == "<4>"   # no tokenizer in this run: IDs stand in
+    assert not view["decoded"]
+
+
+def test_session_pages(run):
+    page = views.session_view(run, GROUP, "a", offset=2, limit=10)
+    assert [c["index"] for c in page["calls"]] == [2]
+    assert page["calls"][0]["reply"]["token_ids"] == [14]
+
+
+def test_step_view_lists_sessions_with_advantages(run):
+    step = views.step_view(run, 1)
+    assert step["groups_source"] == "inferred"   # no steps.jsonl: launch order
+    (group,) = step["groups"]
+    rows = {row["session"]: row for row in group["sessions"]}
+    assert rows["a"]["advantage"] == pytest.approx(1.0, abs=1e-4)
+    assert rows["b"]["advantage"] == pytest.approx(-1.0, abs=1e-4)
+    assert rows["b"]["cause"] == "timeout" and rows["a"]["duration_s"] == 12.5
+    assert rows["a"]["num_calls"] == 3 and rows["a"]["num_completion_tokens"] == 5
+    assert step["metrics"]["tokens_per_s"] == 4.0
+
+
+def test_step_view_prefers_recorded_groups(run):
+    (run.path / "steps.jsonl").write_text(
+        json.dumps({"step": 1, "group_ids": ["g000009-r0"]}) + "\n"
+        + json.dumps({"step": 1, "group_ids": [GROUP]}) + "\n")   # the step after a resume
+    step = views.step_view(run, 1)
+    assert step["groups_source"] == "recorded" and [g["group"] for g in step["groups"]] == [GROUP]
+
+
+def test_tree_view_has_every_node_with_its_owner_and_sessions(run):
+    tree = run.tree(GROUP)
+    view = views.tree_view(run, GROUP)
+    assert len(view["nodes"]) == len(tree.nodes) - 1
+    shared = [n for n in view["nodes"] if n["sampled_by"] is None and len(n["sessions"]) == 2]
+    assert [n["num_tokens"] for n in shared] == [3]   # the prompt both sessions share
+    owners = {n["sampled_by"] for n in view["nodes"] if n["sampled_by"]}
+    assert owners == {"a", "b"}
+
+
+def test_unknown_names_are_not_found(run):
+    with pytest.raises(NotFoundError, match="no session 'zz'"):
+        views.session_view(run, GROUP, "zz")
+    with pytest.raises(NotFoundError, match="no group"):
+        run.tree("g999999-r0")
+    with pytest.raises(NotFoundError, match="no step 7"):
+        views.step_view(run, 7)
+
+
+def test_half_written_and_missing_runs_say_what_is_missing(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "torn").mkdir(parents=True)
+    (runs / "torn" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')
+    (runs / "not-a-run").mkdir()
+    catalog = Catalog(runs)
+    assert sorted(catalog.runs) == ["torn"]
+    summary = catalog.run("torn").summary()
+    assert summary["num_steps"] == 1
+    problems = " | ".join(summary["problems"])
+    assert "cut off" in problems and "no checkpoint" in problems and "no tree store" in problems
+    assert Catalog(tmp_path / "nowhere").problems() == [f"{tmp_path / 'nowhere'} does not exist"]
+    assert "holds no run" in Catalog(runs / "not-a-run").problems()[0]
+
+
+def test_a_store_alone_is_shown_as_a_run(run, tmp_path):
+    catalog = Catalog(tmp_path / "empty-runs", store_dir=run.store_dir)
+    store = catalog.run("store")
+    assert store.groups() == [GROUP] and store.status(0) == "store"
+    assert store.problems() == []

@@ -77,10 +77,11 @@ def _import_everything(tmp_path: Path) -> None:
         assert len(load_tasks(tmp_path / name)) == KEPT[name], name
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_import_rollout_export_and_the_official_verdict(tiny_model_dir, tmp_path, capsys):
-    _import_everything(tmp_path / "datasets")
+@pytest.fixture(scope="module")
+def imported_set(tmp_path_factory):
+    """The SWE-rebench-shaped set of two bundled tasks, imported, its images built here, and
+    the command scaffold's command line that applies the gold patch to GOLD only."""
+    tmp_path = tmp_path_factory.mktemp("roundtrip")
     bundled = {task.instance_id: task for task in load_tasks(BUNDLED_DIR)}
     rows = tmp_path / "rebench.jsonl"
     rows.write_text("".join(json.dumps(_rebench_row(bundled[i])) + "\n" for i in (GOLD, EMPTY)))
@@ -90,13 +91,21 @@ def test_import_rollout_export_and_the_official_verdict(tiny_model_dir, tmp_path
     imported = load_tasks(task_set)
     assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2
     _build_images(imported)
-
     patches = tmp_path / "patches"
     patches.mkdir()
     (patches / f"{GOLD}.diff").write_text(bundled[GOLD].patch)
     command = (f"if [ -f {patches}/{{instance_id}}.diff ]; then "
                f"docker exec -i -u 1000 {{container}} "
                f"git -C {{repo_dir}} apply - < {patches}/{{instance_id}}.diff; fi")
+    return task_set, imported, command
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model_dir, tmp_path,
+                                                        capsys):
+    _import_everything(tmp_path / "datasets")
+    task_set, imported, command = imported_set
     out = tmp_path / "runs"
     capsys.readouterr()
     assert main(["rollout", "--tasks", str(task_set), "--scaffold", "command", "-o",
@@ -126,3 +135,19 @@ def test_import_rollout_export_and_the_official_verdict(tiny_model_dir, tmp_path
         for kind in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             passed = {t for t, status in session["tests"].items() if status == "passed"}
             assert set(report["tests"][kind]["success"]) == passed & set(getattr(task, kind))
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_eval_runs_the_scaffold_and_scores_pass_at_k(imported_set, tiny_model_dir, tmp_path,
+                                                     capsys):
+    task_set, _, command = imported_set
+    capsys.readouterr()
+    assert main(["eval", "--tasks", str(task_set), "--scaffold", "command", "-o",
+                 f"command={command}", "--model", str(tiny_model_dir), "-k", "2",
+                 "--concurrency", "2", "--out", str(tmp_path / "eval")]) == 0
+    out = capsys.readouterr().out
+    assert f"| {GOLD} | 2 | 2 | 1.000 |" in out and f"| {EMPTY} | 2 | 0 | 0.000 |" in out
+    assert "| **all (2 tasks)** | | | 0.500 |" in out
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert report["results"][0]["pass_at_k"] == 0.5

@@ -131,3 +131,16 @@ def test_a_store_alone_is_shown_as_a_run(run, tmp_path):
     store = catalog.run("store")
     assert store.groups() == [GROUP] and store.status(0) == "store"
     assert store.problems() == []
+
+
+def test_scaffold_messages_come_from_its_trajectory_file(run):
+    folder = run.path / "rollouts" / GROUP / "sessions" / "a"
+    folder.mkdir(parents=True)
+    (folder / "trajectory.json").write_text(json.dumps({"info": {}, "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": [{"type": "text", "text": "Fix it."}]}]}))
+    view = views.session_view(run, GROUP, "a")
+    assert view["scaffold_messages"] == [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Fix it."}]
+    assert views.session_view(run, GROUP, "b")["scaffold_messages"] == []

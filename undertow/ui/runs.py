@@ -6,7 +6,8 @@ A run directory (`undertow train`'s `run.run_dir`) may hold:
     steps.jsonl               the groups each step took (`learner/trackers.py`)
     checkpoints/step-NNNNNN/  config.yaml (the resolved run config), state.json, model/
     store/GROUP.jsonl         the gateway's tree store (`gateway/store.py`)
-    rollouts/GROUP/summary.json, sessions/   the rollout runner's records
+    rollouts/GROUP/summary.json, sessions/SESSION/trajectory.json   the rollout runner's
+                              records, and the scaffold's own (mini-swe-agent's messages)
     pool_timeline.jsonl       a pool run's cells: their roles at each decision
 
 Any of them may be missing or half-written (a run that crashed, or is still going):
@@ -147,6 +148,17 @@ class RunFolder:
                     latest[index] = (resume, group)
         return [latest[i][1] for i in sorted(latest) if i // per_step + 1 == step]
 
+    def scaffold_messages(self, group: str, session_id: str) -> list[dict[str, Any]]:
+        """The messages the scaffold kept, when its rollout saved a trajectory
+        (`rollouts/GROUP/sessions/SESSION/trajectory.json`, mini-swe-agent's), else []."""
+        path = self.path / "rollouts" / group / "sessions" / session_id / "trajectory.json"
+        try:
+            messages = json.loads(path.read_text()).get("messages") or []
+        except (OSError, ValueError, AttributeError):
+            return []
+        return [{"role": str(m.get("role", "")), "content": _text(m.get("content"))}
+                for m in messages if isinstance(m, dict)]
+
     def tokenizer_dir(self) -> Path | None:
         """A model directory holding the run's tokenizer: a checkpoint's, the base."""
         candidates = [c / "model" for c in reversed(self.checkpoints())]
@@ -228,6 +240,15 @@ class Catalog:
             return [f"{self.runs_dir} holds no run (a folder with {METRICS_FILE}, "
                     "checkpoints/ or store/)"]
         return []
+
+
+def _text(content: Any, max_chars: int = 20_000) -> str:
+    """A message's content as text (OpenAI content parts joined), cut at `max_chars`."""
+    if isinstance(content, list):
+        content = "\n".join(str(part.get("text", part)) if isinstance(part, dict) else str(part)
+                            for part in content)
+    text = "" if content is None else str(content)
+    return text if len(text) <= max_chars else text[:max_chars] + f" … ({len(text)} chars)"
 
 
 def _is_run(path: Path) -> bool:

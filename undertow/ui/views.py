@@ -111,6 +111,7 @@ def session_view(run: RunFolder, group: str, session_id: str, offset: int = 0,
             "outcome": {k: paths.meta[k] for k in OUTCOME_KEYS if k in paths.meta},
             "diff": details.get("diff", "") if isinstance(details, dict) else "",
             "num_calls": len(calls), "offset": offset, "limit": limit, "calls": page,
+            "scaffold_messages": run.scaffold_messages(group, session_id) if offset == 0 else [],
             "decoded": decoder.tokenizer is not None}
 
 

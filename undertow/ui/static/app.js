@@ -353,6 +353,11 @@ async function sessionPage(name, group, session, offset) {
          : h("p", { class: "muted" }, "no test verdicts recorded"),
        h("h2", {}, "Final diff"), data.diff ? diffNode(data.diff)
          : h("p", { class: "muted" }, "no diff recorded"),
+       data.scaffold_messages.length ? [h("h2", {}, "Messages as the scaffold kept them"),
+         h("details", {}, h("summary", {}, `${data.scaffold_messages.length} messages ` +
+           "(the scaffold's trajectory file)"), h("div", { "data-testid": "scaffold-messages" },
+           data.scaffold_messages.map(m => h("div", { class: "call" }, h("strong", {}, m.role),
+             promptNode(m.content)))))] : null,
        h("h2", {}, "Calls"), pager, h("div", { "data-testid": "calls" }, data.calls.map(callNode)));
 }
 

@@ -65,6 +65,27 @@ class _CachedTree:
     tree: Tree
 
 
+class Decoder:
+    """Token IDs to text with the run's tokenizer (`tokenizer.json`), or to `<ID>`."""
+
+    def __init__(self, model_dir: Path | None):
+        self.tokenizer = None
+        if model_dir is not None:
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+    def text(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(f"<{t}>" for t in token_ids)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def pieces(self, token_ids: list[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"<{t}>" for t in token_ids]
+        return self.tokenizer.decode_batch([[t] for t in token_ids], skip_special_tokens=False)
+
+
 class RunFolder:
     """One run directory (or, with `store_only`, a bare tree store)."""
 
@@ -73,6 +94,7 @@ class RunFolder:
         self.store_dir = Path(store_dir) if store_dir else self.path / "store"
         self.store_only = store_dir is not None and not (self.path / METRICS_FILE).exists()
         self._trees: dict[str, _CachedTree] = {}
+        self._decoder: tuple[Path | None, Decoder] | None = None
 
     def checkpoints(self) -> list[Path]:
         folder = self.path / "checkpoints"
@@ -158,6 +180,13 @@ class RunFolder:
             return []
         return [{"role": str(m.get("role", "")), "content": _text(m.get("content"))}
                 for m in messages if isinstance(m, dict)]
+
+    def decoder(self) -> Decoder:
+        """The run's `Decoder`, loaded once per tokenizer directory."""
+        model_dir = self.tokenizer_dir()
+        if self._decoder is None or self._decoder[0] != model_dir:
+            self._decoder = (model_dir, Decoder(model_dir))
+        return self._decoder[1]
 
     def tokenizer_dir(self) -> Path | None:
         """A model directory holding the run's tokenizer: a checkpoint's, the base."""

@@ -17,38 +17,16 @@ found by comparing node IDs, not tokens: a page costs its own calls' new tokens.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from undertow.gateway.tree import Call, Tree
 from undertow.learner.advantages import AdvantageConfig, group_advantages
-from undertow.ui.runs import NotFoundError, RunFolder
+from undertow.ui.runs import Decoder, NotFoundError, RunFolder
 
 CALLS_PER_PAGE = 10
 PREVIEW_CHARS = 48
 OUTCOME_KEYS = ("cause", "reward_source", "resolved", "grade_reason", "duration_s", "error",
                 "exit_code", "tests", "partial_credit", "instance_id")
-
-
-class Decoder:
-    """Token IDs to text with the run's tokenizer (`tokenizer.json`), or to `<ID>`."""
-
-    def __init__(self, model_dir: Path | None):
-        self.tokenizer = None
-        if model_dir is not None:
-            from tokenizers import Tokenizer
-
-            self.tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-
-    def text(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return " ".join(f"<{t}>" for t in token_ids)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
-
-    def pieces(self, token_ids: list[int]) -> list[str]:
-        if self.tokenizer is None:
-            return [f"<{t}>" for t in token_ids]
-        return self.tokenizer.decode_batch([[t] for t in token_ids], skip_special_tokens=False)
 
 
 def advantage_config(config: dict[str, Any]) -> AdvantageConfig:
@@ -98,7 +76,7 @@ def session_view(run: RunFolder, group: str, session_id: str, offset: int = 0,
     tree = run.tree(group)
     if session_id not in tree.sessions:
         raise NotFoundError(f"group {group} has no session {session_id!r}")
-    decoder = Decoder(run.tokenizer_dir())
+    decoder = run.decoder()
     calls = [c for c in tree.calls if c.session_id == session_id]
     page = []
     for index in range(offset, min(offset + limit, len(calls))):
@@ -142,7 +120,7 @@ def call_view(tree: Tree, call: Call, previous: Call | None, index: int,
 
 def tree_view(run: RunFolder, group: str) -> dict[str, Any]:
     tree = run.tree(group)
-    decoder = Decoder(run.tokenizer_dir())
+    decoder = run.decoder()
     through: dict[int, list[str]] = {}
     for session_id, paths in sorted(tree.sessions.items()):
         for node_id in {n for leaf in paths.leaves for n in tree.path(leaf)}:

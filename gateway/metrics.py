@@ -224,6 +224,7 @@ class GatewayMetrics:
     time_to_first_token_s: Histogram
     call_duration_s: Histogram
     open_sessions: Gauge
+    closed_sessions: Counter
     token_truth: Counter
     branches: Counter
     resumes: Counter
@@ -248,6 +249,10 @@ class GatewayMetrics:
             call_duration_s=r.histogram("undertow_call_duration_seconds",
                                         "Time from request to last byte of the reply.", ("api",)),
             open_sessions=r.gauge("undertow_open_sessions", "Sessions open at the gateway."),
+            closed_sessions=r.counter(
+                "undertow_sessions_closed_total", "Sessions closed, by the cause in their close "
+                "meta; infra_failure=true: Undertow failed them (never trained, re-run).",
+                ("cause", "infra_failure")),
             token_truth=r.counter("undertow_token_truth_total",
                                   "Prompts built by token truth (hit) or rendered in full.",
                                   ("outcome",)),

@@ -91,6 +91,9 @@ class _SessionHandlers:
         session.meta.update(meta)
         await self.pool.close_session(session.session_id)
         self.metrics.open_sessions.set(self.sessions.num_open)
+        self.metrics.closed_sessions.inc(
+            cause=str(meta.get("cause", "unknown"))[:64],
+            infra_failure="true" if meta.get("infra_failure") else "false")
         return web.json_response(session.summary())
 
     async def session_tree(self, request: web.Request) -> web.Response:

@@ -111,6 +111,10 @@ async def test_failed_sessions_are_rerun_closed_as_failures_and_never_trained(
     assert set(advantages) == set(valid_sessions(tree))
     step = pack_step([tree], {("g-faults", s): a for s, a in advantages.items()}, 4096)
     assert {key[1] for key in step.session_keys} == set(valid_sessions(tree))
+    async with ClientSession() as http, http.get(scripted_gateway.url + "/metrics") as reply:
+        metrics = await reply.text()
+    assert 'undertow_sessions_closed_total{cause="error:reward",infra_failure="true"} 1' \
+        in metrics
 
 
 async def test_a_slot_stops_after_max_attempts(scripted_gateway, tmp_path):

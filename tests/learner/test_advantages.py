@@ -5,7 +5,14 @@ import math
 import pytest
 
 from undertow.gateway.tree import Tree
-from undertow.learner.advantages import AdvantageConfig, group_advantages, session_rewards
+from undertow.learner.advantages import (
+    AdvantageConfig,
+    group_advantages,
+    infra_failures,
+    is_uniform,
+    session_rewards,
+    valid_sessions,
+)
 
 
 def _group(rewards: dict[str, float], prompts: dict[str, list[int]] | None = None,
@@ -73,3 +80,30 @@ def test_bad_settings_are_rejected():
         AdvantageConfig(scale="rank")
     with pytest.raises(ValueError, match="timeout_reward"):
         AdvantageConfig(timeout_reward="zero")
+
+
+def test_sessions_undertow_failed_have_no_advantage_and_do_not_move_the_mean():
+    tree = _group({"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0})
+    tree.close_session("c", 0.0, {"cause": "error:grade", "infra_failure": True})
+    tree.close_session("d", 0.0, {"cause": "error:sandbox"})   # older metas: by cause
+    tree.close_session("e", 0.0, {"cause": "interrupted"})
+    assert valid_sessions(tree) == {"a": 1.0, "b": 0.0}
+    assert infra_failures(tree) == {"error:grade": 1, "error:sandbox": 1, "interrupted": 1}
+    # Mean 0.5 over a and b only: with the failures counted as 0 it would be 0.2.
+    assert group_advantages(tree, AdvantageConfig(scale="none")) == pytest.approx(
+        {"a": 0.5, "b": -0.5})
+
+
+def test_scaffold_outcomes_stay_in_the_group():
+    tree = _group({"a": 1.0, "b": 0.0, "c": 0.0})
+    tree.close_session("b", 0.0, {"cause": "crashed", "infra_failure": False})
+    tree.close_session("c", 0.0, {"cause": "output_flood"})
+    assert set(group_advantages(tree, AdvantageConfig())) == {"a", "b", "c"}
+    assert infra_failures(tree) == {}
+
+
+def test_uniform_groups_and_the_filter_config():
+    assert is_uniform({"a": 1.0, "b": 1.0}) and not is_uniform({"a": 1.0, "b": 0.0})
+    assert AdvantageConfig(filter_uniform_groups=True, max_extra_groups=0).max_extra_groups == 0
+    with pytest.raises(ValueError, match="max_extra_groups"):
+        AdvantageConfig(max_extra_groups=-1)

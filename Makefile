@@ -86,8 +86,10 @@ docker-daemon: setup
 doctor: setup
 	$(PY) -m undertow.cli doctor
 
-# The default run on this machine: built-in engine (tiny model), gateway, Docker
-# sandboxes, mini-swe-agent on the bundled tasks, and the learner (`undertow train`).
+# The default run on this machine (`undertow/configs/learn.yaml`): built-in engine (tiny
+# model, warm-started), gateway, chat sessions on a task whose reward it learns in minutes,
+# and the learner (`undertow train`). The SWE run (mini-swe-agent on the bundled tasks in
+# Docker sandboxes): `undertow train -c undertow/configs/swe.yaml`.
 run: setup docker-daemon
 	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train

@@ -196,7 +196,7 @@ async def test_each_api_sends_the_forced_call_schema(gateway, scripted, renderer
 
 
 async def test_output_formats_and_one_call_at_most(gateway, scripted, renderer, scripted_client):
-    openai_client, _ = scripted_client
+    openai_client, anthropic_client = scripted_client
     scripted.scripts.append(renderer.encode('{"verdict": "pass", "score": 3}') + [2])
     reply = await openai_client.chat.completions.create(
         model="m", messages=MESSAGES,
@@ -207,6 +207,11 @@ async def test_output_formats_and_one_call_at_most(gateway, scripted, renderer, 
     await openai_client.responses.create(model="m", input="hi",
                                          text={"format": {"type": "json_object"}})
     assert json.loads(sent_params(gateway, scripted)["json_schema"]) == {"type": "object"}
+
+    await anthropic_client.messages.create(
+        model="m", max_tokens=32, messages=MESSAGES,
+        extra_body={"output_format": {"type": "json_schema", "schema": ANSWER}})
+    assert json.loads(sent_params(gateway, scripted)["json_schema"]) == ANSWER
 
     await openai_client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS,
                                                 parallel_tool_calls=False)

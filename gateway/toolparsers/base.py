@@ -93,6 +93,8 @@ def convert_value(text: str, schema: dict | None) -> Any:
         kind = next((k for k in kind if k != "null"), None)
     if kind == "string":
         return text
+    if kind == "boolean" and text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"  # models also write Python's True/False
     try:
         value = json.loads(text)
     except json.JSONDecodeError:

@@ -162,6 +162,18 @@ def test_unterminated_call_at_stop_is_parsed():
         "", "", [ToolCall("bash", {})], 0)
 
 
+def test_xml_values_follow_the_schema():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "flag": {"type": "boolean"}, "n": {"type": ["integer", "null"]},
+        "name": {"type": "string"}, "extra": {}}}}}]
+    block = ("<tool_call>\n<function=f>\n<parameter=flag>\nTrue\n</parameter>\n"
+             "<parameter=n>\n12\n</parameter>\n<parameter=name>\ntrue\n</parameter>\n"
+             "<parameter=extra>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>")
+    parser = create_parser("qwen3_coder", tools=tools)
+    events = parser.feed(block) + parser.finish()
+    assert events == [ToolCall("f", {"flag": True, "n": 12, "name": "true", "extra": {"a": 1}})]
+
+
 def test_qwen3_coder_keeps_a_string_that_looks_like_a_number():
     text = ("<tool_call>\n<function=bash>\n<parameter=cmd>\n007\n</parameter>\n</function>\n"
             "</tool_call>")

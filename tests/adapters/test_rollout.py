@@ -7,6 +7,7 @@ containers.
 """
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -143,3 +144,34 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
     assert all(s["closed"] and s["meta"]["cause"] == "interrupted" for s in sessions), (
         [(s["meta"].get("cause"), s["meta"].get("error")) for s in sessions], output.decode())
     assert run_containers(sessions[0]["meta"]["run"]) == []
+
+
+@pytest.mark.docker
+async def test_failures_of_undertow_are_rerun_closed_as_such_and_counted(
+        scripted_gateway, bundled_tasks, connection, tmp_path):
+    """A task whose image cannot be had and one whose grading crashes (its test patch no
+    longer applies): every attempt fails for real, each slot is re-run as a new session of
+    its group up to max_attempts, and each failed session is closed marked as Undertow's."""
+    first, second = sorted(bundled_tasks)[:2]
+    no_image = dataclasses.replace(bundled_tasks[first],
+                                   image="undertow/no-such-image:missing")
+    bad_grader = dataclasses.replace(bundled_tasks[second],
+                                     test_patch="--- a/nowhere\n+++ b/nowhere\n@@ garbage\n")
+    config = RolloutConfig(group_size=1, concurrency=2, timeout_s=60, out_dir=tmp_path,
+                           progress_interval_s=0, max_attempts=2)
+    rollout = Rollout([no_image, bad_grader], CommandScaffold("true"), scripted_gateway.admin,
+                      connection, config)
+    summary = await rollout.run()
+
+    assert sorted((r.instance_id, r.attempt, r.cause) for r in summary.sessions) == [
+        (first, 0, "error:image"), (first, 1, "error:image"),
+        (second, 0, "error:grade"), (second, 1, "error:grade")]
+    assert summary.infra_failures() == {"error:image": 2, "error:grade": 2}
+    assert summary.num_reruns == 2 and summary.outcomes == []
+    assert len({r.session_id for r in summary.sessions}) == 4
+    for result in summary.sessions:
+        session = await scripted_gateway.admin.session(result.session_id)
+        assert session["closed"] and session["meta"]["infra_failure"] is True
+        assert session["group"] == rollout.group_name(
+            no_image if result.instance_id == first else bad_grader)
+    assert run_containers(rollout.run_id) == []

@@ -2,10 +2,12 @@
 
 1. `undertow tasks import` of fixture rows of every dataset (the counts each must keep);
 2. rows of two bundled tasks in SWE-rebench's shape (its per-row install_config names
-   swebench's `parse_log_pytest`), imported; their images built here from the bundled
-   sources and tagged with the names the import gave them;
+   swebench's `parse_log_pytest`), and one SWE-bench row that dresses the first bundled
+   task as `pytest-dev/pytest` 5.4, a repository `swebench` knows (so that its official
+   test command, eval commands and `get_eval_report` itself run here); imported, their
+   images built here from the bundled sources and tagged with the names the import gave;
 3. `undertow rollout` of that set with a command scaffold that applies the gold patch to
-   one task and nothing to the other;
+   the first task and its disguise, and nothing to the other;
 4. `undertow export predictions`;
 5. the `swebench` grader's report on each session's own test log equals the reward
    Undertow gave that session, per instance and per test.
@@ -30,23 +32,36 @@ from undertow.sandboxes.task_image import ensure_task_image
 from undertow.sandboxes.taskset import BUNDLED_DIR
 
 GOLD, EMPTY = "calclang__calclang-2", "inilike__inilike-17"
+KNOWN = "pytest-dev__pytest-90002"  # GOLD, as a row of a repository swebench knows
+SOURCES = {GOLD: GOLD, EMPTY: EMPTY, KNOWN: GOLD}
 KEPT = {"swe-bench": 3, "swe-bench-lite": 3, "swe-bench-verified": 3,
         "swe-bench-multilingual": 2, "swe-gym": 1, "swe-smith": 2, "r2e-gym": 2,
         "swe-rebench": 2}
 
 
-def _rebench_row(task) -> dict:
-    """A bundled task as SWE-rebench stores a row (tests outside the test_patch's files are
-    not run by the official command, so PASS_TO_PASS keeps only those files' tests)."""
+def _p2p_in_test_files(task) -> list[str]:
+    """The official command runs only the test_patch's files; PASS_TO_PASS keeps their tests."""
     files = files_under_test(task.test_patch)
+    return [t for t in task.PASS_TO_PASS if t.split("::")[0] in files]
+
+
+def _rebench_row(task) -> dict:
+    """A bundled task as SWE-rebench stores a row."""
     return {"instance_id": task.instance_id, "repo": task.repo, "base_commit": task.base_commit,
             "patch": task.patch, "test_patch": task.test_patch,
             "problem_statement": task.problem_statement, "version": "0.1",
             "FAIL_TO_PASS": json.dumps(list(task.FAIL_TO_PASS)),
-            "PASS_TO_PASS": json.dumps([t for t in task.PASS_TO_PASS
-                                        if t.split("::")[0] in files]),
+            "PASS_TO_PASS": json.dumps(_p2p_in_test_files(task)),
             "install_config": {"test_cmd": "python -m pytest -rA -p no:cacheprovider",
                                "log_parser": "parse_log_pytest"}}
+
+
+def _known_row(task) -> dict:
+    """A bundled task as a SWE-bench row of pytest-dev/pytest 5.4 (official test command
+    `pytest -rA <test files>`; its conda and pip lines fail harmlessly in the base image)."""
+    return dataset_rows.swe_bench_row(
+        KNOWN, "pytest-dev/pytest", "5.4", task.FAIL_TO_PASS, _p2p_in_test_files(task),
+        base_commit=task.base_commit, patch=task.patch, test_patch=task.test_patch)
 
 
 def _build_images(imported) -> None:
@@ -56,7 +71,7 @@ def _build_images(imported) -> None:
 
     async def build():
         with connect(os.environ.get("DOCKER_HOST")) as connection:
-            return [await ensure_task_image(connection, bundled[task.instance_id])
+            return [await ensure_task_image(connection, bundled[SOURCES[task.instance_id]])
                     for task in imported]
 
     try:
@@ -83,17 +98,26 @@ def imported_set(tmp_path_factory):
     the command scaffold's command line that applies the gold patch to GOLD only."""
     tmp_path = tmp_path_factory.mktemp("roundtrip")
     bundled = {task.instance_id: task for task in load_tasks(BUNDLED_DIR)}
-    rows = tmp_path / "rebench.jsonl"
-    rows.write_text("".join(json.dumps(_rebench_row(bundled[i])) + "\n" for i in (GOLD, EMPTY)))
+    sets = []
+    for name, rows in (("swe-rebench", [_rebench_row(bundled[GOLD]),
+                                        _rebench_row(bundled[EMPTY])]),
+                       ("swe-bench", [_known_row(bundled[GOLD])])):
+        source = tmp_path / f"{name}.jsonl"
+        source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        assert main(["tasks", "import", name, "--from", str(source), "--out",
+                     str(tmp_path / name)]) == 0
+        sets.append((tmp_path / name / "tasks.jsonl").read_text())
     task_set = tmp_path / "set"
-    assert main(["tasks", "import", "swe-rebench", "--from", str(rows), "--out",
-                 str(task_set)]) == 0
+    task_set.mkdir()
+    (task_set / "tasks.jsonl").write_text("".join(sets))
     imported = load_tasks(task_set)
-    assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2
+    assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2 + ["swebench"]
+    assert imported[2].test_cmd == "pytest -rA tests/test_issue_2.py"
     _build_images(imported)
     patches = tmp_path / "patches"
     patches.mkdir()
-    (patches / f"{GOLD}.diff").write_text(bundled[GOLD].patch)
+    for instance_id in (GOLD, KNOWN):
+        (patches / f"{instance_id}.diff").write_text(bundled[GOLD].patch)
     command = (f"if [ -f {patches}/{{instance_id}}.diff ]; then "
                f"docker exec -i -u 1000 {{container}} "
                f"git -C {{repo_dir}} apply - < {patches}/{{instance_id}}.diff; fi")
@@ -114,7 +138,8 @@ def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model
     [run] = [path.parent for path in out.glob("*/summary.json")]
     sessions = {s["instance_id"]: s for s in json.loads((run / "summary.json").read_text())[
         "sessions"]}
-    assert {i: s["reward"] for i, s in sessions.items()} == {GOLD: 1.0, EMPTY: 0.0}
+    assert {i: s["reward"] for i, s in sessions.items()} == {GOLD: 1.0, EMPTY: 0.0,
+                                                              KNOWN: 1.0}
 
     preds = tmp_path / "preds.jsonl"
     assert main(["export", "predictions", str(run), "--out", str(preds)]) == 0
@@ -148,6 +173,7 @@ def test_eval_runs_the_scaffold_and_scores_pass_at_k(imported_set, tiny_model_di
                  "--concurrency", "2", "--out", str(tmp_path / "eval")]) == 0
     out = capsys.readouterr().out
     assert f"| {GOLD} | 2 | 2 | 1.000 |" in out and f"| {EMPTY} | 2 | 0 | 0.000 |" in out
-    assert "| **all (2 tasks)** | | | 0.500 |" in out
+    assert f"| {KNOWN} | 2 | 2 | 1.000 |" in out
+    assert "| **all (3 tasks)** | | | 0.667 |" in out
     report = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    assert report["results"][0]["pass_at_k"] == 0.5
+    assert report["results"][0]["pass_at_k"] == pytest.approx(2 / 3)

@@ -373,7 +373,9 @@ class CallRunner:
         session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
                               choice.message, leaf, num_prompt,
                               self.renderer.closing_text(choice.token_ids), prompt.messages,
-                              ids_json, token_ids), self.sessions.num_heads)
+                              ids_json, token_ids,
+                              self.renderer.next_turn_start(choice.token_ids)),
+                         self.sessions.num_heads)
 
     def _choice(self, result: dict, request: CallRequest) -> Choice:
         message: dict[str, Any] = {"role": "assistant", "content": None}

@@ -37,6 +37,39 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(f"the chat template refused the messages: {message}")
 
 
+def _content_text(content) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _with_argument_objects(messages: Sequence[Mapping]) -> list:
+    """The messages with each tool call's JSON arguments string given to the template as
+    the object it encodes, as vLLM and SGLang give them: stock templates (Llama 3.x,
+    Qwen3-Coder, GLM-4.5, gpt-oss) iterate or `tojson` the arguments as a mapping. Only
+    messages with tool calls are copied."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        if calls:
+            message = {**message, "tool_calls": [_call_with_object(call) for call in calls]}
+        out.append(message)
+    return out
+
+
+def _call_with_object(call: Mapping) -> Mapping:
+    function = call.get("function")
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
@@ -114,7 +147,32 @@ class Renderer:
             num_history -= start
         history = self.render(window[:num_history], tools)
         full = self.render(window, tools, add_generation_prompt=True)
-        return full[len(history):] if full.startswith(history) else None
+        if full.startswith(history):
+            return full[len(history):]
+        return self._suffix_after_rewrite(window, num_history, tools)
+
+    def _suffix_after_rewrite(self, window: list, num_history: int,
+                              tools: Sequence[Mapping] | None) -> str | None:
+        """The suffix for a template that rewrites earlier turns once more messages
+        follow (Qwen3, DeepSeek-R1, GLM-4.5 and gpt-oss drop the reasoning of earlier
+        assistant turns): what it writes after the history's last turn, an assistant
+        message, in the full render. A marker at the end of that message's content
+        finds the turn: the suffix is the text after the marker, less what the template
+        writes after the content when the turn is the last (its tool calls, its turn
+        end). None when the marker does not show (the template drops such content) or
+        the turn's end is written differently once messages follow."""
+        last = window[num_history - 1]
+        if last.get("role") != "assistant":
+            return None
+        marked = [*window[:num_history - 1],
+                  {**last, "content": _content_text(last.get("content")) + _MARK}]
+        alone = self.render(marked, tools)
+        full = self.render([*marked, *window[num_history:]], tools, add_generation_prompt=True)
+        if alone.count(_MARK) != 1 or full.count(_MARK) != 1:
+            return None
+        after = alone[alone.index(_MARK) + len(_MARK):]
+        tail = full[full.index(_MARK) + len(_MARK):]
+        return tail[len(after):] if tail.startswith(after) else None
 
     def _probe_local_suffix(self) -> bool:
         """Whether rendering a window gives the same suffix as rendering everything, on
@@ -171,7 +229,7 @@ class Renderer:
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = False) -> str:
         try:
-            return self._template.render(messages=list(messages),
+            return self._template.render(messages=_with_argument_objects(messages),
                                          tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
                                          **self._special, **self._kwargs)
@@ -191,12 +249,38 @@ class Renderer:
 
     def closing_text(self, completion_ids: Sequence[int]) -> str:
         """Text to append after a completion to close the assistant turn: the turn end,
-        less the part its last sampled token already wrote (e.g. a sampled `<|im_end|>`)."""
-        if completion_ids and completion_ids[-1] in self.stop_token_ids:
-            last = self.decode([completion_ids[-1]], skip_special_tokens=False)
-            if last and self.turn_end.startswith(last):
-                return self.turn_end[len(last):]
+        less the part its last sampled token already wrote (a sampled `<|im_end|>` is the
+        start of `<|im_end|>\n`). A sampled stop token that is another end of turn stands
+        in for the turn end's first special token (gpt-oss samples `<|return|>` or
+        `<|call|>` where its history writes `<|end|>`)."""
+        last = self.sampled_stop_text(completion_ids)
+        if last and self.turn_end.startswith(last):
+            return self.turn_end[len(last):]
+        first = self._leading_special_token(self.turn_end)
+        if last and first:
+            return self.turn_end[len(first):]
         return self.turn_end
+
+    def next_turn_start(self, completion_ids: Sequence[int]) -> str:
+        """The text of a sampled stop token that begins the next message rather than
+        ending this one (GLM-4.5 writes no turn end and stops at `<|user|>` or
+        `<|observation|>`): the suffix for the next messages begins with it, so token
+        truth leaves it out there, where the sampled token already stands."""
+        last = self.sampled_stop_text(completion_ids)
+        return last if last and not self.turn_end else ""
+
+    def sampled_stop_text(self, completion_ids: Sequence[int]) -> str:
+        """The text of the completion's last token when it is a stop token, else ""."""
+        if completion_ids and completion_ids[-1] in self.stop_token_ids:
+            return self.decode([completion_ids[-1]], skip_special_tokens=False)
+        return ""
+
+    def _leading_special_token(self, text: str) -> str:
+        token_ids = self.encode(text)
+        if not token_ids:
+            return ""
+        added = self.tokenizer.get_added_tokens_decoder().get(token_ids[0])
+        return added.content if added is not None and added.special else ""
 
 
 class Detokenizer:

@@ -112,7 +112,8 @@ class HeadReplay:
                                     lambda: "call_restored", tail)
         head = Head(event["call_id"], keys, stored["tools"], message, call.leaf,
                     len(token_ids) - len(completion_ids),
-                    self.renderer.closing_text(completion_ids))
+                    self.renderer.closing_text(completion_ids),
+                    next_turn_start=self.renderer.next_turn_start(completion_ids))
         if event.get("branch") == "sample" and session.heads:
             # choice i > 0 of the call whose choice 0 is the newest head: the live gateway
             # left choice 0's head last (`CallRunner._record`), and so does replay

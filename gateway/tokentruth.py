@@ -53,7 +53,8 @@ class Head:
     `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
     the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when
     kept (the newest head only, until a prompt takes it over), is that path as a list the
-    head owns: no one else holds or mutates it."""
+    head owns: no one else holds or mutates it. `next_turn_start` is the text of a
+    sampled stop token that begins the next message (`Renderer.next_turn_start`)."""
 
     call_id: str
     message_keys: tuple[str, ...]
@@ -65,6 +66,7 @@ class Head:
     messages: list[dict] | None = None
     token_ids_json: TokenIdsJson | None = None
     token_ids: list[int] | None = field(default=None, repr=False)
+    next_turn_start: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,16 @@ def _tool_calls(message: dict) -> list:
 
 def message_key(message: dict) -> str:
     """The canonical form of a message, as a short digest: role, stripped text, tool
-    calls as (name, parsed arguments), reasoning; IDs of tool calls are left out.
-    Digests keep comparing (and storing) a long history cheap. (The text is length-
-    prefixed and JSON escapes NUL, so distinct forms never join to the same bytes.)"""
+    calls as (name, parsed arguments); IDs of tool calls are left out, and so is
+    reasoning: scaffolds re-send earlier assistant turns with their reasoning or without
+    it (Codex and Claude Code strip it, some clients only from older turns), and token
+    truth reuses the sampled reasoning's IDs either way. Digests keep comparing (and
+    storing) a long history cheap. (The text is length-prefixed and JSON escapes NUL,
+    so distinct forms never join to the same bytes.)"""
     text = _text(message.get("content")).strip()
     calls = _tool_calls(message) if message.get("tool_calls") else None
     calls_json = json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else ""
-    reasoning = _text(message.get("reasoning_content")).strip()
-    return _digest(f"{message.get('role')}\0{len(text)}\0{text}\0{calls_json}\0{reasoning}")
+    return _digest(f"{message.get('role')}\0{len(text)}\0{text}\0{calls_json}")
 
 
 def _digest(text: str) -> str:
@@ -173,6 +177,8 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
         suffix = renderer.render_suffix(messages, num_head + 1, tools)
         if suffix is None:
             break
+        if head.next_turn_start and suffix.startswith(head.next_turn_start):
+            suffix = suffix[len(head.next_turn_start):]  # sampled already
         new_ids = renderer.encode(head.closing_text + suffix)
         token_ids = path_token_ids(head.leaf)
         num_reused = len(token_ids)

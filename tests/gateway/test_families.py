@@ -1,0 +1,113 @@
+"""Token truth with every family's kind of chat template (`tests/gateway/templates/`):
+a 30-turn agent session with tools, reasoning, tool results and user-turn observations,
+its history re-sent verbatim or with reasoning stripped, gets every later prompt as the
+previous prompt + the sampled IDs verbatim + the new messages as the template renders
+them after that history: no call labelled `rewrite`, no token re-tokenized.
+
+The session runs through the pieces a call at the gateway runs through (`build_prompt`,
+the family's tool parser, the tree, `Session.add_head`), with the family's special tokens
+in the tokenizer and its completions in its own output format, and no engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.gateway.templates import FAMILIES, family_model_dir
+from undertow.gateway.render import Renderer
+from undertow.gateway.resume import message_of_events
+from undertow.gateway.sessions import Session
+from undertow.gateway.tokentruth import Head, build_prompt
+from undertow.gateway.toolparsers import PARSERS, create_parser, parser_of_template
+from undertow.gateway.tree import Tree
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+NUM_TURNS = 30
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: family_model_dir(tiny_model_dir, family, root / name)
+            for name, family in FAMILIES.items()}
+
+
+def sample(renderer: Renderer, family, prompt_ids: list[int], turn: int, call: bool):
+    """What the family's model 'samples' at this turn, and the message the gateway returns
+    for it (parsed as `CallRunner` parses: the family's parser, the prompt's tail)."""
+    completion = renderer.encode(family.completion(turn, call))
+    parser_class = PARSERS[family.parser]
+    parser = create_parser(family.parser, tools=TOOLS,
+                           prompt_tail=renderer.decode(prompt_ids[-8:], False))
+    text = renderer.decode(completion, not parser_class.keeps_special_tokens)
+    events = parser.feed(text) + parser.finish()
+    return completion, message_of_events(events, lambda: f"call_{turn}")
+
+
+def resent(message: dict, strip_reasoning: bool) -> dict:
+    """The assistant message as a scaffold sends it back (JSON round trip; reasoning
+    dropped as Codex and Claude Code drop it)."""
+    message = json.loads(json.dumps(message))
+    if strip_reasoning:
+        message.pop("reasoning_content", None)
+    return message
+
+
+def run_session(renderer: Renderer, family, strip_reasoning: bool):
+    """Yields (prompt, previous prompt IDs + completion, messages sent) for every call."""
+    tree, session = Tree("g"), Session("s", "g", "k", 0.0)
+    messages = [{"role": "system", "content": "You fix bugs."},
+                {"role": "user", "content": "The tests fail; fix them."}]
+    previous = None
+    for turn in range(NUM_TURNS):
+        prompt = build_prompt(renderer, messages, TOOLS, session.heads, tree.path_token_ids)
+        yield prompt, previous, list(messages)
+        call = turn % 3 != 2  # two tool calls, then an answer and a user observation
+        completion, message = sample(renderer, family, prompt.token_ids, turn, call)
+        if call:
+            assert message.get("tool_calls"), (family.name, message)
+        tree.add_call(f"c{turn}", "s", prompt.token_ids, completion, [-0.5] * len(completion),
+                      [0] * len(completion), branch=prompt.branch)
+        previous = prompt.token_ids + completion
+        session.add_head(Head(f"c{turn}", prompt.message_keys, prompt.tools_key, message,
+                              tree.calls[-1].leaf, len(prompt.token_ids),
+                              renderer.closing_text(completion), prompt.messages,
+                              next_turn_start=renderer.next_turn_start(completion)), 16)
+        messages = [*messages, resent(message, strip_reasoning)]
+        if call:
+            messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                             "content": f"file_{turn}.py"})
+        else:
+            messages.append({"role": "user", "content": f"Observation {turn}: 2 tests fail."})
+
+
+@pytest.mark.parametrize("strip_reasoning", [False, True], ids=["verbatim", "stripped"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_30_turn_session_extends_every_prompt_verbatim(family_dirs, name, strip_reasoning):
+    family = FAMILIES[name]
+    renderer = Renderer(family_dirs[name])
+    assert parser_of_template(family.template) == family.parser
+    num_calls = 0
+    for prompt, previous, sent in run_session(renderer, family, strip_reasoning):
+        num_calls += 1
+        if previous is None:
+            assert prompt.branch is None
+            continue
+        assert prompt.branch is None and prompt.token_truth, (name, len(sent))
+        assert prompt.token_ids[:len(previous)] == previous  # sampled IDs verbatim
+        added = renderer.decode(prompt.token_ids[len(previous):], False)
+        full = renderer.render(sent, TOOLS, add_generation_prompt=True)
+        suffix = added[len(renderer.closing_text(previous)):] if added else added
+        # the new messages as the template renders them after this history
+        assert full.endswith(suffix), (name, added, full[-300:])
+        before = full[:len(full) - len(suffix)]
+        last_new = sent[-1]["content"]
+        assert last_new in suffix and last_new not in before
+        assert renderer.encode(added) == prompt.token_ids[len(previous):]
+        stop = renderer.sampled_stop_text(previous)
+        if stop != "<|return|>":  # the one stop token the template writes otherwise
+            assert full.endswith(stop + added), (name, stop, added)  # not twice, not lost
+    assert num_calls == NUM_TURNS

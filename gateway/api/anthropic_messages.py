@@ -191,6 +191,10 @@ def parse_request(body: dict[str, Any], count_only: bool = False,
     if unknown:
         raise UnsupportedParameter(f"{unknown[0]}: Extra inputs are not permitted",
                                    param=unknown[0])
+    for name in ("mcp_servers", "container"):  # tools the API provider runs: none here
+        if body.get(name):
+            raise UnsupportedParameter(f"{name}: not supported by this gateway (it runs no "
+                                       "server-side tools); omit it", param=name)
     if not isinstance(body.get("model"), str):
         raise BadRequest("model: Field required", param="model")
     if not count_only and not isinstance(body.get("max_tokens"), int):

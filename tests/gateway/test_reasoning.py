@@ -300,3 +300,12 @@ async def test_harmony_channels_through_both_sdks(scripted, renderer, tiny_model
         await messages.close()
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("field", ["mcp_servers", "container"])
+async def test_server_side_tools_are_refused_by_name(clients, field):
+    value = [{"type": "url", "url": "https://example.invalid", "name": "x"}] if (
+        field == "mcp_servers") else "container_1"
+    with pytest.raises(anthropic.BadRequestError, match=field):
+        await clients("anthropic").messages.create(model="m", max_tokens=10, messages=ASK,
+                                                   extra_body={field: value})

@@ -37,10 +37,12 @@ from undertow.sandboxes.errors import SandboxError
 from undertow.sandboxes.log_parsers import ERROR, FAILED, get_log_parser, is_passing
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.swebench_harness import (
+    APPLY_FAILED_MARKER,
     END_MARKER,
     START_MARKER,
     SWEBENCH_PARSER,
     TIMEOUT_MARKER,
+    holds_verdict,
     is_fail_only,
     official_statuses,
 )
@@ -51,8 +53,6 @@ MISSING = "missing"
 _PATCH_DIR = "/tmp/undertow-grading"
 _PATCH_PATH = re.compile(r"^diff --git a/(.+?) b/(.+)$", re.MULTILINE)
 _LOG_TAIL_CHARS = 4000
-# The official harness's words for a patch that does not apply (its log then holds no verdict).
-APPLY_FAILED_MARKER = ">>>>> Patch Apply Failed"
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def grading_script(task: Task) -> str:
 
 def _undertow_statuses(task: Task, log: str) -> tuple[dict[str, str], bool]:
     """Undertow's parser on the log, read as the official harness reads one (module doc)."""
-    if TIMEOUT_MARKER in log or START_MARKER not in log or END_MARKER not in log:
+    if not holds_verdict(log):
         return {}, False
     parser = get_log_parser(task.log_parser)
     return parser(log.split(START_MARKER)[1].split(END_MARKER)[0]) or parser(log), True
@@ -212,7 +212,8 @@ def judge(task: Task, log: str, config: GradingConfig = GradingConfig(),
     failures = frozenset(t for t, outcome in outcomes.items() if outcome == "failure")
     if not found:
         reason = (f"the tests ran past {task.timeout_s:g} s and were stopped"
-                  if TIMEOUT_MARKER in log else "the log holds no test output")
+                  if TIMEOUT_MARKER in log else "the log holds no test output, or says the "
+                  "tests could not run")
         return Verdict(statuses, False, 0.0, False, f"no verdict: {reason}", decided_by,
                        successes, failures)
     reward, resolved, reason = score(task, statuses, config, timed_out)

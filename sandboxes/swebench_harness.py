@@ -30,6 +30,10 @@ from undertow.sandboxes.log_parsers import ERROR, FAILED, PASSED, SKIPPED, XFAIL
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
 TIMEOUT_MARKER = ">>>>> Tests Timed Out"
+APPLY_FAILED_MARKER = ">>>>> Patch Apply Failed"
+# A log holding any of these gives no verdict (the harness's `get_logs_eval`).
+NO_VERDICT_MARKERS = (APPLY_FAILED_MARKER, ">>>>> Reset Failed", ">>>>> Tests Errored",
+                      TIMEOUT_MARKER)
 SWEBENCH_PARSER = "swebench"
 _CONDA_ACTIVATE = ("source /opt/miniconda3/bin/activate", "conda activate testbed")
 _STATUS = {"PASSED": PASSED, "FAILED": FAILED, "ERROR": ERROR, "SKIPPED": SKIPPED,
@@ -156,10 +160,16 @@ def official_status_map(log: str, *, instance_id: str, repo: str, version: str,
         finally:
             os.unlink(path)
     parser = _named_parser(log_parser.partition(":")[2])
-    if TIMEOUT_MARKER in log or START_MARKER not in log or END_MARKER not in log:
+    if not holds_verdict(log):
         return {}, False
     status_map = parser(log.split(START_MARKER)[1].split(END_MARKER)[0], spec)
     return (status_map or parser(log, spec)), True
+
+
+def holds_verdict(log: str) -> bool:
+    """Whether a log can give a verdict: both markers, and none of `NO_VERDICT_MARKERS`."""
+    return (START_MARKER in log and END_MARKER in log
+            and not any(marker in log for marker in NO_VERDICT_MARKERS))
 
 
 def is_fail_only(repo: str, log_parser: str) -> bool:

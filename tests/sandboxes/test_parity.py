@@ -106,6 +106,9 @@ UNDERTOW_CASES = {
     "no markers": (["tests/test_a.py::test_one"], [], "PASSED tests/test_a.py::test_one\n"),
     "timed out": (["tests/test_a.py::test_one"], [],
                   PYTEST_LOG + ">>>>> Tests Timed Out\n"),
+    "patch did not apply": (["tests/test_a.py::test_one"], [],
+                            ">>>>> Patch Apply Failed\n" + PYTEST_LOG),
+    "tests errored": (["tests/test_a.py::test_one"], [], PYTEST_LOG + ">>>>> Tests Errored\n"),
     "results outside the markers": (["t.py::test_x"], [],
                                     _bracket("collected 1 item") + "PASSED t.py::test_x\n"),
 }

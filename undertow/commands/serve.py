@@ -90,8 +90,8 @@ async def _serve_until_stopped(args, token: str) -> None:
 
 def banner(gateway, args, token_was_set: bool) -> str:
     """What `undertow serve` prints once it serves: URL, store, admin token, next step."""
-    engine = ("built-in, on " + str(args.model) if not args.engine
-              else "given: " + " ".join(gateway.engine_urls))
+    engine = ("built-in, on " + str(args.model) + "; log "
+              + str(Path(args.store).parent / "engine.log") if not args.engine else "given")
     token_line = (f"{ADMIN_TOKEN_VARIABLE} (from your environment)" if token_was_set else
                   f"export {ADMIN_TOKEN_VARIABLE}={shlex.quote(gateway.admin_token)}"
                   "   # paste it where you run `undertow session`")

@@ -144,7 +144,9 @@ class Fleet:
             self.metrics.engine_in_flight.set(len(engine.attempts), engine=engine.engine_id)
 
     async def check(self, engine: Engine) -> bool:
-        """True when the engine answers /health and serves the fleet's weights; one
+        """True when the engine passes its driver's cheap health probe (SGLang: `/ready`,
+        never the probe that generates, which blocks while the engine is paused or loads
+        weights) and serves the fleet's weights; one
         that joins or comes back with other weights is first updated to them, so that
         a session never mixes weights of different versions by changing engines."""
         try:

@@ -374,7 +374,9 @@ class Engine(Protocol):
 
     async def update_weights_from_disk(self, model_path: str,
                                        weight_version: str | None = None) -> None:
-        """Load new weights from a model directory; in-flight requests finish first.
+        """Load new weights from a model directory; in-flight requests finish first, except
+        those an `in_place` pause holds (SGLang retracts them, and they continue with the new
+        weights after `resume`; vLLM lets them finish first). A paused engine stays paused.
 
         Afterwards the prefix cache holds nothing computed with the old weights and the
         engine reports `weight_version`. When that cannot be had, it raises

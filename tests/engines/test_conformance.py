@@ -366,3 +366,58 @@ async def test_update_weights_from_disk_changes_outputs_and_version(engine, prom
     assert new.output_ids != old.output_ids
     assert restored.output_ids == old.output_ids
     assert restored.weight_version == before.weight_version
+
+
+async def test_requests_without_a_seed_sample_distinct_completions(engine, prompt_ids):
+    """A GRPO group: one prompt, eight samples. SGLang 0.5.23 in deterministic mode gives
+    every request without a seed the seed 42 (issue #20): the driver must send seeds."""
+    request = GenerateRequest(input_ids=prompt_ids, sampling_params=SamplingParams(
+        max_new_tokens=16, temperature=1.0, ignore_eos=True))
+    results = await asyncio.gather(*(engine.generate(replace(request, rid=f"group-{i}"))
+                                     for i in range(8)))
+    assert len({tuple(result.output_ids) for result in results}) == 8
+
+
+async def test_a_weight_update_during_an_in_place_pause_completes_and_keeps_the_pause(
+        engine, prompt_ids, other_tiny_model_dir):
+    """The update reports the new version, and the engine stays paused until `resume`
+    (SGLang 0.5.23 refuses the cache flush while a request is held in place; vLLM's reload
+    pause would end the caller's pause)."""
+    require(engine, "pause_in_place")
+    require(engine, "update_weights_from_disk")
+    before = await engine.model_info()
+    held = GenerateRequest(input_ids=prompt_ids, rid="held-in-place",
+                           sampling_params=greedy(48, ignore_eos=True))
+    chunks = []
+    two_chunks = asyncio.Event()
+
+    async def consume() -> None:
+        try:
+            async for chunk in engine.generate_stream(held):
+                chunks.append(chunk)
+                if len(chunks) == 2:
+                    two_chunks.set()
+        finally:
+            two_chunks.set()
+
+    consumer = asyncio.create_task(consume())
+    queued = None
+    try:
+        await two_chunks.wait()
+        await engine.pause("in_place")
+        await engine.update_weights_from_disk(str(other_tiny_model_dir), "conformance-2")
+        version = (await engine.model_info()).weight_version
+        queued = asyncio.create_task(engine.generate(GenerateRequest(
+            input_ids=prompt_ids, rid="queued-while-paused",
+            sampling_params=greedy(4, ignore_eos=True))))
+        await asyncio.sleep(1.0)
+        answered_while_paused = queued.done()
+    finally:
+        await engine.resume()
+        await consumer
+        after = await queued if queued is not None else None
+        await engine.update_weights_from_disk(before.model_path, before.weight_version)
+    assert version == "conformance-2"
+    assert not answered_while_paused
+    assert result_from_chunks(chunks).finish_reason.type == "length"
+    assert after.weight_version == "conformance-2"

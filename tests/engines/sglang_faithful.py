@@ -33,6 +33,7 @@ the `sglang==0.5.23` wheel, `sglang/srt/...`):
    `retract` moves them to the queue, which a paused scheduler ignores): then 400,
    `success: false`, the weights are the new ones and the reported `weight_version` the
    old one. `/update_weight_version` aborts every request unless told not to.
+   `flush_refused` (fault switch) refuses every flush.
 9. `/get_server_info` and `/get_model_info` are deprecated: each call is counted in
    `deprecated_calls` (SGLang logs a warning); `old_server` is an SGLang from before
    `/server_info`, `/model_info` and `/ready` (404).
@@ -89,6 +90,7 @@ class FaithfulSGLang:
     old_server: bool = False
     num_tokenizer_workers: int = 1
     null_logprob_at: int | None = None
+    flush_refused: bool = False  # fault switch: every cache flush is refused
     step_delay_s: float = 0.005
     vocab_size: int = 50_000
     model_path: str = "/models/a"
@@ -303,8 +305,9 @@ class FaithfulSGLang:
             self._changed.notify_all()
 
     def idle(self) -> bool:
-        """`scheduler.is_fully_idle(ignore_waiting=paused)`."""
-        return not any(self.paused is None or not r.queued for r in self.requests.values())
+        """`scheduler.is_fully_idle(ignore_waiting=paused)`, where a flush may run."""
+        return not self.flush_refused and not any(
+            self.paused is None or not r.queued for r in self.requests.values())
 
     async def update_weights(self, http: web.Request) -> web.Response:
         body = await self.record(http)

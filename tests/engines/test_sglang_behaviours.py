@@ -23,6 +23,7 @@ from undertow.gateway.engines.protocol import (
     GenerateChunk,
     GenerateRequest,
     SamplingParams,
+    WeightsNotUpdated,
     result_from_chunks,
 )
 from undertow.gateway.pool import EnginePool, PoolConfig
@@ -238,6 +239,18 @@ async def test_8_a_weight_update_during_an_in_place_pause_completes_and_says_so(
     assert "/flush_cache" in server.bodies and server.prompts == []  # flushed after loading
     assert result.finish_reason.type == "length" and len(result.output_ids) == 40
     assert result.weight_version == "1"
+
+
+async def test_8_an_update_whose_flush_fails_says_the_weights_changed_and_their_version():
+    async with faithful(flush_refused=True) as (server, client):
+        async with pool_on(client.url) as pool:
+            outcome = await pool.update_weights("/models/b", 1)
+            engine = pool.engines[0]
+        with pytest.raises(WeightsNotUpdated) as error:
+            await client.update_weights_from_disk("/models/c", "2")
+    assert outcome["failed"] and engine.weight_version == "0"
+    assert error.value.loaded and error.value.weight_version == "0"
+    assert server.model_path == "/models/c" and server.paused is None
 
 
 # 9 -------------------------------------------------------------------------------------

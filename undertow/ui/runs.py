@@ -126,7 +126,7 @@ class RunFolder:
         """A pool run's events that carry the cells' roles (`t_s`, `event`, `cells`,
         `step`), in order; empty for a run without a pool."""
         records, _ = read_jsonl(self.path / POOL_TIMELINE_FILE)
-        return [{k: r.get(k) for k in ("t_s", "event", "step", "cells")}
+        return [{k: r.get(k) for k in ("t_s", "event", "step", "weight_version", "cells")}
                 for r in records if isinstance(r.get("cells"), dict)]
 
     def groups(self) -> list[str]:

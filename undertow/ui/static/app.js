@@ -203,8 +203,10 @@ function cellTimeline(events) {
   for (const event of events.filter(e => e.event === "published")) {
     box.append(svg("line", { x1: sx(event.t_s), x2: sx(event.t_s), y1: 0, y2: H - 24,
       stroke: "#111827", "stroke-dasharray": "3 2" }));
-    const label = svg("text", { x: sx(event.t_s) + 2, y: H - 12, "font-size": 10 });
-    label.textContent = `v${event.step}`;
+    const nearEnd = sx(event.t_s) > W - 40;
+    const label = svg("text", { x: sx(event.t_s) + (nearEnd ? -2 : 2), y: H - 12, "font-size": 10,
+      "text-anchor": nearEnd ? "end" : "start" });
+    label.textContent = `v${event.weight_version ?? event.step}`;
     box.append(label);
   }
   const axis = svg("text", { x: W - 10, y: H - 2, "text-anchor": "end", "font-size": 10,

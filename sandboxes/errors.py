@@ -4,7 +4,9 @@
     ├── TaskFormatError     a task record is malformed (names the field, instance and line)
     ├── ImageError          building or finding an image failed
     ├── ContainerDied       the container stopped under a running session
-    └── CommandTimeout      a set-up or grading step outlived its time limit
+    ├── CommandTimeout      a set-up or grading step outlived its time limit
+    ├── SwebenchMissing     a task is graded by the official harness; `swebench` is not installed
+    └── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
 
 `Sandbox.exec` does not raise on a timed-out command: it kills the command's
 process tree and returns an `ExecResult` with `timed_out` set, because an agent's
@@ -30,3 +32,12 @@ class ContainerDied(SandboxError):
 
 class CommandTimeout(SandboxError):
     """A step that must finish (applying a patch, setting up grading) ran past its limit."""
+
+
+class SwebenchMissing(SandboxError):
+    """A task needs the `swebench` package (its log parser is `swebench...`), and it is not
+    installed: pip install 'undertow[swebench]'."""
+
+
+class DroppedRow(SandboxError):
+    """A dataset row that cannot become a task; the message is the reason."""

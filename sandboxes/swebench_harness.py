@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from undertow.sandboxes.errors import SandboxError
+from undertow.sandboxes.errors import SwebenchMissing
 from undertow.sandboxes.log_parsers import ERROR, FAILED, PASSED, SKIPPED, XFAILED
 
 START_MARKER = ">>>>> Start Test Output"
@@ -39,10 +39,6 @@ _CONDA_ACTIVATE = ("source /opt/miniconda3/bin/activate", "conda activate testbe
 _STATUS = {"PASSED": PASSED, "FAILED": FAILED, "ERROR": ERROR, "SKIPPED": SKIPPED,
            "XFAIL": XFAILED}
 _PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
-
-
-class SwebenchMissing(SandboxError):
-    """A task needs the `swebench` package and it is not installed."""
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from undertow.sandboxes import swebench_harness
-from undertow.sandboxes.errors import SandboxError
+from undertow.sandboxes.errors import DroppedRow
 
 _NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml",
                       ".yaml", ".toml")
 _DIFF_PATH = re.compile(r"^diff --git a/.* b/(.*)$", re.MULTILINE)
 _CONDA = ("source /opt/miniconda3/bin/activate", "conda activate testbed")
 PYTEST_SUMMARY = "pytest -rA --tb=no -p no:cacheprovider"
-
-
-class DroppedRow(SandboxError):
-    """A row that cannot become a task; the message is the reason, counted in the report."""
 
 
 @dataclass(frozen=True)
@@ -122,10 +118,7 @@ def _with_pytest(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert_swe_bench(row: Mapping[str, Any]) -> dict[str, Any]:
-    return _with_pytest(_swe_bench_record(row))
-
-
-def convert_swe_gym(row: Mapping[str, Any]) -> dict[str, Any]:
+    """SWE-bench's rows (and SWE-Gym's, which share their shape, with real lists)."""
     return _with_pytest(_swe_bench_record(row))
 
 
@@ -212,7 +205,7 @@ FORMATS: dict[str, DatasetFormat] = {
                                          "SWE-bench Multilingual (300, 9 languages)"),
     "swe-gym": DatasetFormat("swe-gym", "SWE-Gym (2,438 training instances)",
                              "xingyaoww/sweb.eval.x86_64.{instance_id_s}:latest", _HUB,
-                             convert_swe_gym),
+                             convert_swe_bench),
     "swe-smith": DatasetFormat("swe-smith", "SWE-smith (synthesized bugs)",
                                "jyangballin/swesmith.x86_64.{repo_name_1776}", _HUB,
                                convert_swe_smith),

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from undertow.sandboxes.datasets.formats import DatasetFormat, DroppedRow, get_format, image_fields
-from undertow.sandboxes.errors import TaskFormatError
+from undertow.sandboxes.datasets.formats import DatasetFormat, get_format, image_fields
+from undertow.sandboxes.errors import DroppedRow, TaskFormatError
 from undertow.sandboxes.task import parse_task, read_records, task_record
 
 

@@ -76,6 +76,7 @@ async def _serve_until_stopped(args, token: str) -> None:
 
     from undertow.embedded import embedded_gateway
 
+    args.store.mkdir(parents=True, exist_ok=True)  # its parent holds the engine's log
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGINT, signal.SIGTERM):

@@ -56,7 +56,7 @@ def image_fields(record: Mapping[str, Any]) -> dict[str, str]:
     commit = str(record.get("base_commit") or "")
     return {"instance_id": instance_id, "instance_id_lower": instance_id.lower(),
             "instance_id_1776": instance_id.lower().replace("__", "_1776_"),
-            "instance_id_s": instance_id.replace("__", "_s_"),
+            "instance_id_s": instance_id.lower().replace("__", "_s_"),
             "repo": repo, "repo_owner": owner, "repo_name": name,
             "repo_name_1776": name.replace("__", "_1776_"),
             "base_commit": commit, "base_commit_short": commit[:8],

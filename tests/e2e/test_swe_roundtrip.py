@@ -35,7 +35,7 @@ GOLD, EMPTY = "calclang__calclang-2", "inilike__inilike-17"
 KNOWN = "pytest-dev__pytest-90002"  # GOLD, as a row of a repository swebench knows
 SOURCES = {GOLD: GOLD, EMPTY: EMPTY, KNOWN: GOLD}
 KEPT = {"swe-bench": 3, "swe-bench-lite": 3, "swe-bench-verified": 3,
-        "swe-bench-multilingual": 2, "swe-gym": 1, "swe-smith": 2, "r2e-gym": 2,
+        "swe-bench-multilingual": 2, "swe-gym": 2, "swe-smith": 2, "r2e-gym": 2,
         "swe-rebench": 2}
 
 

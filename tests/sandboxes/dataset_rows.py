@@ -42,6 +42,8 @@ SWE_BENCH_MULTILINGUAL = [
 SWE_GYM = [
     {**swe_bench_row("getmoto__moto-5752", "getmoto/moto", "4.0", []),
      "FAIL_TO_PASS": ["tests/test_new.py::test_new"], "PASS_TO_PASS": []},
+    {**swe_bench_row("Project-MONAI__MONAI-2696", "Project-MONAI/MONAI", "0.6", []),
+     "FAIL_TO_PASS": ["tests/test_new.py::test_new"], "PASS_TO_PASS": []},
     {**swe_bench_row("pandas-dev__pandas-1", "pandas-dev/pandas", "2.0", []),
      "problem_statement": None, "FAIL_TO_PASS": ["t"]},
 ]

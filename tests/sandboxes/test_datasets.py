@@ -58,6 +58,8 @@ def test_each_dataset_names_its_images(tmp_path):
         source = _write_jsonl(tmp_path / f"{name}.jsonl", dataset_rows.ROWS[name])
         import_dataset(name, source, tmp_path / name)
         assert load_tasks(tmp_path / name)[0].image == image
+    assert load_tasks(tmp_path / "swe-gym")[1].image == (
+        "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-2696:latest")
     smith = load_tasks(tmp_path / "swe-smith")[1]
     assert smith.image == "jyangballin/swesmith.x86_64.pallets_1776_flask.bc098406"
     assert smith.pre_install == ("git checkout pallets__flask.bc098406.lm_rewrite__xyz",)
@@ -129,4 +131,4 @@ def test_check_images_names_each_missing_image_and_its_command(tmp_path, capsys)
     out = capsys.readouterr().out
     image = "mirror.invalid/xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752:latest"
     assert f"task getmoto__moto-5752: image {image} is not on this Docker host" in out
-    assert f"get it with: docker pull {image}" in out and "0/1 images on this Docker host" in out
+    assert f"get it with: docker pull {image}" in out and "0/2 images on this Docker host" in out

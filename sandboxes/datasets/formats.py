@@ -58,7 +58,7 @@ def image_fields(record: Mapping[str, Any]) -> dict[str, str]:
             "instance_id_1776": instance_id.lower().replace("__", "_1776_"),
             "instance_id_s": instance_id.lower().replace("__", "_s_"),
             "repo": repo, "repo_owner": owner, "repo_name": name,
-            "repo_name_1776": name.replace("__", "_1776_"),
+            "repo_name_1776": name.lower().replace("__", "_1776_"),
             "base_commit": commit, "base_commit_short": commit[:8],
             "version": str(record.get("version") or "")}
 

@@ -6,8 +6,10 @@
    task as `pytest-dev/pytest` 5.4, a repository `swebench` knows (so that its official
    test command, eval commands and `get_eval_report` itself run here); imported, their
    images built here from the bundled sources and tagged with the names the import gave;
+   and a SWE-bench row of the second task under a repository it does not know (Undertow's
+   own pytest parser decides; `undertow tasks validate` says which side decided each);
 3. `undertow rollout` of that set with a command scaffold that applies the gold patch to
-   the first task and its disguise, and nothing to the other;
+   the first task, its disguise and the last row, and nothing to the second;
 4. `undertow export predictions`;
 5. the `swebench` grader's report on each session's own test log equals the reward
    Undertow gave that session, per instance and per test.
@@ -33,7 +35,8 @@ from undertow.sandboxes.taskset import BUNDLED_DIR
 
 GOLD, EMPTY = "calclang__calclang-2", "inilike__inilike-17"
 KNOWN = "pytest-dev__pytest-90002"  # GOLD, as a row of a repository swebench knows
-SOURCES = {GOLD: GOLD, EMPTY: EMPTY, KNOWN: GOLD}
+OURS = "acme__inilike-17"  # EMPTY, as a SWE-bench row of a repository it does not know
+SOURCES = {GOLD: GOLD, EMPTY: EMPTY, KNOWN: GOLD, OURS: EMPTY}
 KEPT = {"swe-bench": 3, "swe-bench-lite": 3, "swe-bench-verified": 3,
         "swe-bench-multilingual": 2, "swe-gym": 2, "swe-smith": 2, "r2e-gym": 2,
         "swe-rebench": 2}
@@ -56,11 +59,11 @@ def _rebench_row(task) -> dict:
                                "log_parser": "parse_log_pytest"}}
 
 
-def _known_row(task) -> dict:
-    """A bundled task as a SWE-bench row of pytest-dev/pytest 5.4 (official test command
+def _swe_bench_row(instance_id, repo, version, task) -> dict:
+    """A bundled task as a SWE-bench row (pytest-dev/pytest 5.4: the official test command
     `pytest -rA <test files>`; its conda and pip lines fail harmlessly in the base image)."""
     return dataset_rows.swe_bench_row(
-        KNOWN, "pytest-dev/pytest", "5.4", task.FAIL_TO_PASS, _p2p_in_test_files(task),
+        instance_id, repo, version, task.FAIL_TO_PASS, _p2p_in_test_files(task),
         base_commit=task.base_commit, patch=task.patch, test_patch=task.test_patch)
 
 
@@ -101,7 +104,9 @@ def imported_set(tmp_path_factory):
     sets = []
     for name, rows in (("swe-rebench", [_rebench_row(bundled[GOLD]),
                                         _rebench_row(bundled[EMPTY])]),
-                       ("swe-bench", [_known_row(bundled[GOLD])])):
+                       ("swe-bench", [
+                           _swe_bench_row(KNOWN, "pytest-dev/pytest", "5.4", bundled[GOLD]),
+                           _swe_bench_row(OURS, "acme/inilike", "0.1", bundled[EMPTY])])):
         source = tmp_path / f"{name}.jsonl"
         source.write_text("".join(json.dumps(row) + "\n" for row in rows))
         assert main(["tasks", "import", name, "--from", str(source), "--out",
@@ -111,13 +116,14 @@ def imported_set(tmp_path_factory):
     task_set.mkdir()
     (task_set / "tasks.jsonl").write_text("".join(sets))
     imported = load_tasks(task_set)
-    assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2 + ["swebench"]
+    assert [t.log_parser for t in imported] == ["swebench:parse_log_pytest"] * 2 + [
+        "swebench", "pytest"]
     assert imported[2].test_cmd == "pytest -rA tests/test_issue_2.py"
     _build_images(imported)
     patches = tmp_path / "patches"
     patches.mkdir()
-    for instance_id in (GOLD, KNOWN):
-        (patches / f"{instance_id}.diff").write_text(bundled[GOLD].patch)
+    for instance_id in (GOLD, KNOWN, OURS):
+        (patches / f"{instance_id}.diff").write_text(bundled[SOURCES[instance_id]].patch)
     command = (f"if [ -f {patches}/{{instance_id}}.diff ]; then "
                f"docker exec -i -u 1000 {{container}} "
                f"git -C {{repo_dir}} apply - < {patches}/{{instance_id}}.diff; fi")
@@ -139,7 +145,7 @@ def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model
     sessions = {s["instance_id"]: s for s in json.loads((run / "summary.json").read_text())[
         "sessions"]}
     assert {i: s["reward"] for i, s in sessions.items()} == {GOLD: 1.0, EMPTY: 0.0,
-                                                              KNOWN: 1.0}
+                                                              KNOWN: 1.0, OURS: 1.0}
 
     preds = tmp_path / "preds.jsonl"
     assert main(["export", "predictions", str(run), "--out", str(preds)]) == 0
@@ -152,7 +158,8 @@ def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model
         log = run / "test-logs" / task.instance_id / f"{diff_key(session['details']['diff'])}.log"
         report = official_report(
             log.read_text(), instance_id=task.instance_id, repo=task.repo, version=task.version,
-            log_parser=task.log_parser, fail_to_pass=task.FAIL_TO_PASS,
+            log_parser=task.log_parser if task.log_parser != "pytest" else (
+                "swebench:parse_log_pytest"), fail_to_pass=task.FAIL_TO_PASS,
             pass_to_pass=task.PASS_TO_PASS)
         assert report["found"]
         resolved = report["status"] == "RESOLVED_FULL"
@@ -173,7 +180,19 @@ def test_eval_runs_the_scaffold_and_scores_pass_at_k(imported_set, tiny_model_di
                  "--concurrency", "2", "--out", str(tmp_path / "eval")]) == 0
     out = capsys.readouterr().out
     assert f"| {GOLD} | 2 | 2 | 1.000 |" in out and f"| {EMPTY} | 2 | 0 | 0.000 |" in out
-    assert f"| {KNOWN} | 2 | 2 | 1.000 |" in out
-    assert "| **all (3 tasks)** | | | 0.667 |" in out
+    assert f"| {KNOWN} | 2 | 2 | 1.000 |" in out and f"| {OURS} | 2 | 2 | 1.000 |" in out
+    assert "| **all (4 tasks)** | | | 0.750 |" in out
     report = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    assert report["results"][0]["pass_at_k"] == pytest.approx(2 / 3)
+    assert report["results"][0]["pass_at_k"] == pytest.approx(3 / 4)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_validate_says_which_side_decided(imported_set, capsys):
+    task_set, _, _ = imported_set
+    assert main(["tasks", "validate", str(task_set), "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    for instance_id, side in ((GOLD, "swebench"), (EMPTY, "swebench"), (KNOWN, "swebench"),
+                              (OURS, "undertow")):
+        assert f"| {instance_id} | ok | {side} | 1 |" in out, out
+    assert "4/4 tasks valid; verdicts decided by swebench for 3, by undertow for 1" in out

@@ -6,15 +6,23 @@ them after that history: no call labelled `rewrite`, no token re-tokenized.
 
 The session runs through the pieces a call at the gateway runs through (`build_prompt`,
 the family's tool parser, the tree, `Session.add_head`), with the family's special tokens
-in the tokenizer and its completions in its own output format, and no engine."""
+in the tokenizer and its completions in its own output format, and no engine; then
+through the real `openai` and `anthropic` clients, the gateway and the built-in engine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
+import aiohttp
+import anthropic
+import openai
 import pytest
 
+from tests.gateway.capture import calls_of, captured
+from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
+from undertow.gateway.app import STORE_KEY
 from undertow.gateway.render import Renderer
 from undertow.gateway.resume import message_of_events
 from undertow.gateway.sessions import Session
@@ -111,3 +119,80 @@ def test_a_30_turn_session_extends_every_prompt_verbatim(family_dirs, name, stri
         if stop != "<|return|>":  # the one stop token the template writes otherwise
             assert full.endswith(stop + added), (name, stop, added)  # not twice, not lost
     assert num_calls == NUM_TURNS
+
+
+@pytest.fixture(scope="module")
+def engine_family_dirs(tiny_model_dir, tmp_path_factory):
+    """The families' templates on the tiny model's own tokenizer (the built-in engine has
+    no embedding for added tokens): their markers are plain text there."""
+    root = tmp_path_factory.mktemp("engine-families")
+    return {name: family_model_dir(tiny_model_dir, family, root / name, add_tokens=False)
+            for name, family in FAMILIES.items()}
+
+
+async def openai_turns(session: dict, num_turns: int, strip_reasoning: bool) -> None:
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+    messages = [{"role": "system", "content": "You fix bugs."},
+                {"role": "user", "content": "The tests fail; fix them."}]
+    try:
+        for turn in range(num_turns):
+            reply = await client.chat.completions.create(
+                model="m", messages=messages, tools=TOOLS, max_tokens=6, temperature=0.0)
+            message = reply.choices[0].message.model_dump(exclude_none=True)
+            messages.append(resent(message, strip_reasoning))
+            if message.get("tool_calls"):
+                messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ok"}
+                             for call in message["tool_calls"]]
+            else:
+                messages.append({"role": "user", "content": f"Observation {turn}: it fails."})
+    finally:
+        await client.close()
+
+
+async def anthropic_turns(session: dict, num_turns: int, strip_reasoning: bool) -> None:
+    client = anthropic.AsyncAnthropic(base_url=session["base_url"].removesuffix("/v1"),
+                                      api_key=session["api_key"])
+    tools = [{"name": "bash", "description": "Run a shell command",
+              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    messages = [{"role": "user", "content": "The tests fail; fix them."}]
+    try:
+        for turn in range(num_turns):
+            reply = await client.messages.create(model="m", system="You fix bugs.",
+                                                 messages=messages, tools=tools, max_tokens=6)
+            blocks = [block.model_dump(exclude_none=True) for block in reply.content
+                      if not (strip_reasoning and block.type == "thinking")]
+            messages.append({"role": "assistant", "content": blocks})
+            uses = [block for block in reply.content if block.type == "tool_use"]
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "ok"} for use in uses
+            ] or f"Observation {turn}: it fails."})
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("client", ["openai", "anthropic"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+async def test_sessions_through_the_sdks_on_the_builtin_engine_keep_token_truth(
+        engine_family_dirs, engine_url, tmp_path, name, client):
+    """The same kind of session through the real SDKs, the gateway and the built-in engine
+    (random weights: whatever it samples is returned, re-sent and extended)."""
+    app, runner, url = await start_gateway([engine_url], engine_family_dirs[name],
+                                           tmp_path / "store", tool_parser="auto")
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{url}/admin/sessions", json={"group": "fam"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as reply:
+            session = await reply.json()
+        turns = openai_turns if client == "openai" else anthropic_turns
+        await turns(session, NUM_TURNS, strip_reasoning=client == "anthropic")
+        tree = app[STORE_KEY].trees["fam"]
+    finally:
+        await runner.cleanup()
+    calls = [captured(tree, call_id) for call_id in calls_of(tree, session["session_id"])]
+    assert len(calls) == NUM_TURNS
+    for before, after in itertools.pairwise(calls):
+        assert after.branch is None and after.meta["token_truth"], (name, client)
+        extended = before.prompt_ids + before.completion_ids
+        assert after.prompt_ids[:len(extended)] == extended

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import SandboxError
-from undertow.sandboxes.log_parsers import ERROR, FAILED, get_log_parser, is_passing
+from undertow.sandboxes.log_parsers import ERROR, FAILED, SKIPPED, get_log_parser, is_passing
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.swebench_harness import (
     APPLY_FAILED_MARKER,
@@ -64,7 +64,11 @@ class GradingConfig:
     partial credit is 0 when any PASS_TO_PASS test fails. `log_dir`: where each graded
     diff's whole test log is written (`<instance_id>/<diff_key(diff)>.log`), so that
     another grader (the official harness) can read the same log; None keeps only the
-    tail in the Grade.
+    tail in the Grade. `skipped_fail_to_pass_fails`: a skipped FAIL_TO_PASS test is a
+    failure instead of counting neither way. The official 4.x harness counts it neither
+    way (so a diff that makes every FAIL_TO_PASS test skip resolves the task, a reward an
+    agent can learn to hack); swebench 5.x made it a failure. Off by default, so that
+    rewards agree with the 4.x verdicts the parity test checks.
     """
 
     partial_credit: str = "timeout"
@@ -73,6 +77,7 @@ class GradingConfig:
         default_factory=lambda: SandboxConfig(max_output_bytes=4 * 2**20))
     apply_timeout_s: float = 60.0
     log_dir: Path | None = None
+    skipped_fail_to_pass_fails: bool = False
 
     def __post_init__(self):
         if self.partial_credit not in ("timeout", "always", "never"):
@@ -137,21 +142,24 @@ def diff_key(diff: str) -> str:
     return hashlib.sha256(diff.encode()).hexdigest()[:16]
 
 
-def classify_test(test: str, statuses: dict[str, str], fail_only: bool = False) -> str:
+def classify_test(test: str, statuses: dict[str, str], fail_only: bool = False,
+                  skipped_fails: bool = False) -> str:
     """"success", "failure" or "neither", by the official harness's rules (module doc);
     `fail_only`: only a failed test is a failure, anything else a success (the harness's
-    rule for repositories whose parsers report failures only)."""
+    rule for repositories whose parsers report failures only); `skipped_fails`: a skipped
+    test is a failure (GradingConfig.skipped_fail_to_pass_fails)."""
     status = statuses.get(test, MISSING)
     if fail_only:
         return "failure" if status == FAILED else "success"
     if is_passing(status):
         return "success"
-    return "failure" if status in (MISSING, FAILED, ERROR) else "neither"
+    failing = (MISSING, FAILED, ERROR, SKIPPED) if skipped_fails else (MISSING, FAILED, ERROR)
+    return "failure" if status in failing else "neither"
 
 
-def _fraction(tests: tuple[str, ...], statuses: dict[str, str],
-              fail_only: bool) -> tuple[float, list[str]]:
-    outcomes = [classify_test(test, statuses, fail_only) for test in tests]
+def _fraction(tests: tuple[str, ...], statuses: dict[str, str], fail_only: bool,
+              skipped_fails: bool = False) -> tuple[float, list[str]]:
+    outcomes = [classify_test(test, statuses, fail_only, skipped_fails) for test in tests]
     num_counted = sum(outcome != "neither" for outcome in outcomes)
     num_success = outcomes.count("success")
     failed = [test for test, outcome in zip(tests, outcomes, strict=True)
@@ -163,7 +171,8 @@ def score(task: Task, statuses: dict[str, str], config: GradingConfig,
           timed_out: bool = False) -> tuple[float, bool, str]:
     """The reward, whether the task is resolved, and why, from per-test statuses."""
     fail_only = is_fail_only(task.repo, task.log_parser)
-    fail_to_pass, _ = _fraction(task.FAIL_TO_PASS, statuses, fail_only)
+    fail_to_pass, _ = _fraction(task.FAIL_TO_PASS, statuses, fail_only,
+                                config.skipped_fail_to_pass_fails)
     pass_to_pass, broken = _fraction(task.PASS_TO_PASS, statuses, fail_only)
     if fail_to_pass == 1 and pass_to_pass == 1:
         return 1.0, True, "all FAIL_TO_PASS and PASS_TO_PASS tests pass"
@@ -205,9 +214,11 @@ def judge(task: Task, log: str, config: GradingConfig = GradingConfig(),
     else:
         decided_by = "undertow"
         statuses, found = _undertow_statuses(task, log)
-    tests = (*task.FAIL_TO_PASS, *task.PASS_TO_PASS)
     fail_only = is_fail_only(task.repo, task.log_parser)
-    outcomes = {test: classify_test(test, statuses, fail_only) for test in tests}
+    outcomes = {test: classify_test(test, statuses, fail_only) for test in task.PASS_TO_PASS}
+    outcomes.update({test: classify_test(test, statuses, fail_only,
+                                         config.skipped_fail_to_pass_fails)
+                     for test in task.FAIL_TO_PASS})
     successes = frozenset(t for t, outcome in outcomes.items() if outcome == "success")
     failures = frozenset(t for t, outcome in outcomes.items() if outcome == "failure")
     if not found:

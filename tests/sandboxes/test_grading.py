@@ -26,6 +26,18 @@ def test_score_rules(fixture_task):
         GradingConfig(partial_credit="sometimes")
 
 
+def test_skipped_fail_to_pass_counts_neither_way_unless_configured(fixture_task):
+    f2p, p2p = fixture_task.FAIL_TO_PASS, fixture_task.PASS_TO_PASS
+    skipped = {**dict.fromkeys(f2p, "skipped"), **dict.fromkeys(p2p, "passed")}
+    # The official 4.x harness: no FAIL_TO_PASS test counted, so the fraction is 1.
+    assert score(fixture_task, skipped, GradingConfig())[:2] == (1.0, True)
+    strict = GradingConfig(skipped_fail_to_pass_fails=True, partial_credit="always")
+    assert score(fixture_task, skipped, strict)[:2] == (0.0, False)
+    half = {**skipped, f2p[0]: "passed"}
+    assert score(fixture_task, half, strict)[0] == 0.5
+    assert score(fixture_task, {**half, p2p[0]: "skipped"}, strict)[0] == 0.5
+
+
 def test_patched_paths(fixture_task):
     assert patched_paths(fixture_task.test_patch) == ["tests/test_fixes.py", "tests/test_ops.py"]
 

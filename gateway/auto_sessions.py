@@ -14,9 +14,10 @@ is set) does two things:
   is known: the handler refuses it (401, in the API's own error shape), never a new
   session.
 - `run`: every `check_interval_s`, sessions it opened that have had no call for
-  `idle_close_s` and have none in flight expire: closed without a reward
-  (`session_expire` in the store), so they are not trained on until an operator closes
-  them with one (`undertow session close ID --reward R`).
+  `idle_close_s` (counted from the end of their last call) and have none in flight
+  expire: closed without a reward (`session_expire` in the store), so they are not
+  trained on until an operator closes them with one (`undertow session close ID
+  --reward R`).
 
 It exports `undertow_auto_sessions_enabled` (1, labelled with the group),
 `undertow_auto_sessions_opened_total` and `undertow_auto_sessions_expired_total` at
@@ -76,9 +77,14 @@ class AutoSessions:
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         key = request_key(request)
-        if key and request.path.startswith("/v1/") and not self.sessions.knows_key(key):
+        if not key or not request.path.startswith("/v1/"):
+            return await handler(request)
+        if not self.sessions.knows_key(key):
             await self.open(key, request.headers.get("User-Agent", ""))
-        return await handler(request)
+        try:
+            return await handler(request)
+        finally:  # idle time counts from a call's end: a long call is not idleness
+            self.sessions.touch(key)
 
     async def open(self, key: str, user_agent: str = "") -> Session:
         """The session of `key`, opened now unless it exists (open or closed)."""

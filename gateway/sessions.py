@@ -139,6 +139,12 @@ class SessionRegistry:
     def knows_key(self, key: str) -> bool:
         return hash_key(key) in self._by_key
 
+    def touch(self, key: str) -> None:
+        """Marks the session of `key` (if any) as used now."""
+        session = self._by_key.get(hash_key(key))
+        if session is not None:
+            session.last_used_s = time.monotonic()
+
     def find(self, session_id: str) -> Session | None:
         return self._by_id.get(session_id)
 

@@ -98,15 +98,18 @@ async def test_two_keys_at_once_make_two_sessions_that_do_not_mix(auto_gateway, 
     assert "undertow_auto_sessions_opened_total 2" in metrics
 
 
-async def test_one_new_key_in_many_requests_at_once_is_one_session(auto_gateway):
-    client = openai_client(auto_gateway, "key-burst")
+async def test_one_new_key_in_many_requests_at_once_is_one_session(make_gateway, scripted):
+    # fsync: the open event's write waits for the disk, so the requests overlap there
+    gateway = await make_gateway([scripted.url], auto_sessions=AutoSessionsConfig(GROUP),
+                                 store_sync="fsync")
+    client = openai_client(gateway, "key-burst")
     try:
         await asyncio.gather(*(client.chat.completions.create(
             model="undertow", messages=[{"role": "user", "content": f"Hi {i}"}],
             max_tokens=8) for i in range(4)))
     finally:
         await client.close()
-    [session] = auto_gateway.app[SESSIONS_KEY].sessions(GROUP)
+    [session] = gateway.app[SESSIONS_KEY].sessions(GROUP)
     assert session.num_calls == 4
 
 

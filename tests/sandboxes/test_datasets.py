@@ -90,6 +90,12 @@ def test_hugging_face_folder(tmp_path):
         str(tmp_path / "hf"))
     report = import_dataset("swe-bench-lite", tmp_path / "hf", tmp_path / "out")
     assert (report.num_rows, report.num_kept) == (3, 3)
+    (tmp_path / "parquet" / "data").mkdir(parents=True)
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "parquet" / "data" /
+                                                    "test-00000-of-00001.parquet"))
+    report = import_dataset("swe-bench-verified", tmp_path / "parquet", tmp_path / "out2")
+    assert (report.num_rows, report.num_kept) == (3, 3)
+    assert load_tasks(tmp_path / "out2")[0].log_parser == "swebench"
 
 
 def test_missing_image_names_the_command():

@@ -269,6 +269,12 @@ class Renderer:
         last = self.sampled_stop_text(completion_ids)
         return last if last and not self.turn_end else ""
 
+    @property
+    def eos_text(self) -> str:
+        """The EOS token's text as `tokenizer_config.json` names it ("" when it does not)."""
+        eos = self._special.get("eos_token")
+        return eos.get("content") or "" if isinstance(eos, dict) else eos or ""
+
     def sampled_stop_text(self, completion_ids: Sequence[int]) -> str:
         """The text of the completion's last token when it is a stop token, else ""."""
         if completion_ids and completion_ids[-1] in self.stop_token_ids:

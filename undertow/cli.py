@@ -16,7 +16,8 @@ from undertow.commands.serve import add_auto_session_arguments, auto_sessions_co
 
 # Command groups in `undertow/commands/`, one module each (see its docstring).
 COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair", "ui",
-                                    "tasks_import", "export", "eval", "chat_eval")
+                                    "tasks_import", "export", "eval", "chat_eval",
+                                    "model_check")
 
 
 def _add_model(commands) -> None:

@@ -1,0 +1,52 @@
+"""`undertow model check DIR`, run as a command on model directories with each family's
+kind of template (`tests/gateway/templates/`), and on one whose template ends the last
+assistant turn differently from the same turn with messages after it, so that the new
+messages cannot be told apart from the history: there token truth does not hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.gateway.templates import FAMILIES, family_model_dir
+
+pytestmark = pytest.mark.slow
+
+
+def model_check(model_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "undertow.cli", "model", "check",
+                           str(model_dir), "--turns", "9"], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_model_check_reports_token_truth_parser_and_stop_ids(tiny_model_dir, tmp_path, name):
+    family = FAMILIES[name]
+    checked = model_check(family_model_dir(tiny_model_dir, family, tmp_path / name))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"tool-call parser: {family.parser} " in checked.stdout
+    for stop in family.stop_tokens:
+        assert repr(stop) in checked.stdout
+    assert checked.stdout.count(": holds (8 of 8 later calls extend") == 2
+    assert "verdict: token truth holds" in checked.stdout
+
+
+def test_model_check_says_what_to_set_when_token_truth_fails(tiny_model_dir, tmp_path):
+    model_dir = family_model_dir(tiny_model_dir, FAMILIES["qwen25"], tmp_path / "odd")
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    # the last assistant turn gets an extra marker that a followed turn does not get
+    config["chat_template"] = config["chat_template"].replace(
+        "{{- '<|im_end|>\\n' -}}\n{%- elif message.role == 'tool'",
+        "{%- if loop.last -%}{{- ' (last)' -}}{%- endif -%}{{- '<|im_end|>\\n' -}}\n"
+        "{%- elif message.role == 'tool'")
+    assert "(last)" in config["chat_template"]
+    config_path.write_text(json.dumps(config))
+    checked = model_check(model_dir)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "token truth, history verbatim: FAILS" in checked.stdout
+    assert "set: token_truth: template" in checked.stdout
+    assert "verdict: token truth does NOT hold" in checked.stdout

@@ -1,6 +1,6 @@
 """xLong-horizon benchmark: a million-token session end to end, in bounded memory.
 
-    python -m benchmarks.xlong [--calls 500] [--path-tokens 32768] [--parts session,learner]
+    python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--parts session,learner]
 
 (a) Gateway (`xlong_session.py`): one session of 500 calls and about 1M tokens, its
     history condensed about every 95k tokens, through `undertow gateway serve` in front
@@ -13,7 +13,7 @@
 
 The 128k-token path itself costs about half an hour of CPU per variant on the tiny
 model (attention over 128k positions: ~1.5e14 FLOPs forward and backward), more than
-this benchmark's budget on a shared 2-core machine, so the default long path is 32k
+this benchmark's budget on a shared 2-core machine, so the default long path is 24k
 tokens; `--path-tokens 131072` runs the full length. Writes benchmarks/results/xlong.json
 and prints a Markdown table.
 """
@@ -82,7 +82,7 @@ def learner_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=xlong_session.NUM_CALLS)
-    parser.add_argument("--path-tokens", type=int, default=32768)
+    parser.add_argument("--path-tokens", type=int, default=24576)
     parser.add_argument("--parts", default="session,learner")
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["group", "path", "head"])

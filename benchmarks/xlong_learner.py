@@ -4,14 +4,15 @@ head chunked (with long micro-batches in segments) and unchunked, side by side.
 Three cases, each variant in a FRESH subprocess (tiny model, fp32, one torch thread):
 
 - `group`: one step over a group of sessions shaped like part (a)'s, scaled to this
-  CPU: 4 sessions of 60 calls (~50-token completions, ~200-token observations), each
+  CPU: 2 sessions of 60 calls (~50-token completions, ~200-token observations), each
   condensed every 15 calls (history rewritten to the task plus a summary), so each has
   4 branches; packed with `max_tokens` 8192.
 - `path`: one session's single path of `--path-tokens` tokens (15% of them sampled:
   150-token completions between 850-token observations), packed whole
-  (`long_paths="whole"`): the chunked variant scores it in segments of 8192 positions
-  reusing the earlier segments' keys and values; the unchunked one runs it at once with
-  the full (N, V) head, as before this change.
+  (`long_paths="whole"`): the chunked variants score it in segments of 8192 positions
+  reusing the earlier segments' keys and values (`chunked+ckpt` with activation
+  checkpointing too); the unchunked one runs it at once with the full (N, V) head, as
+  before this change.
 - `head`: the LM head alone (loss on logprobs and entropy, then backward) at the shape
   of a 128k-token path with 15% sampled: N = 19,660 scored positions, V = the tiny
   model's vocabulary, from random hidden states.
@@ -35,11 +36,14 @@ MAX_TOKENS = 8192
 HEAD_CHUNK_TOKENS = 1024
 PATH_SAMPLED_FRACTION = 0.15
 HEAD_SHAPE_TOKENS = 131072
-GROUP = {"sessions": 4, "calls": 60, "condense_every": 15, "task": 500, "summary": 300,
+GROUP = {"sessions": 2, "calls": 60, "condense_every": 15, "task": 500, "summary": 300,
          "completion": 50, "observation": 200}
-VARIANTS = {"chunked": {"head_chunk_tokens": HEAD_CHUNK_TOKENS,
-                        "max_segment_tokens": MAX_TOKENS},
-            "unchunked": {"head_chunk_tokens": 0, "max_segment_tokens": 0}}
+VARIANTS = {"unchunked": {"head_chunk_tokens": 0, "max_segment_tokens": 0},
+            "chunked": {"head_chunk_tokens": HEAD_CHUNK_TOKENS, "max_segment_tokens": MAX_TOKENS},
+            "chunked+ckpt": {"head_chunk_tokens": HEAD_CHUNK_TOKENS,
+                             "max_segment_tokens": MAX_TOKENS, "activation_checkpointing": True}}
+CASES = {"group": ("unchunked", "chunked"), "path": ("unchunked", "chunked", "chunked+ckpt"),
+         "head": ("unchunked", "chunked")}
 
 
 def _ids(rng: random.Random, num: int) -> list[int]:
@@ -154,8 +158,8 @@ def _head_step(policy, variant: str) -> dict:
 
 def run_all(model_dir: Path, path_tokens: int, timeout_s: int) -> list[dict]:
     rows = []
-    for case in ("group", "path", "head"):
-        for variant in VARIANTS:
+    for case, variants in CASES.items():
+        for variant in variants:
             command = [sys.executable, "-m", "benchmarks.xlong", "--worker", case,
                        "--variant", variant, "--model-dir", str(model_dir),
                        "--path-tokens", str(path_tokens)]

@@ -55,14 +55,17 @@ class PolicyModel:
     `head_chunk_tokens`: rows of the LM head per chunk (`lm_head.py`; 0 applies it to
     every scored position at once, the unchunked reference). `max_segment_tokens`: a
     micro-batch longer than this is scored in segments of this many positions
-    (`segments.py`; 0 never). `activation_checkpointing`: each decoder layer keeps only
-    its input for the backward pass and is run again there (transformers' gradient
-    checkpointing, non-reentrant; the model is put in training mode for it, which
-    changes nothing else in a Qwen3 model without dropout).
+    (`segments.py`; 0 never); the default is `TrainConfig.max_tokens`'s, so that a
+    micro-batch the packer had to make longer than its budget (a unit and its whole
+    context, or a chain packed whole) keeps activations within the budget.
+    `activation_checkpointing`: each decoder layer keeps only its input for the
+    backward pass and is run again there (transformers' activation checkpointing,
+    non-reentrant; the model is put in training mode for it, which changes nothing
+    else in a Qwen3 model without dropout).
     """
 
     def __init__(self, model: nn.Module, max_query_tokens: int = 8192,
-                 head_chunk_tokens: int = 1024, max_segment_tokens: int = 16384,
+                 head_chunk_tokens: int = 1024, max_segment_tokens: int = 8192,
                  activation_checkpointing: bool = False):
         for name, value in (("head_chunk_tokens", head_chunk_tokens),
                             ("max_segment_tokens", max_segment_tokens)):

@@ -106,7 +106,8 @@ def warm_start(work: Path, base: Path, num_tasks: int, args) -> tuple[dict, list
 
 def train(work: Path, warm: Path) -> tuple[dict, Path]:
     run_dir = work / "train"
-    argv = ["train", "--run-dir", str(run_dir), f"run.model_dir={warm}",
+    argv = ["train", "-c", "undertow/configs/swe.yaml", "--run-dir", str(run_dir),
+            f"run.model_dir={warm}",
             "rollout.scaffold_options={step_limit: 3, max_tokens: 768}",
             "rollout.timeout_s=300"]
     wall_s = None

@@ -70,6 +70,8 @@ def format_step(record: dict[str, Any], num_steps: int | None = None) -> str:
     """One progress line of a step's record (what `undertow train` prints per step)."""
     def number(key: str, spec: str) -> str:
         value = record.get(key)
+        if key == "kl" and value is not None:
+            value = max(value, 0.0)   # k3 is >= 0; rounding can print "-0.0000"
         return "-" if value is None else format(value, spec)
 
     failures = record.get("infra_failures") or {}

@@ -409,9 +409,13 @@ class _Loop:
             return
         kept = []
         for group in self.ready:
-            if group_staleness(group.tree, self.state.step) > self.config.max_staleness:
-                self.counts["stale"] += 1
+            staleness = group_staleness(group.tree, self.state.step)
+            if staleness > self.config.max_staleness:
                 self.state.consumed.append(group.index)
+                self._note_drop("stale", f"group {group.tree.group_id}: sampled by weights "
+                                f"{staleness} versions old (learner.max_staleness="
+                                f"{self.config.max_staleness}; are the weights reaching the "
+                                "engines?)")
             else:
                 kept.append(group)
         self.ready = kept

@@ -17,7 +17,10 @@ Started by `train_run.train` when the run config has a `pool` section
 Resume (`undertow train --resume`): the learner is restored from the latest checkpoint
 (weights, optimizer, the groups of unpublished steps that had finished), every cell's
 engine starts on the checkpoint's weights as their version, and the loop rebuilds the
-unpublished steps (`live.PoolLoop`), launching again the groups that were running.
+unpublished steps (`live.PoolLoop`), launching again the groups that were running; a
+group that had finished before the crash (all its sessions closed in the gateway's
+store, which the new gateway replays) is read back from the store instead of run again
+(`train_run.ThreadedGroupSource`).
 
 Threads as in `train_run`: the learner, the pool and its members' queues in the main
 thread; the gateway, engine start/stop and the rollouts on the asyncio loop in a
@@ -146,7 +149,8 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, 
                   flush=True)
             context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
                                      sections["rollout"], run.docker_url)
-            source = ThreadedGroupSource(loop, load_source(context), admin)
+            source = ThreadedGroupSource(loop, load_source(context), admin,
+                                         learner.state.num_resumes)
             cell_pool = LocalPool(cells, slots, members, weight_version=weight_version)
             try:
                 return PoolLoop(learner, cell_pool, policy, source, slots, slots, stop).run()

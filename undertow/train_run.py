@@ -28,6 +28,8 @@ at the gateway whose sessions it ran and closed with rewards: its name, or a
 Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engine
 restarts and loads the checkpoint's weights as their version before any rollout (in a
 pool run every cell's engine does, and the unpublished steps are rebuilt: `pool_run.py`).
+Groups that finished before the crash but were not in the checkpoint are read back from
+the gateway's store, not run again (`ThreadedGroupSource`).
 """
 
 from __future__ import annotations
@@ -115,15 +117,32 @@ RunGroup = Callable[[Any], Awaitable[str]]
 
 
 class ThreadedGroupSource:
-    """`GroupSource` over an asyncio loop in another thread (see the module docstring)."""
+    """`GroupSource` over an asyncio loop in another thread (see the module docstring).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, run_group: RunGroup, admin):
+    After a resume (`num_resumes` > 0), a launch first looks in the gateway's store
+    (replayed by the new gateway) for the same launch index run before the crash: a
+    group there whose sessions are all closed, with at least `group_size` valid ones,
+    is finished already and is read back instead of being run again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run_group: RunGroup, admin,
+                 num_resumes: int = 0):
         self.loop, self.run_group, self.admin = loop, run_group, admin
+        self.num_resumes = num_resumes
         self.done: queue.Queue = queue.Queue()
         self.futures: set[concurrent.futures.Future] = set()
+        self.num_recovered = 0
 
     def launch(self, request) -> None:
         started_s = time.perf_counter()
+        recovered = self._recovered(request)
+        if recovered is not None:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_result(recovered)
+            self.num_recovered += 1
+            print(f"undertow train: group {recovered} (launch {request.index}) finished "
+                  "before the restart; read back from the gateway's store", flush=True)
+            self.done.put((request, future, 0.0))
+            return
         future = asyncio.run_coroutine_threadsafe(self.run_group(request), self.loop)
         self.futures.add(future)
         future.add_done_callback(
@@ -149,6 +168,21 @@ class ThreadedGroupSource:
                 request.index, self._tree(outcome), rollout_s, dict(outcome.failures),
                 outcome.num_reruns, outcome.error))
         return groups
+
+    def _recovered(self, request) -> str | None:
+        """The name of a finished group of launch `request.index` from before the latest
+        resume, if the store holds one."""
+        from undertow.learner.advantages import is_infra_failure
+        from undertow.learner.train import group_id_of
+
+        for num_resumes in range(self.num_resumes - 1, -1, -1):
+            group = group_id_of(request.index, num_resumes)
+            sessions = self.admin.sessions(group)
+            valid = [s for s in sessions if s["closed"] and not is_infra_failure(s["meta"])]
+            if sessions and all(s["closed"] for s in sessions) and \
+                    len(valid) >= request.group_size:
+                return group
+        return None
 
     def _tree(self, outcome: GroupOutcome):
         from undertow.gateway.tree import Tree
@@ -354,7 +388,8 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
               f"run {run.run_dir}, from step {learner.state.step}", flush=True)
         context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir, rollout,
                                  run.docker_url)
-        source = ThreadedGroupSource(loop, load_source(context), admin)
+        source = ThreadedGroupSource(loop, load_source(context), admin,
+                                     learner.state.num_resumes)
         try:
             outcome = learner.run(source, admin, stop, on_step=step_printer(config.num_steps))
         finally:
@@ -387,7 +422,9 @@ def print_results(run_dir: Path, rollout: RolloutSection) -> None:
     if checkpoint is None:
         return
     print(f"undertow train: checkpoint {checkpoint}", flush=True)
-    if rollout.scaffold == CHAT and not rollout.source:
+    if rollout.source:   # a plugged-in rollout: how to evaluate it is its own business
+        return
+    if rollout.scaffold == CHAT:
         tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
         print(f"undertow train: evaluate it with: undertow chat-eval --model "
               f"{checkpoint / 'model'}{tasks}", flush=True)

@@ -4,6 +4,7 @@ run that must end with the weights of the uninterrupted one."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ TIMEOUT_S = 420
 def _command(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
             f"run.model_dir={model_dir}", "learner.num_steps=2", "learner.group_size=2",
-            "learner.max_staleness=0", "learner.lr=0.001",
+            "learner.max_staleness=0", "learner.lr=0.001", "learner.checkpoint_every=1",
             "rollout.source=tests.e2e.scripted_rollouts:make_run_group", *extra]
 
 
@@ -112,10 +113,12 @@ def test_sigterm_then_resume_ends_like_the_uninterrupted_run(straight_run, tiny_
 
 @pytest.mark.docker
 def test_default_rollouts_mini_swe_agent_in_docker_two_steps(tiny_model_dir, tmp_path):
-    """The default source: the real mini-swe-agent on one bundled task in Docker sandboxes,
-    graded; every session ends closed with a reward in the tree the learner trained on."""
+    """The SWE run (`configs/swe.yaml`): the real mini-swe-agent on one bundled task in
+    Docker sandboxes, graded; every session ends closed with a reward in the tree the
+    learner trained on."""
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
+               "-c", str(REPO / "undertow" / "configs" / "swe.yaml"),
                f"run.model_dir={tiny_model_dir}", "learner.num_steps=2",
                "learner.group_size=2", "rollout.num_tasks=1", "rollout.timeout_s=180",
                "rollout.scaffold_options={step_limit: 2, max_tokens: 32}"]
@@ -129,3 +132,23 @@ def test_default_rollouts_mini_swe_agent_in_docker_two_steps(tiny_model_dir, tmp
     for tree in trees:
         assert len(tree.sessions) == 2
         assert all(p.closed and p.reward is not None for p in tree.sessions.values())
+
+
+def test_resume_reads_groups_finished_before_a_crash_back_from_the_store(straight_run,
+                                                                        tiny_model_dir,
+                                                                        tmp_path):
+    """A crash after group 1 finished but before step 2's checkpoint (here: that
+    checkpoint removed): the resumed run trains group 1 as read back from the gateway's
+    store, runs no new session, and ends with the uninterrupted run's weights."""
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    shutil.copytree(straight_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step-000002")
+    resumed = _start(_command(run_dir, tiny_model_dir, "--resume"), log)
+    assert _finish(resumed, log) == 0, log.read_text()[-3000:]
+    assert "group g000001-r0 (launch 1) finished before the restart" in log.read_text()
+    assert sorted(t.group_id for t in load_store_trees(run_dir / "store")) == [
+        "g000000-r0", "g000001-r0"]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    expected, got = _weights(straight_run), _weights(run_dir)
+    for name, value in expected.items():
+        assert got[name].equal(value), name

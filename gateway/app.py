@@ -121,7 +121,7 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
                         context_length=context_length_of(config.model_dir, renderer,
                                                          config.context_length),
                         default_max_tokens=config.default_max_tokens,
-                        tool_parser=tool_parser)
+                        tool_parser=tool_parser, token_truth=config.token_truth)
     middlewares = [_metrics_middleware(metrics), error_middleware]
     auto = None
     if config.auto_sessions is not None:

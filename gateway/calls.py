@@ -31,7 +31,13 @@ from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
-from undertow.gateway.tokentruth import Head, Prompt, build_prompt
+from undertow.gateway.tokentruth import (
+    TOKEN_TRUTH_POLICIES,
+    VERBATIM,
+    Head,
+    Prompt,
+    build_prompt,
+)
 from undertow.gateway.toolparsers import Content, Event, Unparsed, create_parser
 
 
@@ -126,7 +132,12 @@ class CallRunner:
     """Runs calls for every API against one pool, store, renderer and session registry."""
 
     def __init__(self, *, pool, store: TreeStore, renderer: Renderer, sessions: SessionRegistry,
-                 metrics, context_length: int, default_max_tokens: int, tool_parser: str):
+                 metrics, context_length: int, default_max_tokens: int, tool_parser: str,
+                 token_truth: str = VERBATIM):
+        if token_truth not in TOKEN_TRUTH_POLICIES:
+            raise ValueError(f"token_truth={token_truth!r}: choose one of "
+                             f"{TOKEN_TRUTH_POLICIES}")
+        self.token_truth = token_truth
         self.pool, self.store, self.renderer, self.sessions = pool, store, renderer, sessions
         self.metrics = metrics
         self.context_length = context_length
@@ -150,7 +161,7 @@ class CallRunner:
 
         prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
                               request.messages, request.tools, session.heads,
-                              path_token_ids)
+                              path_token_ids, policy=self.token_truth)
         self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
         if prompt.branch:
             self.metrics.branches.inc(reason=prompt.branch)

@@ -59,6 +59,9 @@ class GatewayConfig:
     `router`: admission bounds (past them a call gets a 429 with `Retry-After`) and
     routing affinity; see `router.py`.
     `auto_sessions`: None (the default) refuses unknown keys; see `AutoSessionsConfig`.
+    `token_truth`: "verbatim" (the default: a call's prompt reuses the session's sampled IDs
+    verbatim) or "template" (every prompt is the template's full render); see
+    `tokentruth.py` and the README.
     """
 
     model_dir: Path
@@ -78,6 +81,7 @@ class GatewayConfig:
     store_sync: str = "flush"
     router: RouterConfig = field(default_factory=RouterConfig)
     auto_sessions: AutoSessionsConfig | None = None
+    token_truth: str = "verbatim"
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
@@ -92,5 +96,8 @@ class GatewayConfig:
             raise ValueError(f"num_heads_per_session={self.num_heads_per_session} must be >= 1")
         if self.store_sync not in ("flush", "fsync"):
             raise ValueError(f"store_sync={self.store_sync!r} must be 'flush' or 'fsync'")
+        if self.token_truth not in ("verbatim", "template"):
+            raise ValueError(f"token_truth={self.token_truth!r} must be 'verbatim' or "
+                             "'template'")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is not a TCP port")

@@ -27,6 +27,10 @@ Otherwise the prompt is rendered in full and labelled with why the session branc
 `retry` (the same messages again), `rewrite` (earlier history changed, e.g. context
 condensation), `subagent` (a conversation that shares no first message with the
 session's earlier ones, or that continues an older parallel conversation).
+
+That is the `verbatim` policy, the default. The `template` policy renders every call in
+full instead, as the template shows it at inference, and labels a call whose render
+departs from the path it continues `template` (see `_template_prompt` and the README).
 """
 
 from __future__ import annotations
@@ -40,7 +44,11 @@ from typing import Any
 from undertow.gateway.engines.protocol import TokenIdsJson
 from undertow.gateway.render import Renderer
 
-RETRY, REWRITE, SUBAGENT = "retry", "rewrite", "subagent"
+RETRY, REWRITE, SUBAGENT, TEMPLATE = "retry", "rewrite", "subagent", "template"
+# Policies (`GatewayConfig.token_truth`): `verbatim` reuses the sampled IDs (above);
+# `template` sends the template's own full render every call (`_template_prompt`).
+VERBATIM = "verbatim"
+TOKEN_TRUTH_POLICIES = (VERBATIM, TEMPLATE)
 
 
 @dataclass(frozen=True)
@@ -159,10 +167,14 @@ def same_assistant(sent: dict, returned: dict) -> bool:
 
 
 def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
-                 heads: Sequence[Head], path_token_ids: Callable[[int], list[int]]) -> Prompt:
+                 heads: Sequence[Head], path_token_ids: Callable[[int], list[int]],
+                 policy: str = VERBATIM) -> Prompt:
     """The prompt for `messages`, by token truth from the newest head it extends,
     else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree
-    into a list the prompt then owns (and extends)."""
+    into a list the prompt then owns (and extends). With `policy="template"`, the
+    template's full render (`_template_prompt`)."""
+    if policy == TEMPLATE:
+        return _template_prompt(renderer, messages, tools, heads, path_token_ids)
     keys = _Keys(messages)
     tkey = tools_key(tools, renderer.template_kwargs)
     for position, head in enumerate(reversed(heads)):
@@ -201,6 +213,34 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
     token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
     return Prompt(token_ids, _full_render_reason(keys.all(), heads), None, 0, keys.all(), tkey,
                   messages=list(messages), token_ids_json=TokenIdsJson.of(token_ids))
+
+
+def _template_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
+                     heads: Sequence[Head], path_token_ids: Callable[[int], list[int]]
+                     ) -> Prompt:
+    """`token_truth: template`: every call's prompt is the template's full render, so
+    training contexts equal what the template shows at inference. A call whose render
+    begins with the path of the head it continues extends it (no branch); when the
+    template rewrote that history (or its text re-tokenizes differently), the call
+    starts a branch labelled `template`, and trains on its own prompt."""
+    keys, tkey = _Keys(messages), tools_key(tools, renderer.template_kwargs)
+    token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
+    ids_json = TokenIdsJson.of(token_ids)
+    for head in reversed(heads):
+        num_head = len(head.message_keys)
+        if (tkey != head.tools_key or len(messages) <= num_head + 1
+                or keys.all()[:num_head] != head.message_keys
+                or not same_assistant(messages[num_head], head.assistant)):
+            continue
+        path = path_token_ids(head.leaf)
+        if token_ids[:len(path)] == path:
+            return Prompt(token_ids, None, head.call_id, len(path), keys.all(), tkey,
+                          head.leaf, list(messages), ids_json)
+        return Prompt(token_ids, TEMPLATE, None, 0, keys.all(), tkey,
+                      messages=list(messages), token_ids_json=ids_json)
+    retry = any(head.tools_key == tkey and head.message_keys == keys.all() for head in heads)
+    return Prompt(token_ids, RETRY if retry else _full_render_reason(keys.all(), heads), None,
+                  0, keys.all(), tkey, messages=list(messages), token_ids_json=ids_json)
 
 
 class _Keys:

@@ -177,6 +177,9 @@ def _add_gateway(commands) -> None:
                        "template)")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
     serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
+    serve.add_argument("--token-truth", choices=("verbatim", "template"), default="verbatim",
+                       help="verbatim (default): each prompt reuses the session's sampled IDs; "
+                       "template: each prompt is the chat template's full render (README)")
     serve.add_argument("--store-sync", choices=("flush", "fsync"), default="flush",
                        help="flush (default): each call is written to the OS before its reply "
                        "ends (survives the gateway being killed) and fsync'ed in the background "
@@ -202,7 +205,7 @@ def _gateway_serve(args) -> int:
         host=args.host, port=args.port, admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""),
         model_name=args.model_name, tool_parser=args.tool_parser,
         max_body_bytes=args.max_body_bytes, context_length=args.context_length,
-        store_sync=args.store_sync,
+        store_sync=args.store_sync, token_truth=args.token_truth,
         router=RouterConfig(max_in_flight_per_engine=args.max_in_flight_per_engine,
                             retry_after_s=args.retry_after),
         auto_sessions=auto_sessions_config(args))

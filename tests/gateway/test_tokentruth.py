@@ -6,8 +6,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.gateway.conftest import ADMIN_TOKEN
-from undertow.gateway.app import create_app
+from tests.gateway.capture import calls_of, captured
+from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
+from tests.gateway.templates import FAMILIES, family_model_dir
+from undertow.gateway.app import STORE_KEY, create_app
 from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, TokenIdsJson
 from undertow.gateway.pool import EnginePool
@@ -241,3 +243,44 @@ async def test_the_prompt_list_the_pool_was_given_never_changes(scripted, tiny_m
     for given, as_given in pool.given:
         assert given == as_given
     assert len(pool.given[1][0]) > len(pool.given[0][0])  # the later prompts did extend
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("policy", ["verbatim", "template"])
+async def test_token_truth_policies_on_a_template_that_drops_earlier_reasoning(
+        scripted, tiny_model_dir, tmp_path, policy):
+    """`verbatim` extends the sampled IDs (no branch); `template` sends the template's full
+    render every call, and a call whose render departs from the path it continues (the
+    Qwen3-like template dropped the reasoning of the turn before) is a `template` branch."""
+    family = FAMILIES["qwen3"]
+    model_dir = family_model_dir(tiny_model_dir, family, tmp_path / "qwen3", add_tokens=False)
+    renderer = Renderer(model_dir)
+    app, runner, url = await start_gateway([scripted.url], model_dir, tmp_path / "store",
+                                           token_truth=policy)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{url}/admin/sessions", json={"group": "g"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as reply:
+            session = await reply.json()
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        messages, sent = [{"role": "user", "content": "fix the tests"}], []
+        for turn in range(4):
+            scripted.scripts.append(renderer.encode(
+                f"<think>\nStep {turn}.\n</think>\n\nDone {turn}.") + [2])
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            sent.append(list(messages))
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"still failing {turn}"}]
+        await client.close()
+        tree = app[STORE_KEY].trees["g"]
+    finally:
+        await runner.cleanup()
+    calls = [captured(tree, call_id) for call_id in calls_of(tree, session["session_id"])]
+    if policy == "verbatim":
+        assert [call.branch for call in calls] == [None] * 4
+        assert all(call.meta["token_truth"] for call in calls[1:])
+        return
+    for call, messages_sent in zip(calls, sent, strict=True):
+        assert call.prompt_ids == renderer.encode(
+            renderer.render(messages_sent, None, add_generation_prompt=True))
+    assert [call.branch for call in calls] == [None, "template", "template", "template"]

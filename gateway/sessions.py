@@ -191,7 +191,7 @@ def _closed_message(session: Session) -> str:
     if not session.auto:
         return f"session {session.session_id} is closed; open a new session"
     how = ("it was idle too long and closed without a reward" if session.reward is None
-           else "it was closed")
+           else f"it was closed with reward {session.reward:g}")
     return (f"session {session.session_id}, which this API key opened, is closed ({how}); "
             "a closed session takes no more calls: use a different API key to start a new "
             "session")

@@ -98,11 +98,10 @@ class SessionRegistry:
 
     def create(self, group: str, session_id: str | None = None,
                meta: dict[str, Any] | None = None) -> tuple[Session, str]:
-        """A new session and its key (returned once, never stored)."""
+        """A new session and its key (returned once, never stored); not yet added: the
+        caller writes its open event to the store first, then `add`s it."""
         key = f"sk-undertow-{secrets.token_urlsafe(24)}"
-        session = self.new_session(group, key, session_id, meta)
-        self.add(session)
-        return session, key
+        return self.new_session(group, key, session_id, meta), key
 
     def new_session(self, group: str, key: str, session_id: str | None = None,
                     meta: dict[str, Any] | None = None, auto: bool = False) -> Session:

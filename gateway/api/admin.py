@@ -61,7 +61,8 @@ class _SessionHandlers:
         meta = body.get("meta") or body.get("metadata") or {}
         session, key = self.sessions.create(group, body.get("session_id"), meta)
         self.store.tree(group)
-        await self.store.append(group, SessionRegistry.open_event(session))
+        await self.store.append(group, SessionRegistry.open_event(session))  # written ahead
+        self.sessions.add(session)
         self.metrics.open_sessions.set(self.sessions.num_open)
         base = f"{request.scheme}://{request.host}/s/{session.session_id}/v1"
         return web.json_response({"session_id": session.session_id, "api_key": key,

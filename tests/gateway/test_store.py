@@ -204,6 +204,12 @@ async def test_a_full_disk_answers_503_and_leaves_tree_log_and_heads_as_they_wer
     assert "could not write" in refused.value.message
     assert snapshot(gateway, session["session_id"], "full") == before
 
+    async with gateway.http.post(f"{gateway.url}/admin/sessions", json={"group": "other"},
+                                 headers=gateway.admin) as opening:
+        assert opening.status == 503  # a new group's file gets no page
+    async with gateway.http.get(f"{gateway.url}/admin/sessions", headers=gateway.admin) as listed:
+        assert [s["session_id"] for s in (await listed.json())["sessions"]] == [
+            session["session_id"]]
     async with gateway.http.post(  # its line is longer than the file's page slack
             f"{gateway.url}/admin/sessions/{session['session_id']}/close",
             json={"reward": 1.0, "meta": {"log": "x" * 5000}}, headers=gateway.admin) as closing:

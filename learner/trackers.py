@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from undertow.learner.trees import load_store_tree
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 STEPS_FILE = "steps.jsonl"
+GROUP_NAME = re.compile(r"^g(\d{6})-r(\d+)(?:\..+)?$")
 WANDB_MODES = ("offline", "online", "disabled")
 SESSION_COLUMNS = ("step", "group", "session", "reward", "cause", "num_calls",
                    "num_completion_tokens", "last_reply")
@@ -209,13 +211,7 @@ class Trackers:
         return group_ids
 
     def _group_of(self, index: int) -> str | None:
-        """The newest store file of launch `index` (`g000003-r1` after one resume)."""
-        if self.store_dir is None:
-            return None
-        found = [(int(p.stem.rsplit("-r", 1)[1]), p.stem)
-                 for p in self.store_dir.glob(f"g{index:06d}-r*.jsonl")
-                 if p.stem.rsplit("-r", 1)[1].isdigit()]
-        return max(found)[1] if found else None
+        return newest_groups(self.store_dir).get(index) if self.store_dir else None
 
     def session_rows(self, step: int, group_ids: list[str]) -> list[list[Any]]:
         """Up to `num_sample_sessions` rows (`SESSION_COLUMNS`) of the step's groups."""
@@ -301,6 +297,19 @@ def track_learner(learner, config: TrackerConfig, run_config: dict[str, Any],
                              lambda: learner.state.consumed, model_dir=model_dir)
     learner.metrics = TrackedMetricsLog(learner.run_dir, trackers)
     return trackers
+
+
+def newest_groups(store_dir: Path) -> dict[int, str]:
+    """Launch index -> the newest group of the store that ran it: `g000003-r1` after one
+    resume (the rollout runner may add `.INSTANCE_ID`: `g000003-r1.calclang__calclang-2`)."""
+    newest: dict[int, tuple[int, str]] = {}
+    for path in Path(store_dir).glob("g*.jsonl"):
+        match = GROUP_NAME.match(path.stem)
+        if match:
+            index, resume = int(match.group(1)), int(match.group(2))
+            if index not in newest or resume > newest[index][0]:
+                newest[index] = (resume, path.stem)
+    return {index: name for index, (_, name) in newest.items()}
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

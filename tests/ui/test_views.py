@@ -10,6 +10,7 @@ import pytest
 
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tree import Tree
+from undertow.learner.trackers import newest_groups
 from undertow.ui import views
 from undertow.ui.runs import Catalog, NotFoundError, RunFolder
 
@@ -86,10 +87,17 @@ def test_step_view_lists_sessions_with_advantages(run):
 
 def test_step_view_prefers_recorded_groups(run):
     (run.path / "steps.jsonl").write_text(
-        json.dumps({"step": 1, "group_ids": ["g000009-r0"]}) + "\n"
-        + json.dumps({"step": 1, "group_ids": [GROUP]}) + "\n")   # the step after a resume
+        json.dumps({"step": 1, "indices": [9], "group_ids": []}) + "\n"
+        + json.dumps({"step": 1, "indices": [0], "group_ids": []}) + "\n")  # after a resume
     step = views.step_view(run, 1)
     assert step["groups_source"] == "recorded" and [g["group"] for g in step["groups"]] == [GROUP]
+
+
+def test_launch_indices_name_the_newest_group_with_any_instance_suffix(tmp_path):
+    for name in ("g000000-r0.calclang__calclang-2", "g000000-r1.calclang__calclang-2",
+                 "g000001-r0", "notes"):
+        (tmp_path / f"{name}.jsonl").write_text("")
+    assert newest_groups(tmp_path) == {0: "g000000-r1.calclang__calclang-2", 1: "g000001-r0"}
 
 
 def test_tree_view_has_every_node_with_its_owner_and_sessions(run):

@@ -29,11 +29,10 @@ import yaml
 
 from undertow.gateway.tree import Tree
 from undertow.learner.metrics_log import METRICS_FILE
-from undertow.learner.trackers import STEPS_FILE
+from undertow.learner.trackers import STEPS_FILE, newest_groups
 from undertow.learner.trees import load_store_tree
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
-GROUP_NAME = re.compile(r"^g(\d{6})-r(\d+)$")
 RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
 # Written by a pool run (`learner/pool/live.py`): every decision and step with the cells' roles.
@@ -148,27 +147,19 @@ class RunFolder:
         return cached.tree
 
     def step_groups(self, step: int) -> tuple[list[str], str]:
-        """The groups step `step` took, and where that came from (`steps.jsonl`, or an
-        inference from launch order when the run did not record it)."""
+        """The groups step `step` took (trained, or dropped by it), and where that came
+        from: `steps.jsonl` (launch indices, named by the store), or an inference from
+        launch order when the run did not record them."""
         records, _ = read_jsonl(self.path / STEPS_FILE)
         # After a resume the step is taken again: its last line is the one trained.
         matching = [r for r in records if r.get("step") == step]
+        newest = newest_groups(self.store_dir) if self.store_dir.is_dir() else {}
         if matching:
-            return list(matching[-1].get("group_ids", [])), "recorded"
-        return self._inferred_groups(step), "inferred"
-
-    def _inferred_groups(self, step: int) -> list[str]:
-        """Without `steps.jsonl`: launch index i of `groups_per_step` g trained at step
-        i // g + 1 (exact for a synchronous run with no group dropped)."""
+            record = matching[-1]
+            named = [newest[i] for i in record.get("indices", []) if i in newest]
+            return named or list(record.get("group_ids", [])), "recorded"
         per_step = int((self.config().get("learner") or {}).get("groups_per_step", 1) or 1)
-        latest: dict[int, tuple[int, str]] = {}
-        for group in self.groups():
-            match = GROUP_NAME.match(group)
-            if match:
-                index, resume = int(match.group(1)), int(match.group(2))
-                if index not in latest or resume > latest[index][0]:
-                    latest[index] = (resume, group)
-        return [latest[i][1] for i in sorted(latest) if i // per_step + 1 == step]
+        return [newest[i] for i in sorted(newest) if i // per_step + 1 == step], "inferred"
 
     def scaffold_messages(self, group: str, session_id: str) -> list[dict[str, Any]]:
         """The messages the scaffold kept, when its rollout saved a trajectory

@@ -71,8 +71,7 @@ function problems(list) {
 // ---- charts ----
 
 function derive(records) {
-  return records.map(r => ({ ...r, groups_dropped: (r.num_dropped_groups || 0)
-    + (r.num_dropped_uniform || 0) + (r.num_dropped_invalid || 0) }));
+  return records.map(r => ({ ...r, groups_dropped: dropped(r) }));
 }
 
 function lineChart(title, series) {
@@ -259,13 +258,18 @@ async function stepPage(name, step) {
         h("td", { class: "num" }, fmt(v))))))));
   const metrics = Object.entries(data.metrics).filter(([, v]) => typeof v !== "object");
   show(h("h1", {}, `Step ${step} of ${name}`),
-       h("p", { class: "muted" }, data.groups_source === "recorded" ? "groups as the learner recorded them"
-         : "groups inferred from launch order (this run did not record them)"),
+       h("p", { class: "muted" }, (data.groups_source === "recorded" ? "groups as the learner recorded them"
+         : "groups inferred from launch order (this run did not record them)") +
+         (dropped(data.metrics) ? `; ${dropped(data.metrics)} of those the step took were dropped ` +
+           "(stale, uniform rewards or invalid), not trained" : "")),
        problems(data.missing_groups.map(g => `group ${g} is not in the store`)),
        groups.length ? groups : h("p", { class: "muted" }, "no group of this step is in the store"),
        h("h2", {}, "Metrics"), h("table", {}, metrics.map(([k, v]) =>
          h("tr", {}, h("th", {}, k), h("td", { class: "num" }, fmt(v, 5))))));
 }
+
+const dropped = r => (r.num_dropped_groups || 0) + (r.num_dropped_uniform || 0) +
+  (r.num_dropped_invalid || 0);
 
 function tokenColor(logprob) {
   if (logprob === null || logprob === undefined) return "transparent";

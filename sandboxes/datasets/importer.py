@@ -2,7 +2,8 @@
 
 Each row goes through its dataset's `convert` (`formats.py`), gets its image name (the
 row's own, else the dataset's template; `image_template` overrides both; `registry`
-prefixes it, for a private mirror), and must then load as a `Task`. The rows kept are
+prefixes it, for a private mirror), the official harness's 30-minute limit on its tests,
+and must then load as a `Task`. The rows kept are
 written to `OUT/tasks.jsonl` (loadable by `load_tasks`, so `undertow rollout --tasks OUT`
 runs them); `ImportReport` counts the rows dropped, by reason.
 """
@@ -17,6 +18,9 @@ from typing import Any
 from undertow.sandboxes.datasets.formats import DatasetFormat, get_format, image_fields
 from undertow.sandboxes.errors import DroppedRow, TaskFormatError
 from undertow.sandboxes.task import parse_task, read_records, task_record
+
+# The official harness's time limit of an instance's tests (run_evaluation --timeout).
+TESTS_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def convert_rows(dataset: DatasetFormat, rows: Iterable[tuple[str, Any]],
         try:
             record = dataset.convert(row)
             record["image"] = image_name(record, dataset, image_template, registry)
+            record.setdefault("timeout_s", TESTS_TIMEOUT_S)
             if record["instance_id"] in seen:
                 raise DroppedRow("repeats an earlier instance_id")
             task = parse_task(record, where)

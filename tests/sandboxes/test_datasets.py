@@ -37,6 +37,7 @@ def test_swe_bench_rows_take_the_official_harness_where_it_knows_the_repository(
     django = tasks["django__django-11099"]
     assert django.image == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
     assert (django.log_parser, django.version) == ("swebench", "3.0")
+    assert django.timeout_s == 1800.0
     assert django.environment_setup_commit == "b" * 40
     assert django.test_cmd.startswith("./tests/runtests.py") and "test_new" in django.test_cmd
     assert "conda activate testbed" in django.eval_commands

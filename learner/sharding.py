@@ -1,0 +1,256 @@
+"""Where the learner's parameters live: the device, the precision, and FSDP2 shards in a cell.
+
+A training **cell** is a group of devices (GPUs, or CPU processes in tests) that trains
+as one member of an elastic step (`elastic.py`). Inside a cell the model is sharded
+with PyTorch's FSDP2 (`fully_shard`) over a `DeviceMesh` of the cell's processes: each
+decoder layer is one FSDP unit, and the decoder with the embedding (whose weight the
+LM head shares in Qwen3) is the root unit. Each process keeps 1/W of the parameters,
+gradients and optimizer state; a layer's full parameters exist only while it runs.
+
+The cell's step (`sharded_backward_step`) hands the step's micro-batches round-robin
+to its W processes and runs them in rounds: every process runs a forward and backward
+each round (one with no micro-batch left runs an idle pass on one token with a zero
+loss), because every forward all-gathers each layer's shards and every backward
+reduce-scatters its gradient across the whole mesh. The reduce-scatter's mean is scaled
+back to the sum, and each micro-batch's loss already carries the whole step's
+normaliser, so the sharded gradient is the sum over all micro-batches, as one process
+computes it; only the order of float additions differs.
+
+Membership: a mesh is formed for a fixed set of processes, so a cell that changes size
+between elastic steps forms a new mesh and re-shards: its processes join a new process
+group (one TCP or NCCL rendezvous, about a second on one node and growing with the
+ranks), and the full weights are scattered once again from rank 0 (one read of 2
+bytes per parameter in bf16). Inside a step the cell's membership is fixed; cells
+still join the elastic step whenever they arrive.
+
+Precision (`TrainConfig.mixed_precision`): "bf16" keeps the parameters and the
+optimizer state in float32 (the master weights) and computes in bfloat16: under FSDP2
+its `MixedPrecisionPolicy` all-gathers bf16 copies and reduce-scatters gradients in
+float32; a single process uses `torch.autocast`.
+
+The micro-batch token budget can be derived from the device's free memory
+(`micro_batch_token_budget`): what is left after the parameters, gradients and AdamW
+state, divided by the activation bytes one packed token costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from undertow.learner.errors import LearnerError
+from undertow.learner.losses import LossConfig, step_weights
+from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_micro_batch
+from undertow.learner.packing import MicroBatch, PackedStep
+
+DEVICES = ("auto", "cpu", "cuda")
+MIXED_PRECISIONS = ("none", "bf16")
+TOKEN_MULTIPLE = 256
+ACTIVATION_SAFETY = 2.0
+
+
+class DeviceError(LearnerError):
+    """The configured device cannot be used here."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device `learner.device` names: "auto" is CUDA when torch sees a GPU, else CPU.
+    In a process of a multi-GPU cell, CUDA means the current device (`LOCAL_RANK`'s)."""
+    if name not in DEVICES:
+        raise ValueError(f"learner.device must be one of {DEVICES}, got {name!r}")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"learner.device is 'cuda' but this torch ({torch.__version__}) sees "
+                          "no CUDA device; install a CUDA build or set learner.device: auto")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def compute_context(device: torch.device, mixed_precision: str):
+    """The context a single (unsharded) process runs its forward and backward in."""
+    if mixed_precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def place_policy(policy: PolicyModel, device: torch.device) -> None:
+    """Moves the policy's parameters (in place) to `device`."""
+    policy.model.to(device)
+
+
+def micro_batch_to(micro_batch: MicroBatch, device: torch.device) -> MicroBatch:
+    """The micro-batch with its tensors on `device` (itself if they are there)."""
+    if micro_batch.token_ids.device == device:
+        return micro_batch
+    moved = {f.name: getattr(micro_batch, f.name).to(device)
+             for f in dataclasses.fields(micro_batch)
+             if isinstance(getattr(micro_batch, f.name), torch.Tensor)}
+    return dataclasses.replace(micro_batch, **moved)
+
+
+def step_to(step: PackedStep, device: torch.device) -> PackedStep:
+    """The packed step with every tensor on `device` (term arrays and micro-batches)."""
+    moved = {name: getattr(step, name).to(device)
+             for name in ("term_session", "term_path", "behaviour_logprobs", "advantages")}
+    return dataclasses.replace(step, micro_batches=[micro_batch_to(mb, device)
+                                                    for mb in step.micro_batches], **moved)
+
+
+def activation_bytes_per_token(config: Any, compute_bytes: int,
+                               activation_checkpointing: bool) -> float:
+    """An upper estimate of the activation bytes one packed token keeps for backward in a
+    Qwen3 decoder (`config`: its transformers config): per layer the attention's q, k, v
+    and output and the MLP's gate, up and product, with `ACTIVATION_SAFETY` for autograd's
+    extra copies; with checkpointing every layer keeps only its input, and one layer's
+    activations are alive at a time."""
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", hidden // config.num_attention_heads)
+    attention = (2 * config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim
+    layer = (4 * hidden + attention + 3 * config.intermediate_size) * compute_bytes
+    layer *= ACTIVATION_SAFETY
+    if activation_checkpointing:
+        return config.num_hidden_layers * hidden * compute_bytes + layer
+    return config.num_hidden_layers * layer
+
+
+def micro_batch_token_budget(config: Any, free_bytes: int, num_parameters: int,
+                             num_shards: int, compute_bytes: int,
+                             activation_checkpointing: bool, head_chunk_tokens: int) -> int:
+    """The most packed tokens per micro-batch that fit in `free_bytes` of device memory,
+    measured with the (sharded) float32 parameters already on the device: their
+    gradients (4 bytes) and AdamW's two moments (8 bytes) per local parameter still to
+    come, one layer's gathered parameters in `compute_bytes`, the LM head's chunk of
+    float32 logits and their gradient, then `activation_bytes_per_token` per token.
+    Rounded down to a multiple of `TOKEN_MULTIPLE`; DeviceError when not even that fits."""
+    local = num_parameters / num_shards
+    fixed = 12 * local + compute_bytes * num_parameters / max(config.num_hidden_layers, 1)
+    fixed += 2 * 4 * max(head_chunk_tokens, 1) * config.vocab_size
+    per_token = activation_bytes_per_token(config, compute_bytes, activation_checkpointing)
+    tokens = int((free_bytes - fixed) / per_token) // TOKEN_MULTIPLE * TOKEN_MULTIPLE
+    if tokens < TOKEN_MULTIPLE:
+        raise DeviceError(f"{free_bytes / 2**30:.1f} GiB free leaves no room for a micro-batch "
+                          f"of {TOKEN_MULTIPLE} tokens; shard over more devices, enable "
+                          "learner.activation_checkpointing, or set learner.micro_batch_tokens")
+    return tokens
+
+
+def device_token_budget(policy: PolicyModel, device: torch.device, num_shards: int,
+                        mixed_precision: str) -> int | None:
+    """`micro_batch_token_budget` from the CUDA device's free memory now; None on a CPU
+    (whose memory the budget does not come from)."""
+    if device.type != "cuda":
+        return None
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    num_parameters = sum(p.numel() for p in policy.model.parameters()) * (
+        num_shards if _is_sharded(policy) else 1)
+    compute_bytes = 2 if mixed_precision == "bf16" else policy.dtype.itemsize
+    return micro_batch_token_budget(policy.model.config, free_bytes, num_parameters,
+                                    num_shards, compute_bytes, policy.activation_checkpointing,
+                                    policy.head_chunk_tokens)
+
+
+def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> None:
+    """Shards the policy's causal LM over `mesh` in place: each decoder layer, then the
+    root (decoder, embedding, final norm; the LM head shares the embedding's weight).
+    FSDP2 averages the gradients over the mesh; `sharded_backward_step` scales them back
+    to the sum (a divide factor of 1 would need a PREMUL_SUM reduction, which gloo lacks)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISIONS}, "
+                         f"got {mixed_precision!r}")
+    options: dict[str, Any] = {"mesh": mesh}
+    if mixed_precision == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.float32)
+    model = policy.model
+    if not model.config.tie_word_embeddings:
+        raise DeviceError("sharding needs a model whose LM head shares the embedding "
+                          "(tie_word_embeddings, as Qwen3 up to 4B); this one has its own head")
+    for layer in model.model.layers:
+        fully_shard(layer, **options)
+    # The root unit is the decoder, not the causal LM: `PolicyModel.score` calls the
+    # decoder and applies the head itself, so the causal LM's forward hook never runs.
+    fully_shard(model.model, **options)
+    model.lm_head = _TiedHead(model.model.embed_tokens)
+
+
+def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
+                          rank: int, world_size: int, reference: PolicyModel | None = None
+                          ) -> dict[str, float]:
+    """This process's share of the cell's step: micro-batches rank, rank + W, ... in
+    rounds that every process of the mesh runs together; accumulates the step's sharded
+    gradient into `.grad` and returns this process's summed stats."""
+    device = _device_of(policy)
+    step = step_to(step, device)
+    weights = step_weights(config, step)
+    num_rounds = math.ceil(len(step.micro_batches) / world_size)
+    totals: dict[str, float] = defaultdict(float)
+    for round_index in range(num_rounds):
+        index = round_index * world_size + rank
+        if index >= len(step.micro_batches):
+            _idle_pass(policy, device)
+            continue
+        for name, value in backward_micro_batch(policy, step, weights, index, config,
+                                                reference).items():
+            totals[name] += value
+    with torch.no_grad():
+        for parameter in policy.model.parameters():
+            if parameter.grad is not None:
+                parameter.grad.mul_(world_size)   # FSDP2's mean over the mesh -> the sum
+    return dict(totals)
+
+
+def full_parameters(policy: PolicyModel) -> dict[str, torch.Tensor]:
+    """Every parameter whole (gathered from the mesh when sharded), on the CPU. A
+    collective: every process of the mesh must call it."""
+    full = {}
+    for name, parameter in policy.model.named_parameters():
+        tensor = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        full[name] = tensor.detach().cpu()
+    return full
+
+
+def _idle_pass(policy: PolicyModel, device: torch.device) -> None:
+    """A forward and backward on one token with a zero loss, so that a process with no
+    micro-batch left joins its mesh's all-gathers and reduce-scatters."""
+    token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    output = policy.model(input_ids=token_ids, use_cache=False)
+    (output.logits.sum() * 0.0).backward()
+
+
+def _device_of(policy: PolicyModel) -> torch.device:
+    parameter = next(policy.model.parameters())
+    local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    return local.device
+
+
+def _is_sharded(policy: PolicyModel) -> bool:
+    return hasattr(next(policy.model.parameters()), "to_local")
+
+
+class _TiedHead(nn.Module):
+    """The LM head of a sharded model whose head shares the embedding's weight: the
+    weight is read from the embedding at each use, so it is the gathered weight while
+    the root unit's parameters are whole (from the decoder's forward to the end of the
+    backward) and its gradient is reduced with the embedding's."""
+
+    bias = None
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self._embedding = [embedding]   # a list: not a submodule, its weight is the root's
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._embedding[0].weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.weight)

@@ -1,0 +1,153 @@
+"""FSDP2 in a training cell (`sharding.py`), on CPU with gloo, and the device helpers.
+
+- Two processes shard the tiny model with `fully_shard` over a 2-process `DeviceMesh`,
+  train one tree-packed step (four groups with branches, micro-batches of at most 48
+  tokens, so there are many, an odd number, and one process runs an idle round) with
+  gradient clipping and AdamW, and gather the gradients and parameters: each gradient
+  equals the unsharded one within 1e-5 of its scale and each parameter within 1e-5
+  what one unsharded process gets from `backward_step` on the same step, which moved
+  them; the processes' losses and term counts sum to the single process's.
+- The device and the micro-batch token budget: "auto" is the CPU here, "cuda" without a
+  GPU says what to do, and the budget grows with checkpointing and with shards.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from tests.learner.random_trees import build_random_tree
+from tests.learner.test_losses import _assert_gradients_close
+from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.losses import LossConfig
+from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_step
+from undertow.learner.packing import pack_step
+from undertow.learner.sharding import (
+    DeviceError,
+    full_parameters,
+    micro_batch_token_budget,
+    resolve_device,
+    shard_policy,
+    sharded_backward_step,
+)
+
+MAX_TOKENS = 48
+WORLD_SIZE = 2
+CONFIG = LossConfig(name="grpo", correction="decoupled_ppo", entropy_coef=0.01,
+                    max_importance_weight=1.5)
+LR = 1e-3
+
+
+def _packed_step():
+    trees = [build_random_tree(seed, f"g{seed}", num_turns=3 + seed % 3) for seed in range(1, 5)]
+    advantages = {(tree.group_id, s): a for tree in trees
+                  for s, a in group_advantages(tree, AdvantageConfig()).items()}
+    return pack_step(trees, advantages, MAX_TOKENS, CONFIG.paths_per_session)
+
+
+def _train_one_step(policy, step_fn):
+    """The step's stats and its whole gradients (before clipping) by parameter name."""
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=LR)
+    optimizer.zero_grad(set_to_none=True)
+    stats = step_fn()
+    grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+             for name, p in policy.model.named_parameters()}
+    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+    optimizer.step()
+    return stats, grads
+
+
+def _cell_member(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One process of the cell: shard, train the step, write the gathered parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+        policy = PolicyModel.load(model_dir, max_query_tokens=8)
+        policy.model.train()
+        shard_policy(policy, mesh)
+        step = _packed_step()
+        stats, grads = _train_one_step(policy, lambda: sharded_backward_step(
+            policy, step, CONFIG, rank, WORLD_SIZE))
+        parameters = full_parameters(policy)
+        Path(out_dir, f"stats-{rank}.json").write_text(json.dumps(stats))
+        if rank == 0:
+            save_file({name: t.contiguous() for name, t in parameters.items()},
+                      str(Path(out_dir, "parameters.safetensors")))
+            save_file({name: t.contiguous() for name, t in grads.items()},
+                      str(Path(out_dir, "gradients.safetensors")))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(tiny_model_dir, tmp_path):
+    store = dist.TCPStore("127.0.0.1", 0, world_size=WORLD_SIZE + 1, is_master=True,
+                          wait_for_workers=False)
+    context = mp.get_context("spawn")
+    processes = [context.Process(target=_cell_member,
+                                 args=(rank, store.port, str(tiny_model_dir), str(tmp_path)))
+                 for rank in range(WORLD_SIZE)]
+    for process in processes:
+        process.start()
+
+    policy = PolicyModel.load(tiny_model_dir, max_query_tokens=8)
+    policy.model.train()
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    step = _packed_step()
+    assert len(step.micro_batches) % WORLD_SIZE == 1   # one process runs an idle round
+    expected_stats, expected_grads = _train_one_step(
+        policy, lambda: backward_step(policy, step, CONFIG))
+
+    for process in processes:
+        process.join(timeout=600)
+        assert process.exitcode == 0
+    # The gradient: AdamW's first step hardly depends on its scale, so check it first.
+    _assert_gradients_close(load_file(str(tmp_path / "gradients.safetensors")), expected_grads)
+    sharded = load_file(str(tmp_path / "parameters.safetensors"))
+    assert sorted(sharded) == sorted(before)
+    for name, parameter in policy.model.named_parameters():
+        assert not torch.equal(parameter, before[name]) or name.endswith("norm.weight")
+        assert torch.allclose(sharded[name], parameter.detach(), rtol=0, atol=1e-5), name
+    stats = [json.loads((tmp_path / f"stats-{rank}.json").read_text())
+             for rank in range(WORLD_SIZE)]
+    assert sum(s["num_terms"] for s in stats) == expected_stats["num_terms"]
+    assert math.isclose(sum(s["loss"] for s in stats), expected_stats["loss"],
+                        rel_tol=1e-5, abs_tol=1e-6)
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_cuda_says_what_to_do():
+    assert resolve_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: 'cuda' resolves")
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(DeviceError, match=r"learner\.device: auto"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="'tpu'"):
+        resolve_device("tpu")
+
+
+def test_the_token_budget_grows_with_checkpointing_and_shards(tiny_model_dir):
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    options = {"config": config, "free_bytes": 2 * 2**30, "num_parameters": 5_000_000,
+               "compute_bytes": 2, "head_chunk_tokens": 1024}
+    plain = micro_batch_token_budget(num_shards=1, activation_checkpointing=False, **options)
+    checkpointed = micro_batch_token_budget(num_shards=1, activation_checkpointing=True,
+                                            **options)
+    assert 256 <= plain < checkpointed and plain % 256 == checkpointed % 256 == 0
+    big = {**options, "num_parameters": 100_000_000}
+    assert (micro_batch_token_budget(num_shards=1, activation_checkpointing=True, **big)
+            < micro_batch_token_budget(num_shards=8, activation_checkpointing=True, **big))
+    with pytest.raises(DeviceError, match="activation_checkpointing"):
+        micro_batch_token_budget(num_shards=1, activation_checkpointing=True,
+                                 **{**options, "free_bytes": 10 * 2**20})

@@ -19,6 +19,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
@@ -178,8 +179,24 @@ async def test_sessions_through_the_sdks_on_the_builtin_engine_keep_token_truth(
         engine_family_dirs, engine_url, tmp_path, name, client):
     """The same kind of session through the real SDKs, the gateway and the built-in engine
     (random weights: whatever it samples is returned, re-sent and extended)."""
-    app, runner, url = await start_gateway([engine_url], engine_family_dirs[name],
-                                           tmp_path / "store", tool_parser="auto")
+    await check_sdk_session(engine_url, engine_family_dirs[name], tmp_path, name, client)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("client", ["openai", "anthropic"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+async def test_sessions_through_the_sdks_on_vllm_keep_token_truth(
+        engine_family_dirs, vllm_engine_url, tmp_path, name, client):  # noqa: F811
+    """The same, against vLLM's CPU build serving the tiny model (the `vllm+` driver)."""
+    await check_sdk_session(f"vllm+{vllm_engine_url}", engine_family_dirs[name], tmp_path,
+                            name, client)
+
+
+async def check_sdk_session(engine: str, model_dir, tmp_path, name: str, client: str) -> None:
+    app, runner, url = await start_gateway([engine], model_dir, tmp_path / "store",
+                                           tool_parser="auto")
     try:
         async with aiohttp.ClientSession() as http, http.post(
                 f"{url}/admin/sessions", json={"group": "fam"},

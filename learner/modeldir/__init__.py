@@ -80,6 +80,11 @@ def write_model_config(model_dir: Path, size: ModelSize, tokenizer) -> None:
     # The smallest multiple of 64 that holds every token: rows past the tokenizer
     # would be sampled by the untrained model and decode to nothing.
     vocab_size = -(-num_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    if size.embedding_rows is not None:
+        if size.embedding_rows < num_tokens:
+            raise ValueError(f"embedding_rows={size.embedding_rows} is below the tokenizer's "
+                             f"{num_tokens} tokens")
+        vocab_size = size.embedding_rows
     end_of_text_id, im_end_id = tokenizer.token_to_id(END_OF_TEXT), tokenizer.token_to_id(IM_END)
     _write_json(model_dir / "config.json", {
         "architectures": ["Qwen3ForCausalLM"],
@@ -119,7 +124,7 @@ def write_model_config(model_dir: Path, size: ModelSize, tokenizer) -> None:
 
 
 def init_model_dir(out: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a complete model directory of `size` ("tiny" or "small") to `out`; return `out`.
+    """Write a complete model directory of `size` (a key of SIZES) to `out`; return `out`.
 
     The tokenizer depends only on the repository's text (BPE has no randomness);
     the weights depend only on `size` and `seed`.

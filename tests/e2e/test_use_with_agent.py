@@ -42,11 +42,23 @@ REPLY = "No tool call here."
 
 
 def readme_blocks() -> list[str]:
-    """The ```bash blocks of the README's "Use it with your agent" section."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + len(SECTION) + 2)
-    return re.findall(r"```bash\n(.*?)```", text[start:end if end > 0 else None], re.S)
+    """The ```bash blocks of the README's "Use it with your agent" section, which ends at
+    the next heading of any level (outside code blocks)."""
+    lines = (REPO / "README.md").read_text().splitlines(keepends=True)
+    blocks, block, fenced = [], None, False
+    for line in lines[lines.index(SECTION + "\n") + 1:]:
+        if line.startswith("```"):
+            fenced = not fenced
+            if line.strip() == "```bash":
+                block = []
+            elif block is not None:
+                blocks.append("".join(block))
+                block = None
+        elif block is not None:
+            block.append(line)
+        elif not fenced and line.startswith("#"):
+            break
+    return blocks
 
 
 def with_values(settings: str, values: dict[str, str]) -> str:
@@ -65,10 +77,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-async def scripted_engine(tiny_model_dir):
-    renderer = Renderer(tiny_model_dir)
-    stop_id = sorted(renderer.stop_token_ids)[0]
-    engine = ScriptedEngine(default=renderer.encode(REPLY) + [stop_id], stop_token_ids=(stop_id,))
+async def scripted_engine():
+    """The scripted engine; its reply is set once the README has built the model (`reply`)."""
+    engine = ScriptedEngine(default=[])
     runner = web.AppRunner(engine.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -77,14 +88,23 @@ async def scripted_engine(tiny_model_dir):
     await runner.cleanup()
 
 
+def reply_in_tokens_of(engine: ScriptedEngine, model_dir: Path) -> None:
+    """Makes the engine answer REPLY in the model's own token IDs. The tiny model's
+    tokenizer is trained on the project's sources, so it is the one the README's
+    `undertow model init` built, not one built earlier from other sources."""
+    renderer = Renderer(model_dir)
+    stop_id = sorted(renderer.stop_token_ids)[0]
+    engine.default, engine.stop_token_ids = renderer.encode(REPLY) + [stop_id], (stop_id,)
+
+
 def shell_env(home: Path) -> dict[str, str]:
-    """This interpreter's `undertow`, the npm CLIs and mini first on the PATH; a fresh HOME."""
+    """This interpreter's `undertow`, the npm CLIs and mini first on the PATH; a fresh HOME;
+    no client variables of the caller's; litellm's bundled cost map (no network here)."""
     path = os.pathsep.join([str(Path(sys.executable).parent), str(AGENTS_BIN),
                             os.environ.get("PATH", "")])
     env = {k: v for k, v in os.environ.items() if not k.startswith(
         ("OPENAI_", "ANTHROPIC_", "UNDERTOW_", "MSWEA_"))}
-    return {**env, "PATH": path, "HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}
+    return {**env, "PATH": path, "HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 async def run_block(script: str, cwd: Path, env: dict[str, str]) -> str:
@@ -149,6 +169,7 @@ async def test_the_readme_commands_capture_what_the_engine_sent(scripted_engine,
     async with serving(settings + serve, cwd, env) as banner:
         assert f"gateway  http://127.0.0.1:{port}" in banner
         assert "auto-sessions on" in banner and f"undertow trees show {store}" in banner
+        reply_in_tokens_of(scripted_engine, tmp_path / "model")
         codex_out = await run_block(settings + codex, cwd, env)
         claude_out = await run_block(settings + claude, cwd, env)
         await run_block(settings + scored, cwd, env)

@@ -25,7 +25,8 @@ DEFAULT_STORE = Path("runs/serve/store")
 def add(commands) -> None:
     serve = commands.add_parser(
         "serve", help="the built-in engine (or --engine URLs) and the gateway, in one command",
-        description="Serve a model behind the gateway; point any agent at the URL it prints.")
+        description="Serve a model behind the gateway; point any agent at the URL it prints. "
+        f"The admin token is ${ADMIN_TOKEN_VARIABLE}, or a fresh one (printed) when unset.")
     serve.add_argument("--model", type=Path, required=True, help="model directory")
     serve.add_argument("--engine", action="append", default=[], metavar="URL",
                        help="use this engine (repeat for several) instead of starting the "

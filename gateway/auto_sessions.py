@@ -46,6 +46,8 @@ OPENED_BY = "auto-sessions"
 
 @dataclass(frozen=True)
 class AutoSessionMetrics:
+    """What `/metrics` says of auto-sessions (registered only when they are on)."""
+
     enabled: Gauge
     opened: Counter
     expired: Counter

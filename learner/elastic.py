@@ -11,8 +11,8 @@ Roles, all on one `torch.distributed.TCPStore` that the coordinator serves on
 127.0.0.1 with a port chosen by the OS (`Coordinator.address`):
 
 - The **coordinator** (the learner's main process, rank 0) owns the step: `open_step`
-  writes the step's start weights to a file and opens a roster and an empty claim
-  queue in the store; `append` adds the micro-batches of a chunk of complete groups
+  puts the step's start weights in the store and opens a roster and an empty claim
+  queue there; `append` adds the micro-batches of a chunk of complete groups
   (every session closed, so their group-relative advantages are known) to the queue,
   as often as groups finish; `finish_step` closes the queue, receives the summed
   gradient, applies the whole step's normaliser and leaves it in its policy's `.grad`,
@@ -48,9 +48,17 @@ Why a fresh group per step and no collective before the end: torch.distributed c
 grow a group in place, and re-forming one at every join would stop every member at a
 barrier. Nothing during the step needs a collective: the micro-batches are
 independent, the claim queue lives in the store, and the weights are constant until
-the optimizer steps, so a joiner reads the step's start snapshot (a file here; on GPUs
-it could equally be a broadcast from rank 0 in the end-of-step group of the previous
-step). Only the final sum needs a group, and by then the membership is fixed.
+the optimizer steps, so a joiner reads the step's start snapshot from the store. Only
+the final sum needs a group, and by then the membership is fixed.
+
+What travels through the store, and how: the start weights (one blob per step) and each
+appended chunk (one blob each), as `wire.py` encodes them (safetensors bytes with JSON
+metadata, in pieces of 4 MiB), never as a pickle, since a member must not run code
+that another process wrote; the blobs are deleted when the step ends. Each joiner
+pulls the weights once over TCP from the coordinator's store: fine for the models a
+CPU trains; on GPUs that is 2 bytes per parameter per joiner in bf16 (a 7B model is
+14 GB per join, about 12 s at 10 Gb/s), where an NCCL broadcast from rank 0 would
+be the faster path (not built yet).
 
 Backends: "gloo" (CPU, tested here) and "nccl" (GPU; the gradient buffer then lives on
 the member's device). Everything else is backend-independent.
@@ -75,6 +83,15 @@ from undertow.learner.losses import LossConfig, chunk_weights, step_count
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
 from undertow.learner.packing import PackedStep
+from undertow.learner.wire import (
+    decode_step,
+    delete_blob,
+    encode_step,
+    encode_weights,
+    get_blob,
+    load_weights,
+    put_blob,
+)
 
 HOST = "127.0.0.1"
 POLL_S = 0.02
@@ -168,16 +185,18 @@ class Coordinator:
     `finish_step` replaces the policy's `.grad` with the step's normalised gradient.
     """
 
-    def __init__(self, policy: PolicyModel, work_dir: str | Path, backend: str = "gloo",
-                 timeout_s: float = 300.0):
+    def __init__(self, policy: PolicyModel, work_dir: str | Path | None = None,
+                 backend: str = "gloo", timeout_s: float = 300.0):
+        # `work_dir` is no longer written (everything travels through the store); it is
+        # still accepted so that the pools' calls stay as they are.
+        del work_dir
         self.policy, self.backend, self.timeout_s = policy, backend, timeout_s
-        self.work_dir = Path(work_dir)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
         self._step: int | None = None
         self._config: LossConfig | None = None
         self._num_micro_batches = self._num_chunks = self._count = 0
+        self._aborted: tuple[dist.PrefixStore, int] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -193,14 +212,14 @@ class Coordinator:
         if self._step is not None:
             raise MembershipError(f"step {self._step} is still open; finish it before "
                                   f"opening step {step}")
-        for stale in self.work_dir.glob("step-*.pt"):   # left by an aborted step
-            stale.unlink()
-        path = self.work_dir / f"step-{step}.pt"
-        torch.save({"weights": self.policy.model.state_dict()}, path)
+        if self._aborted is not None:
+            self._remove_payloads(*self._aborted)
+            self._aborted = None
         digest = weights_digest(self.policy.model)
         store = _step_store(self.store, step)
+        put_blob(store, "weights", encode_weights(self.policy.model))
         store.set("membership", OPEN)
-        store.set("spec", json.dumps({"path": str(path), "weights_digest": digest,
+        store.set("spec", json.dumps({"weights_digest": digest,
                                       "loss": dataclasses.asdict(config)}))
         self._step, self._config = step, config
         self._num_micro_batches = self._num_chunks = self._count = 0
@@ -210,14 +229,13 @@ class Coordinator:
         """Adds the micro-batches of `chunk` (the packed trees of whole, complete groups)
         to the step's queue, claimable at once."""
         store = self._open_store()
-        path = self.work_dir / f"step-{self._step}-chunk-{self._num_chunks}.pt"
-        torch.save(chunk, path)
+        put_blob(store, f"chunk/{self._num_chunks}", encode_step(chunk))
         self._count += step_count(self._config, chunk)
-        self._num_chunks += 1
         for index in range(len(chunk.micro_batches)):
             store.set(f"mb/{self._num_micro_batches}",
-                      json.dumps({"chunk": str(path), "index": index}))
+                      json.dumps({"chunk": self._num_chunks, "index": index}))
             self._num_micro_batches += 1
+        self._num_chunks += 1
 
     @property
     def num_micro_batches(self) -> int:
@@ -256,7 +274,8 @@ class Coordinator:
         reduced_s = time.perf_counter()
         _set_flat_gradient(self.policy.model, buffer / self._count)
         reports = [json.loads(store.get(f"report/{name}")) for name in names]
-        self._remove_files(step)   # a late member is refused before reading them
+        # A late member is refused before reading them.
+        self._remove_payloads(store, self._num_chunks)
         stats: dict[str, float] = {}
         for report in reports:
             for key, value in report["stats"].items():
@@ -280,6 +299,8 @@ class Coordinator:
         self._close_roster(store)
         store.set(f"mb/{self._num_micro_batches}", END)
         store.set("world_size", "0")
+        # Its members may still be reading them: they are freed when the next step opens.
+        self._aborted = (store, self._num_chunks)
         self._step = None
 
     def close(self) -> None:
@@ -291,10 +312,12 @@ class Coordinator:
             raise MembershipError("no step is open; call open_step first")
         return _step_store(self.store, self._step)
 
-    def _remove_files(self, step: int) -> None:
-        (self.work_dir / f"step-{step}.pt").unlink()
-        for index in range(self._num_chunks):
-            (self.work_dir / f"step-{step}-chunk-{index}.pt").unlink()
+    @staticmethod
+    def _remove_payloads(store: dist.PrefixStore, num_chunks: int) -> None:
+        """Frees a step's weights and chunks in the store (the small keys stay)."""
+        delete_blob(store, "weights")
+        for index in range(num_chunks):
+            delete_blob(store, f"chunk/{index}")
 
     def _close_roster(self, store: dist.PrefixStore) -> list[str]:
         while True:
@@ -374,12 +397,11 @@ class Member:
 
     def _train(self, store: dist.PrefixStore) -> dict[str, Any]:
         spec = json.loads(store.get("spec"))
-        saved = torch.load(spec["path"], weights_only=True)
-        self.policy.model.load_state_dict(saved["weights"])
+        load_weights(self.policy.model, get_blob(store, "weights"))
         digest = weights_digest(self.policy.model)
         self.policy.model.zero_grad(set_to_none=True)
         config = LossConfig(**spec["loss"])
-        chunks: dict[str, tuple[PackedStep, torch.Tensor]] = {}
+        chunks: dict[int, tuple[PackedStep, torch.Tensor]] = {}
         claimed, stats = [], {}
         while True:
             index = store.add("next", 1) - 1
@@ -391,7 +413,7 @@ class Member:
                 break
             where = json.loads(entry)
             if where["chunk"] not in chunks:
-                chunk = torch.load(where["chunk"], weights_only=False)
+                chunk = decode_step(get_blob(store, f"chunk/{where['chunk']}"))
                 chunks[where["chunk"]] = (chunk, chunk_weights(config, chunk))
             chunk, weights = chunks[where["chunk"]]
             for key, value in backward_micro_batch(self.policy, chunk, weights, where["index"],

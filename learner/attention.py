@@ -9,6 +9,13 @@ kernel and merged exactly by their log-sum-exp (`_MergedBlockAttention`); elsewh
 one SDPA per chunk with a lower-right causal bias (a flash kernel on CUDA). Cost and
 memory follow the tree's true ancestor pairs, not T^2.
 
+On CUDA there is a second way (`PolicyModel.score(..., attention="flex")`): PyTorch's
+`flex_attention` with a `BlockMask` built from the packed tree (`flex_block_mask`),
+whose mask function reads the micro-batch's unit-ancestor table, so the compiled
+kernel skips every tile of the sequence no query may see and needs no (T, T) tensor.
+On a CPU, torch 2.13 runs flex_attention's forward only (no backward), so there it is a
+checked reference, not a training path.
+
 It is registered with transformers as the attention "undertow_tree", which falls back
 to SDPA whenever it is given an ordinary mask (the flat path). Given a
 `SegmentContext` instead of `AttentionBlocks`, it runs one segment of a long
@@ -19,9 +26,11 @@ values are recorded in the context for the segments after it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from undertow.learner.packing import MicroBatch
 
@@ -115,6 +124,38 @@ def attention_blocks(micro_batch: MicroBatch, max_query_tokens: int = 8192) -> A
     return AttentionBlocks(chunks)
 
 
+def flex_block_mask(micro_batch: MicroBatch, block_size: int = 128) -> BlockMask:
+    """The micro-batch's ancestor-only mask as a flex_attention BlockMask on the device of
+    its tensors: query q may see key k iff k's unit is an ancestor-or-self of q's unit
+    and k <= q (ancestors precede their descendants in the packing, so this is
+    `MicroBatch.allowed`). Built tile by tile (compiled) on CUDA; on a CPU the mask
+    function is evaluated over the whole (T, T) grid once."""
+    units = micro_batch.unit_index                                      # (T,)
+    ancestors = micro_batch.unit_ancestors                              # (U, U)
+
+    def allowed(batch, head, query, key):
+        return ancestors[units[query], units[key]] & (key <= query)
+
+    num_tokens = micro_batch.num_tokens
+    device = units.device
+    return create_block_mask(allowed, None, None, num_tokens, num_tokens, device=device,
+                             BLOCK_SIZE=block_size, _compile=device.type == "cuda")
+
+
+@functools.cache
+def _compiled_flex_attention():
+    """flex_attention compiled once per process (eager flex_attention is a slow
+    reference that materialises the scores)."""
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _flex_tree_attention(query, key, value, block_mask: BlockMask, scaling: float):
+    """(1, H, T, D) queries, (1, KVH, T, D) keys and values -> (1, H, T, D)."""
+    attend = _compiled_flex_attention() if query.device.type == "cuda" else flex_attention
+    return attend(query, key, value, block_mask=block_mask, scale=scaling,
+                  enable_gqa=query.shape[1] != key.shape[1])
+
+
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
     for start, end in ranges:
@@ -127,13 +168,18 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _tree_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                     **kwargs):
-    """transformers attention function: blockwise for `AttentionBlocks`, else SDPA.
+    """transformers attention function: blockwise for `AttentionBlocks`, flex_attention
+    for a `BlockMask`, else SDPA.
     query (1, H, T, D), key/value (1, KVH, T, D); returns (1, T, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if isinstance(attention_mask, SegmentContext):
         key, value = attention_mask.keys_and_values(module.layer_idx, key, value)
         attention_mask = attention_mask.blocks
+    if isinstance(attention_mask, BlockMask):
+        output = _flex_tree_attention(query, key, value, attention_mask,
+                                      query.shape[-1] ** -0.5 if scaling is None else scaling)
+        return output.transpose(1, 2).contiguous(), None                # (1, T, H, D)
     if not isinstance(attention_mask, AttentionBlocks):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)

@@ -9,12 +9,14 @@ transformers 5.x passes a 4-D float mask through unchanged for both the "eager" 
 "sdpa" attention of Qwen3 (a 4-D *bool* mask is NOT honoured by "eager": it is
 added as 0/1), which tests/learner/test_model.py checks against one forward per path.
 
-Two ways to apply the mask, by `attention=`:
+Three ways to apply the mask, by `attention=` (or the constructor's default):
 - "dense": the (1, 1, T, T) float mask through the model's attention ("eager" or
   "sdpa"). Memory O(T^2) for the mask alone (1 GiB at T = 16k in fp32), and the
   attention computes every masked pair too.
 - "blocks" (default): tree attention without a mask tensor (`attention.py`); cost
   and memory follow the tree's true ancestor pairs, not T^2.
+- "flex": flex_attention with a BlockMask built from the tree (`attention.py`), for
+  CUDA (torch has no flex_attention backward on a CPU); no segments.
 
 Memory of a long micro-batch: the LM head is applied in chunks of positions
 (`lm_head.py`), so no (N, V) tensor is ever whole; a micro-batch longer than
@@ -34,7 +36,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from undertow.learner.attention import TREE_ATTENTION, attention_blocks, register_tree_attention
+from undertow.learner.attention import (
+    TREE_ATTENTION,
+    attention_blocks,
+    flex_block_mask,
+    register_tree_attention,
+)
 from undertow.learner.lm_head import chunked_scores, head_scores
 from undertow.learner.packing import MicroBatch
 from undertow.learner.segments import SegmentedScorer, segmented_scores
@@ -66,7 +73,7 @@ class PolicyModel:
 
     def __init__(self, model: nn.Module, max_query_tokens: int = 8192,
                  head_chunk_tokens: int = 1024, max_segment_tokens: int = 8192,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, attention: str = "auto"):
         for name, value in (("head_chunk_tokens", head_chunk_tokens),
                             ("max_segment_tokens", max_segment_tokens)):
             if value < 0:
@@ -75,6 +82,7 @@ class PolicyModel:
         self.max_query_tokens = max_query_tokens
         self.head_chunk_tokens = head_chunk_tokens
         self.max_segment_tokens = max_segment_tokens
+        self.attention = attention
         self.set_activation_checkpointing(activation_checkpointing)
 
     @classmethod
@@ -109,8 +117,11 @@ class PolicyModel:
               attention: str = "auto") -> Scores:
         """Scores the micro-batch's terms from one forward over its packed sequence
         (in segments when it is longer than `max_segment_tokens` and the attention is
-        "blocks"). `attention`: "blocks", "dense", or "auto" (blocks when the model's
-        attention is "undertow_tree")."""
+        "blocks"). `attention`: "blocks", "dense", "flex", or "auto" (the constructor's
+        `attention` unless "auto"; else blocks when the model's attention is
+        "undertow_tree")."""
+        if attention == "auto":
+            attention = self.attention
         if attention == "auto":
             tree = self.model.config._attn_implementation == TREE_ATTENTION
             attention = "blocks" if tree else "dense"
@@ -122,8 +133,11 @@ class PolicyModel:
         if attention == "blocks":
             # A dict is taken by transformers as masks already prepared per layer type.
             mask = {"full_attention": attention_blocks(micro_batch, self.max_query_tokens)}
+        elif attention == "flex":
+            mask = {"full_attention": flex_block_mask(micro_batch)}
         else:
-            mask = micro_batch.attention_mask(self.dtype)[None, None]  # (1, 1, T, T)
+            mask = micro_batch.attention_mask(self.dtype).to(micro_batch.token_ids.device)
+            mask = mask[None, None]                                      # (1, 1, T, T)
         hidden = self.model.model(
             input_ids=micro_batch.token_ids[None],
             position_ids=micro_batch.position_ids[None],

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "float64", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+MIXED_PRECISIONS = ("none", "bf16")
+ATTENTIONS = ("auto", "blocks", "flex", "dense")
 
 
 def _check_positive(owner: str, **values: float) -> None:
@@ -35,7 +38,18 @@ class TrainConfig:
     `max_failed_groups`: that many groups in a row whose every session Undertow failed
     (after each slot's attempts) stop the run with one error naming the cause.
 
-    `max_tokens` bounds a packed micro-batch. Checkpoints are written every
+    `max_tokens` bounds a packed micro-batch, unless `micro_batch_tokens` is set: a
+    number, or "auto" to derive the bound from the device's free memory at start
+    (`sharding.micro_batch_token_budget`; `max_tokens` on a CPU).
+
+    Device and precision (`sharding.py`): `device` "auto" trains on the GPU when torch
+    sees one, else the CPU. `mixed_precision` "bf16" keeps the parameters and AdamW's
+    state in `dtype` (float32: the master weights) and computes in bfloat16.
+    `activation_checkpointing` keeps one decoder layer's activations at a time.
+    `attention`: how the packed tree's mask is applied (`model.py`; "auto" is block
+    tree attention, "flex" is flex_attention, for CUDA).
+
+    Checkpoints are written every
     `checkpoint_every` steps and after the last one; the last `keep_checkpoints`
     are kept (the weights of every step are written anyway, to push them).
     """
@@ -59,6 +73,11 @@ class TrainConfig:
     push_mode: str = "drain"
     group_timeout_s: float = 3600.0
     max_failed_groups: int = 4
+    device: str = "auto"
+    mixed_precision: str = "none"
+    activation_checkpointing: bool = False
+    micro_batch_tokens: int | str | None = None
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         owner = "learner"
@@ -77,6 +96,15 @@ class TrainConfig:
                              f"{self.beta1}, {self.beta2}")
         if self.dtype not in DTYPES:
             raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name, choices in (("device", DEVICES), ("mixed_precision", MIXED_PRECISIONS),
+                              ("attention", ATTENTIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{owner}.{name} must be one of {choices}, "
+                                 f"got {getattr(self, name)!r}")
+        tokens = self.micro_batch_tokens
+        if not (tokens is None or tokens == "auto" or (type(tokens) is int and tokens >= 1)):
+            raise ValueError(f"{owner}.micro_batch_tokens must be a number >= 1 or 'auto', "
+                             f"got {tokens!r}")
         if self.push_mode not in ("drain", "abort_resume"):
             raise ValueError(f"{owner}.push_mode must be 'drain' or 'abort_resume', "
                              f"got {self.push_mode!r}")

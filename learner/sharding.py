@@ -39,19 +39,19 @@ import contextlib
 import dataclasses
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from undertow.learner.config import DEVICES, MIXED_PRECISIONS, TrainConfig
 from undertow.learner.errors import LearnerError
 from undertow.learner.losses import LossConfig, step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
 from undertow.learner.packing import MicroBatch, PackedStep
 
-DEVICES = ("auto", "cpu", "cuda")
-MIXED_PRECISIONS = ("none", "bf16")
 TOKEN_MULTIPLE = 256
 ACTIVATION_SAFETY = 2.0
 
@@ -80,9 +80,41 @@ def compute_context(device: torch.device, mixed_precision: str):
     return contextlib.nullcontext()
 
 
-def place_policy(policy: PolicyModel, device: torch.device) -> None:
-    """Moves the policy's parameters (in place) to `device`."""
-    policy.model.to(device)
+@dataclass(frozen=True)
+class Placement:
+    """Where one unsharded learner process trains: its device, its micro-batch token
+    bound (resolved from `TrainConfig.micro_batch_tokens`) and its compute precision."""
+
+    device: torch.device
+    max_tokens: int
+    mixed_precision: str = "none"
+
+    def compute(self):
+        """The context to run forwards and backwards in."""
+        return compute_context(self.device, self.mixed_precision)
+
+    def prepare(self, step: PackedStep) -> PackedStep:
+        """The packed step on the device."""
+        return step_to(step, self.device)
+
+
+def place(config: TrainConfig, policy: PolicyModel,
+          reference: PolicyModel | None = None) -> Placement:
+    """Moves the policy (and the reference) to `config.device`, sets activation
+    checkpointing and the attention from the config, and resolves the micro-batch
+    token bound; returns the placement."""
+    device = resolve_device(config.device)
+    for model in (policy, reference):
+        if model is not None:
+            model.model.to(device)
+            model.attention = config.attention
+    policy.set_activation_checkpointing(config.activation_checkpointing)
+    max_tokens = config.max_tokens
+    if isinstance(config.micro_batch_tokens, int):
+        max_tokens = config.micro_batch_tokens
+    elif config.micro_batch_tokens == "auto":
+        max_tokens = device_token_budget(policy, device, 1, config.mixed_precision) or max_tokens
+    return Placement(device, max_tokens, config.mixed_precision)
 
 
 def micro_batch_to(micro_batch: MicroBatch, device: torch.device) -> MicroBatch:

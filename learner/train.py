@@ -77,6 +77,7 @@ from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep, pack_step
+from undertow.learner.sharding import place
 from undertow.learner.trees import group_staleness
 
 PASS_REWARD = 1.0
@@ -138,6 +139,7 @@ class Learner:
         self.policy.model.train()
         self.reference = (PolicyModel.load(base_model_dir, dtype=torch_dtype(config.dtype))
                           if loss.kl_coef else None)
+        self.placement = place(config, self.policy, self.reference)   # before the optimizer
         self.optimizer = torch.optim.AdamW(
             self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay)
@@ -171,9 +173,12 @@ class Learner:
         for tree in trees:
             for session_id, value in group_advantages(tree, self.advantage_config).items():
                 advantages[(tree.group_id, session_id)] = value
-        step = pack_step(trees, advantages, self.config.max_tokens, self.loss.paths_per_session)
+        step = self.placement.prepare(pack_step(trees, advantages, self.placement.max_tokens,
+                                                self.loss.paths_per_session))
         self.optimizer.zero_grad(set_to_none=True)
-        return self.apply_gradient(trees, self._backward(step))
+        with self.placement.compute():
+            totals = self._backward(step)
+        return self.apply_gradient(trees, totals)
 
     def apply_gradient(self, trees: list[Tree], totals: dict[str, float]) -> dict[str, float]:
         """Clips the gradient in `.grad`, steps the optimizer and returns the metrics of

@@ -62,6 +62,9 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None
+        if any(isinstance(arg, type) and arg not in (Any, float, Path) and isinstance(value, arg)
+               and not isinstance(value, bool) for arg in typing.get_args(hint)):
+            return value   # e.g. `int | str`: an int or a str is taken as it is
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
         origin = typing.get_origin(hint)
     if origin in (tuple, list):

@@ -151,3 +151,35 @@ def test_the_token_budget_grows_with_checkpointing_and_shards(tiny_model_dir):
     with pytest.raises(DeviceError, match="activation_checkpointing"):
         micro_batch_token_budget(num_shards=1, activation_checkpointing=True,
                                  **{**options, "free_bytes": 10 * 2**20})
+
+
+def test_place_resolves_the_config_on_a_cpu(policy32):
+    from undertow.learner.config import TrainConfig
+    from undertow.learner.sharding import place
+
+    fixed = place(TrainConfig(micro_batch_tokens=123, activation_checkpointing=True,
+                              attention="dense"), policy32)
+    try:
+        assert fixed.max_tokens == 123 and policy32.activation_checkpointing
+        assert policy32.attention == "dense"
+        auto = place(TrainConfig(max_tokens=77, micro_batch_tokens="auto",
+                                 mixed_precision="bf16"), policy32)
+        assert auto.device == torch.device("cpu") and auto.max_tokens == 77
+        assert not policy32.activation_checkpointing
+        with auto.compute():
+            product = torch.ones(2, 2) @ torch.ones(2, 2)
+        assert product.dtype == torch.bfloat16   # computed in bf16; parameters stay float32
+        assert next(policy32.model.parameters()).dtype == torch.float32
+    finally:
+        place(TrainConfig(), policy32)
+
+
+@pytest.mark.parametrize(("key", "value"), [("device", "gpu"), ("mixed_precision", "fp16"),
+                                             ("attention", "sparse"),
+                                             ("micro_batch_tokens", "lots"),
+                                             ("micro_batch_tokens", 0)])
+def test_the_learner_config_names_a_bad_device_field(key, value):
+    from undertow.learner.config import TrainConfig
+
+    with pytest.raises(ValueError, match=f"learner.{key}"):
+        TrainConfig(**{key: value})

@@ -9,7 +9,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
-	docker-daemon doctor run test lint bench
+	docker-daemon doctor run test lint bench device-check
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -98,6 +98,13 @@ test: setup setup-vllm setup-agents setup-openhands setup-sglang-types docker-da
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The GPU check (issue 15): with this checkout installed (pip install --no-deps -e .) in a
+# Python that has torch (CUDA), triton and transformers; no network. Without CUDA it prints
+# "not run" rows and exits 0. DEVICE_PYTHON defaults to the project's venv, else python3.
+DEVICE_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+device-check:
+	$(DEVICE_PYTHON) -m benchmarks.device_check
 
 lint: setup
 	$(PY) -m ruff check .

@@ -1,0 +1,255 @@
+"""The GPU check (issue 15): `make device-check`, one unattended script for a GPU machine.
+
+    python -m benchmarks.device_check [--model-dir DIR] [--shape full|scaled]
+
+Needs only torch (CUDA), triton and transformers plus the project's small wheels, and no
+network. On a machine with CUDA it:
+1. builds a model of Qwen3-0.6B's shape with random weights (`undertow model init --size
+   qwen3-0.6b`, nothing from a hub) unless `--model-dir` names one;
+2. trains 3 tree-packed steps of one group tree (benchmarks.learner's shape) on the GPU:
+   FSDP2 (`sharding.shard_policy`, a one-GPU mesh over NCCL) with bf16 compute and float32
+   master weights, activation checkpointing, flex_attention tree masks; reports training
+   tokens/s and model FLOPs utilisation (the steps after the first, which compiles);
+3. checks flex_attention against dense masked attention on the same step's first
+   micro-batch (an unsharded float32 copy: logprobs and the gradient);
+4. times the weight sync's learner side: gathering the full weights and writing them as
+   the model directory an engine loads (`update_weights_from_disk`);
+5. runs `benchmarks/device_check_sglang.py` (SGLang's part) where that file exists.
+The built-in engine runs on CPUs only (no device option), so its decode rows say so.
+Without CUDA every row says "not run: no CUDA" and the script exits 0. It prints a
+Markdown table and writes `benchmarks/results/device_check.json`; the exit code is 1
+when a check that ran failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "device_check.json"
+SGLANG_CHECK = Path(__file__).parent / "device_check_sglang.py"
+NUM_STEPS = 3
+MICRO_BATCH_TOKENS = 16384
+FLEX_TOLERANCE = 2e-3
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12,
+                   "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
+"""Dense bf16 tensor-core peak by device name (no sparsity)."""
+ROWS = ("training tokens/s", "model FLOPs utilisation", "flex vs dense attention",
+        "weight sync, learner side (s)", "decode tokens/s, concurrency 1",
+        "decode tokens/s, concurrency 32", "SGLang checks")
+
+
+def row(check: str, status: str, value: str = "", note: str = "") -> dict:
+    return {"check": check, "status": status, "value": value, "note": note}
+
+
+def no_cuda_rows(reason: str) -> list[dict]:
+    return [row(name, "not run", note=reason) for name in ROWS[:-1]]
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The device's bf16 peak, matched on its name (e.g. "NVIDIA H200")."""
+    for name, flops in sorted(PEAK_BF16_FLOPS.items(), key=lambda item: -len(item[0])):
+        if name in device_name:
+            return flops
+    return None
+
+
+def model_flops(config, step) -> float:
+    """Model FLOPs of one training step (forward and backward, 3x the forward; the
+    recomputation of checkpointing is not counted, as MFU does): 6 per parameter of the
+    decoder's matmuls per packed token, 6 per head weight per scored token, and the
+    attention's 12 * heads * head_dim per (query, visible key) pair and layer."""
+    from undertow.learner.attention import attention_blocks
+
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_size = config.num_attention_heads * head_dim
+    kv_size = config.num_key_value_heads * head_dim
+    per_layer = hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * config.intermediate_size
+    num_pairs = 0
+    for micro_batch in step.micro_batches:
+        for start, end, ranges in attention_blocks(micro_batch).chunks:
+            num_queries = end - start
+            num_keys = sum(b - a for a, b in ranges)
+            num_pairs += num_queries * num_keys - num_queries * (num_queries - 1) // 2
+    return (6 * config.num_hidden_layers * per_layer * step.num_packed_tokens
+            + 6 * config.vocab_size * hidden * step.num_terms
+            + 12 * config.num_hidden_layers * q_size * num_pairs)
+
+
+def packed_step(shape: str):
+    from benchmarks.learner import SHAPES, build_tree
+    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.packing import pack_step
+
+    tree = build_tree(SHAPES[shape])
+    advantages = {(tree.group_id, s): a
+                  for s, a in group_advantages(tree, AdvantageConfig()).items()}
+    return pack_step([tree], advantages, MICRO_BATCH_TOKENS)
+
+
+def train_rows(model_dir: Path, shape: str) -> list[dict]:
+    """Rows 1, 2 and 4: three FSDP2 bf16 steps with flex attention on one GPU."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from undertow.learner.losses import LossConfig
+    from undertow.learner.model import PolicyModel
+    from undertow.learner.sharding import full_parameters, shard_policy, sharded_backward_step
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        policy = PolicyModel.load(model_dir, attention="flex", activation_checkpointing=True)
+        policy.model.to("cuda")
+        shard_policy(policy, init_device_mesh("cuda", (1,)), mixed_precision="bf16")
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-5)
+        step, config = packed_step(shape), LossConfig(name="token_mean")
+        seconds = []
+        for _ in range(NUM_STEPS):
+            torch.cuda.synchronize()
+            started_s = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            sharded_backward_step(policy, step, config, rank=0, world_size=1)
+            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+            optimizer.step()
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - started_s)
+        timed_s = sum(seconds[1:]) / (NUM_STEPS - 1)
+        tokens_per_s = step.num_packed_tokens / timed_s
+        peak = peak_flops(torch.cuda.get_device_name())
+        flops_per_s = model_flops(policy.model.config, step) / timed_s
+        started_s = time.perf_counter()
+        _write_weights(full_parameters(policy))
+        sync_s = time.perf_counter() - started_s
+    finally:
+        dist.destroy_process_group()
+    note = (f"{step.num_packed_tokens} packed tokens in {len(step.micro_batches)} "
+            f"micro-batches; step 1 (compiles) {seconds[0]:.1f} s, steps 2-3 {timed_s:.2f} s")
+    return [row(ROWS[0], "passed", f"{tokens_per_s:,.0f}", note),
+            row(ROWS[1], "passed" if peak else "measured",
+                f"{flops_per_s / peak:.1%}" if peak else f"{flops_per_s / 1e12:.0f} TFLOP/s",
+                f"peak {peak / 1e12:.0f} TFLOP/s bf16" if peak else
+                f"no peak known for {torch.cuda.get_device_name()}"),
+            row(ROWS[3], "passed", f"{sync_s:.2f}", "gather + write model.safetensors "
+                "(bf16 engines load it by update_weights_from_disk)")]
+
+
+def _write_weights(parameters: dict) -> None:
+    """Writes the weights in bf16 as an engine would load them (then removes them)."""
+    import torch
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="device-check-weights-") as out:
+        save_file({name: t.to(torch.bfloat16).contiguous() for name, t in parameters.items()},
+                  str(Path(out) / "model.safetensors"))
+
+
+def flex_row(model_dir: Path, shape: str) -> dict:
+    """Row 3: flex against dense attention, logprobs and gradient, float32."""
+    import torch
+
+    from undertow.learner.losses import LossConfig
+    from undertow.learner.model import PolicyModel
+    from undertow.learner.objective import backward_step
+    from undertow.learner.packing import PackedStep
+    from undertow.learner.sharding import step_to
+
+    policy = PolicyModel.load(model_dir)
+    policy.model.to("cuda").train()
+    whole = step_to(packed_step(shape), torch.device("cuda"))
+    step = PackedStep(**{**whole.__dict__, "micro_batches": whole.micro_batches[:1]})
+    results = {}
+    for attention in ("flex", "dense"):
+        policy.attention = attention
+        policy.model.zero_grad(set_to_none=True)
+        backward_step(policy, step, LossConfig(name="token_mean"))
+        with torch.no_grad():
+            logprobs = policy.score(step.micro_batches[0]).logprobs
+        grads = [p.grad.detach().clone() for p in policy.model.parameters()]
+        results[attention] = (logprobs, grads)
+    logprob_error = float((results["flex"][0] - results["dense"][0]).abs().max())
+    grad_error = max(float((f - d).abs().max() / d.abs().max().clamp_min(1e-30))
+                     for f, d in zip(results["flex"][1], results["dense"][1], strict=True))
+    ok = logprob_error <= FLEX_TOLERANCE and grad_error <= FLEX_TOLERANCE
+    del policy
+    torch.cuda.empty_cache()
+    return row(ROWS[2], "passed" if ok else "FAILED",
+               f"logprob {logprob_error:.1e}, gradient {grad_error:.1e}",
+               f"max abs / relative to each parameter's scale, tolerance {FLEX_TOLERANCE:g}; "
+               f"{step.micro_batches[0].num_tokens} tokens")
+
+
+def sglang_row(model_dir: Path | None) -> dict:
+    """Row 7: SGLang's part, by its own script, where it exists."""
+    if not SGLANG_CHECK.exists():
+        return row(ROWS[6], "not run", note=f"{SGLANG_CHECK.name} is not in this checkout")
+    command = [sys.executable, "-m", "benchmarks.device_check_sglang"]
+    if model_dir is not None:
+        command += ["--model", str(model_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    results = SGLANG_CHECK.parent / "results" / "device_check_sglang.json"
+    reason = ""
+    if results.exists():
+        reason = json.loads(results.read_text()).get("skipped", "")
+    if done.returncode:
+        return row(ROWS[6], "FAILED", note=(done.stdout + done.stderr)[-300:])
+    return row(ROWS[6], "not run" if reason else "passed", note=reason or
+               "see benchmarks/results/device_check_sglang.json")
+
+
+def engine_rows() -> list[dict]:
+    reason = ("the built-in engine runs on CPUs only (gateway/engines/builtin has no device "
+              "option); SGLang's rows cover GPU decode")
+    return [row(ROWS[4], "not run", note=reason), row(ROWS[5], "not run", note=reason)]
+
+
+def gpu_rows(model_dir: Path | None, shape: str) -> tuple[list[dict], Path]:
+    from undertow.learner.modeldir import ensure_model_dir
+
+    if model_dir is None:
+        model_dir = ensure_model_dir(Path(tempfile.gettempdir()) / "undertow-qwen3-0.6b",
+                                     size="qwen3-0.6b")
+    rows = []
+    for build in (lambda: train_rows(model_dir, shape), lambda: [flex_row(model_dir, shape)]):
+        try:
+            rows += build()
+        except Exception as error:   # one failed part must not hide the others' rows
+            rows.append(row("error", "FAILED", note=f"{type(error).__name__}: {error}"[:300]))
+    return rows + engine_rows(), model_dir
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| check | status | value | note |", "|---|---|---:|---|"]
+    lines += [f"| {r['check']} | {r['status']} | {r['value']} | {r['note']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--shape", default="full", choices=("full", "scaled"))
+    args = parser.parse_args(argv)
+    import torch
+
+    if torch.cuda.is_available():
+        rows, model_dir = gpu_rows(args.model_dir, args.shape)
+    else:
+        rows = no_cuda_rows(f"no CUDA: torch {torch.__version__} sees no GPU")
+        model_dir = args.model_dir
+    rows.append(sglang_row(model_dir))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    print(table(rows))
+    return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""`make device-check` on a machine without CUDA (benchmarks/device_check.py).
+
+- The target runs the script, which exits 0 and prints its table with every learner and
+  engine row "not run" with the reason "no CUDA", and the SGLang row from
+  device_check_sglang.py (not run here, with SGLang's reason), and writes the same rows
+  as JSON.
+- The model FLOPs of a packed step are the hand count for one causal chain (matmuls per
+  packed token, the head per scored token, attention per visible pair).
+- The bf16 peak is matched on the device's name, the longest name first.
+"""
+
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import device_check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs for real")
+def test_make_device_check_without_cuda_prints_not_run_rows():
+    done = subprocess.run(["make", "-s", "device-check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| check | status | value | note |"
+    body = {line.split(" | ")[0][2:]: line for line in lines[1:]}
+    assert set(body) == set(device_check.ROWS)
+    for name in device_check.ROWS[:-1]:
+        assert "| not run |" in body[name] and "no CUDA" in body[name], body[name]
+    assert "| not run |" in body["SGLang checks"]
+    written = json.loads(device_check.RESULTS.read_text())["rows"]
+    assert [r["check"] for r in written] == list(device_check.ROWS)
+
+
+def test_model_flops_of_one_causal_chain_are_the_hand_count():
+    from undertow.gateway.tree import Tree
+    from undertow.learner.packing import pack_step
+
+    tree = Tree("g")
+    tree.add_call("c0", "s0", list(range(1, 7)), [7, 8, 9, 10], [-1.0] * 4, [0] * 4)
+    tree.close_session("s0", reward=1.0)
+    step = pack_step([tree], {("g", "s0"): 1.0}, 64)
+    config = SimpleNamespace(hidden_size=8, head_dim=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=16,
+                             num_hidden_layers=3, vocab_size=100)
+    num_tokens = 10
+    per_layer = 8 * (2 * 8 + 2 * 4) + 3 * 8 * 16
+    expected = (6 * 3 * per_layer * num_tokens + 6 * 100 * 8 * 4
+                + 12 * 3 * 8 * num_tokens * (num_tokens + 1) // 2)
+    assert step.num_packed_tokens == num_tokens and step.num_terms == 4
+    assert device_check.model_flops(config, step) == expected
+
+
+def test_peak_flops_match_the_device_name():
+    assert device_check.peak_flops("NVIDIA H200") == 989e12
+    assert device_check.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert device_check.peak_flops("NVIDIA L40S") == 362e12   # not L4's
+    assert device_check.peak_flops("Some Future GPU") is None

@@ -60,6 +60,8 @@ class MiniSweAgent:
             f"model.model_kwargs.api_base={endpoint.base_url}",
             f"agent.step_limit={self.step_limit}",
         ]
+        if sandbox.connection.url:  # the sandbox's own Docker host, of several
+            specs.append(f"environment.docker_url={sandbox.connection.url}")
         if self.max_tokens is not None:
             specs.append(f"model.model_kwargs.max_tokens={self.max_tokens}")
         if self.temperature is not None:

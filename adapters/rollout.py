@@ -18,6 +18,12 @@ session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its 
 group (same `index`, next `attempt`; the task's image is built again if that failed),
 up to `max_attempts` attempts in all.
 
+Sandboxes run on one Docker daemon (a `Connection`) or on several (`DockerHosts`,
+`sandboxes/hosts.py`): each session is placed on the least-loaded live host, builds the
+task's image there on first use, and grades there. After a failure of Undertow's own
+the runner pings the session's host; one that does not answer is marked down, so the
+slot's next attempt runs elsewhere.
+
 With `timeout_value="tree_estimate"`, a timed-out session is closed only after its
 group's other sessions: its reward is then QwenGyre's tree-value estimate
 (`tree_value.py`), or its partial credit when no finished session shares its path.
@@ -45,10 +51,10 @@ from undertow.adapters.summary import Progress, RolloutSummary, SessionResult
 from undertow.adapters.tree_value import estimate_tree_value
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.grading import Grade, GradingConfig, grade
+from undertow.sandboxes.hosts import DockerHost, DockerHosts
 from undertow.sandboxes.link import GatewayLink, start_linked_sandbox
-from undertow.sandboxes.sandbox import Sandbox, SandboxConfig, gc
+from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.task import Task
-from undertow.sandboxes.task_image import ensure_task_image
 
 TIMEOUT_VALUES = ("partial_credit", "tree_estimate")
 # Task images are built once each; more builds at once only compete for the CPUs.
@@ -92,12 +98,15 @@ class Rollout:
     """One run of `tasks` x `group_size` sessions of `scaffold`. Call `await run()` once."""
 
     def __init__(self, tasks: Sequence[Task], scaffold: Scaffold, admin: GatewayAdmin,
-                 connection: Connection, config: RolloutConfig = RolloutConfig(),
+                 connection: Connection | DockerHosts,
+                 config: RolloutConfig = RolloutConfig(),
                  progress_stream: TextIO | None = None):
         if not tasks:
             raise RolloutError("no tasks to run; check the --tasks path")
         self.tasks, self.scaffold, self.admin = list(tasks), scaffold, admin
-        self.connection, self.config = connection, config
+        self.hosts = (connection if isinstance(connection, DockerHosts)
+                      else DockerHosts.of(connection))
+        self.config = config
         self.run_id = config.run_id or new_run_id()
         self.out_dir = Path(config.out_dir) / self.run_id
         self.progress = Progress(len(self.tasks), len(self.tasks) * config.group_size,
@@ -144,50 +153,44 @@ class Rollout:
             await self._link.close()
         # Grading or set-up containers caught mid-start by a cancellation, if any.
         with contextlib.suppress(Exception):
-            await gc(self.connection, self.run_id)
+            await self.hosts.gc(self.run_id)
 
     def group_name(self, task: Task) -> str:
         name = "".join(c if c.isalnum() or c in "._-" else "-" for c in task.instance_id)
         return f"{self.run_id}.{name}"[:128]
 
     async def _group(self, task: Task) -> None:
-        images: dict[str, str | Exception] = {"image": await self._image(task)}
         results: list[SessionResult] = []
         try:
             async with asyncio.TaskGroup() as sessions:
                 for index in range(self.config.group_size):
-                    sessions.create_task(self._slot(task, images, index, results))
+                    sessions.create_task(self._slot(task, index, results))
         finally:
             await asyncio.shield(self._close_deferred(task, results))
             self.progress.num_tasks_done += 1
 
-    async def _image(self, task: Task) -> str | Exception:
-        try:
-            async with self._builds:
-                return await ensure_task_image(self.connection, task)
-        except Exception as error:  # every session of the task records it
-            return error
+    async def _image(self, task: Task, host: DockerHost) -> str:
+        """The task's image on `host` (built there once; a failed build is tried again)."""
+        async with self._builds:
+            return await self.hosts.image(host, task)
 
-    async def _slot(self, task: Task, images: dict[str, str | Exception], index: int,
-                    results: list[SessionResult]) -> None:
+    async def _slot(self, task: Task, index: int, results: list[SessionResult]) -> None:
         """Attempts of one slot of the group until one ends with an outcome the policy
         earned (or `max_attempts` are spent)."""
         for attempt in range(self.config.max_attempts):
-            if attempt and isinstance(images["image"], Exception):
-                images["image"] = await self._image(task)
             result = SessionResult(task.instance_id, index, attempt=attempt)
             results.append(result)
             self.results.append(result)
-            await self._session(task, images["image"], result)
+            await self._session(task, result)
             if not result.infra_failure:
                 return
 
-    async def _session(self, task: Task, image: str | Exception, result: SessionResult) -> None:
+    async def _session(self, task: Task, result: SessionResult) -> None:
         async with self._slots:
             self.progress.num_running += 1
             started = time.monotonic()
             try:
-                await self._run_session(task, image, result)
+                await self._placed_session(task, result)
             except asyncio.CancelledError:
                 result.cause = "interrupted"
                 raise
@@ -201,7 +204,21 @@ class Rollout:
     def _defers(self, result: SessionResult) -> bool:
         return result.timed_out and self.config.timeout_value == "tree_estimate"
 
-    async def _run_session(self, task: Task, image: str | Exception,
+    async def _placed_session(self, task: Task, result: SessionResult) -> None:
+        """The session on a host of its own; a failure of Undertow's pings that host."""
+        try:
+            async with self.hosts.place() as host:
+                await self._run_session(task, host, result)
+                result.details = {**result.details, "docker_host": host.url}
+                if result.infra_failure and result.cause != "interrupted":
+                    await self.hosts.check(host)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # no host could be had
+            result.cause = "error:sandbox"
+            result.error = f"{type(error).__name__}: {error}"
+
+    async def _run_session(self, task: Task, host: DockerHost,
                            result: SessionResult) -> None:
         stage = "open"
         sandbox: Sandbox | None = None
@@ -211,17 +228,16 @@ class Rollout:
                                          "index": result.index, "scaffold": self.scaffold.name})
             result.session_id = opened["session_id"]
             stage = "image"
-            if isinstance(image, Exception):
-                raise image
+            image = await self._image(task, host)
             stage = "sandbox"
-            sandbox = await self._start_sandbox(task, image, result.session_id)
+            sandbox = await self._start_sandbox(task, host, image, result.session_id)
             endpoint = Endpoint(opened["session_id"], opened["base_url"], opened["api_key"],
                                 self.config.model_name, sandbox.gateway_url and
                                 f"{sandbox.gateway_url}/s/{opened['session_id']}/v1")
             stage = "scaffold"
             exit = await self._run_scaffold(task, sandbox, endpoint, result)
             stage = "grade"
-            await self._grade(task, image, sandbox, exit, result)
+            await self._grade(task, host, image, sandbox, exit, result)
         except asyncio.CancelledError:
             raise
         except Exception as error:
@@ -232,12 +248,13 @@ class Rollout:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(sandbox.close())
 
-    async def _start_sandbox(self, task: Task, image: str, session_id: str) -> Sandbox:
+    async def _start_sandbox(self, task: Task, host: DockerHost, image: str,
+                             session_id: str) -> Sandbox:
         options = dict(run=self.run_id, session=session_id, workdir=task.workdir,
                        base_commit=task.base_commit, config=self.config.sandbox)
         if self._link is not None:
-            return await start_linked_sandbox(self.connection, image, self._link, **options)
-        return await Sandbox.start(self.connection, image, **options)
+            return await start_linked_sandbox(host.connection, image, self._link, **options)
+        return await Sandbox.start(host.connection, image, **options)
 
     async def _run_scaffold(self, task: Task, sandbox: Sandbox, endpoint: Endpoint,
                             result: SessionResult) -> ScaffoldExit:
@@ -254,12 +271,12 @@ class Rollout:
         result.details = exit.details
         return exit
 
-    async def _grade(self, task: Task, image: str, sandbox: Sandbox, exit: ScaffoldExit,
-                     result: SessionResult) -> None:
+    async def _grade(self, task: Task, host: DockerHost, image: str, sandbox: Sandbox,
+                     exit: ScaffoldExit, result: SessionResult) -> None:
         # Nothing may change the sandbox between the cut-off and the diff.
         await stop_sandbox_processes(sandbox)
         diff = await sandbox.diff()
-        verdict: Grade = await grade(self.connection, task, diff, run=self.run_id,
+        verdict: Grade = await grade(host.connection, task, diff, run=self.run_id,
                                      config=self.config.grading, timed_out=exit.timed_out,
                                      image=image)
         result.reward, result.resolved = verdict.reward, verdict.resolved

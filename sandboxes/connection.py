@@ -18,10 +18,11 @@ T = TypeVar("T")
 
 
 class Connection:
-    """A Docker client plus the thread pool its blocking calls run in."""
+    """A Docker client plus the thread pool its blocking calls run in; `url` names the
+    daemon as `connect` was given it (programs that reach a sandbox themselves use it)."""
 
-    def __init__(self, client: docker.DockerClient, max_threads: int = 256):
-        self.client = client
+    def __init__(self, client: docker.DockerClient, max_threads: int = 256, url: str = ""):
+        self.client, self.url = client, url
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="undertow-docker")
 
     async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -44,6 +45,6 @@ class Connection:
 def connect(base_url: str | None = None, timeout_s: float = 300,
             max_threads: int = 256) -> Connection:
     """Connects to the daemon at `base_url` (the command line passes DOCKER_HOST, if set)."""
-    client = docker.DockerClient(base_url=base_url or DEFAULT_DOCKER_URL, timeout=int(timeout_s),
-                                 max_pool_size=max_threads)
-    return Connection(client, max_threads)
+    url = base_url or DEFAULT_DOCKER_URL
+    client = docker.DockerClient(base_url=url, timeout=int(timeout_s), max_pool_size=max_threads)
+    return Connection(client, max_threads, url)

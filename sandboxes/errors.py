@@ -4,6 +4,7 @@
     ├── TaskFormatError     a task record is malformed (names the field, instance and line)
     ├── ImageError          building or finding an image failed
     ├── ContainerDied       the container stopped under a running session
+    ├── HostUnavailable     no Docker host of the run answers (`hosts.py`)
     ├── CommandTimeout      a set-up or grading step outlived its time limit
     ├── SwebenchMissing     a task is graded by the official harness; `swebench` is not installed
     └── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
@@ -28,6 +29,10 @@ class ImageError(SandboxError):
 
 class ContainerDied(SandboxError):
     """The sandbox's container is no longer running (killed, out of memory, removed)."""
+
+
+class HostUnavailable(SandboxError):
+    """No Docker host of the run answers; the session cannot be placed anywhere."""
 
 
 class CommandTimeout(SandboxError):

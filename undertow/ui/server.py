@@ -131,7 +131,8 @@ class Viewer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+        # The page going away ends the stream (a reset write, or aiohttp cancelling us).
+        with contextlib.suppress(ConnectionResetError):
             while True:
                 event = await self._gateway_sessions()
                 await response.write(f"event: sessions\ndata: {json.dumps(event)}\n\n".encode())

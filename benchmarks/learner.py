@@ -2,6 +2,7 @@
 tree packing, one sample per session, and one sample per call.
 
     python -m benchmarks.learner [--shapes full,scaled] [--per-call-every 10]
+    python -m benchmarks.learner --fsdp2 [--shapes scaled]
 
 The tree: S sessions x N turns sharing a P-token system-and-task prefix; each turn is
 C sampled completion tokens then O new observation tokens, built through
@@ -24,6 +25,14 @@ the ratio of attention-weighted work (sum over calls of L^2 + L*d) of all calls 
 sampled calls: marked "extrapolated" in the table, with the loss left out (a subset's
 loss is not the step's). The scaled shape runs every method in full and checks that
 the three losses agree.
+
+`--fsdp2` runs the FSDP2 case instead (issue 15): the tree step in one process, then the
+same step sharded over 2 gloo processes on this CPU (`sharding.py`: `fully_shard` over a
+2-process mesh, micro-batches in rounds); each sharded process reports its own wall and
+CPU time and peak, and the row says how far the sharded gradient is from the single
+process's (max over parameters of max |difference| / max |gradient|). On a CPU the
+sharded step is slower (gloo all-gathers and reduce-scatters every layer each round, and
+the two processes share the cores); the point is memory per process and exactness.
 """
 
 from __future__ import annotations
@@ -74,7 +83,8 @@ def _work(length: int, hidden: int = 256) -> float:
     return length * length + length * hidden
 
 
-def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int) -> dict:
+def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int,
+               grads_out: str | None = None, max_tokens: int = MAX_TOKENS) -> dict:
     import torch
 
     from undertow.learner.advantages import AdvantageConfig, group_advantages
@@ -92,7 +102,7 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     config = LossConfig(name="token_mean")
     result = {"method": method, "shape": shape_name}
     if method == "tree":
-        step = pack_step([tree], advantages, MAX_TOKENS)
+        step = pack_step([tree], advantages, max_tokens)
         result.update(num_micro_batches=len(step.micro_batches),
                       num_tokens=step.num_packed_tokens)
 
@@ -127,7 +137,130 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
             [tree], advantages, "call"))
     else:
         result["loss"] = loss
+    if grads_out:
+        from safetensors.torch import save_file
+
+        save_file({n: p.grad.contiguous() for n, p in policy.model.named_parameters()},
+                  grads_out)
     return result
+
+
+FSDP2_WORLD_SIZE = 2
+FSDP2_MAX_TOKENS = 1024
+"""Micro-batches of the FSDP2 case: small, so that the step has several to share."""
+
+
+def fsdp2_worker(rank: int, port: int, shape_name: str, model_dir: str, out_dir: str) -> None:
+    """One process of the sharded cell: the tree step through `sharded_backward_step`."""
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.losses import LossConfig
+    from undertow.learner.model import PolicyModel
+    from undertow.learner.packing import pack_step
+    from undertow.learner.sharding import shard_policy, sharded_backward_step
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=FSDP2_WORLD_SIZE)
+    try:
+        tree = build_tree(SHAPES[shape_name])
+        advantages = {(tree.group_id, s): a
+                      for s, a in group_advantages(tree, AdvantageConfig()).items()}
+        step = pack_step([tree], advantages, FSDP2_MAX_TOKENS)
+        policy = PolicyModel.load(model_dir)
+        shard_policy(policy, init_device_mesh("cpu", (FSDP2_WORLD_SIZE,)))
+        before = _maxrss_mib()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        stats = sharded_backward_step(policy, step, LossConfig(name="token_mean"), rank,
+                                      FSDP2_WORLD_SIZE)
+        result = {"rank": rank, "step_s": time.perf_counter() - start,
+                  "step_cpu_s": time.process_time() - start_cpu,
+                  "peak_step_mib": _maxrss_mib() - before, "loss": stats.get("loss", 0.0),
+                  "num_local_parameters": sum(p.to_local().numel()
+                                              for p in policy.model.parameters()),
+                  "num_tokens": step.num_packed_tokens,
+                  "num_micro_batches": len(step.micro_batches)}
+        grads = {n: p.grad.full_tensor().contiguous() for n, p in policy.model.named_parameters()}
+        if rank == 0:
+            save_file(grads, str(Path(out_dir) / "fsdp2-grads.safetensors"))
+        Path(out_dir, f"fsdp2-{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_fsdp2_case(shape: str, model_dir: Path, scratch: Path, timeout_s: int) -> list[dict]:
+    """The tree step in one process and sharded over two; rows for both."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    single_grads = scratch / "single-grads.safetensors"
+    command = [sys.executable, "-m", "benchmarks.learner", "--worker", "tree", "--shape", shape,
+               "--model-dir", str(model_dir), "--grads-out", str(single_grads),
+               "--max-tokens", str(FSDP2_MAX_TOKENS)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode:
+        raise RuntimeError(f"tree/{shape} failed:\n{done.stderr[-3000:]}")
+    single = json.loads(done.stdout.strip().splitlines()[-1])
+    single["method"] = "tree, 1 process"
+    store = dist.TCPStore("127.0.0.1", 0, world_size=FSDP2_WORLD_SIZE + 1, is_master=True,
+                          wait_for_workers=False)
+    context = mp.get_context("spawn")
+    processes = [context.Process(target=fsdp2_worker, args=(rank, store.port, shape,
+                                                            str(model_dir), str(scratch)))
+                 for rank in range(FSDP2_WORLD_SIZE)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=timeout_s)
+        if process.exitcode != 0:
+            raise RuntimeError(f"an FSDP2 process of {shape} exited with {process.exitcode}")
+    ranks = [json.loads((scratch / f"fsdp2-{r}.json").read_text())
+             for r in range(FSDP2_WORLD_SIZE)]
+    expected, sharded = load_file(str(single_grads)), load_file(
+        str(scratch / "fsdp2-grads.safetensors"))
+    error = max(float((sharded[n] - g).abs().max() / g.abs().max()) for n, g in expected.items())
+    rows = [single]
+    for r in ranks:
+        rows.append({"method": f"fsdp2 rank {r['rank']} of {FSDP2_WORLD_SIZE} (gloo)",
+                     "shape": shape, "num_tokens": r["num_tokens"], "step_s": r["step_s"],
+                     "step_cpu_s": r["step_cpu_s"], "peak_step_mib": r["peak_step_mib"],
+                     "num_local_parameters": r["num_local_parameters"],
+                     "grad_rel_error": error,
+                     "loss": sum(x["loss"] for x in ranks)})
+    return rows
+
+
+def run_fsdp2(shapes: list[str], timeout_s: int) -> list[dict]:
+    from undertow.learner.modeldir import init_model_dir
+
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = init_model_dir(Path(scratch) / "tiny", size="tiny", seed=0)
+        for shape in shapes:
+            for row in run_fsdp2_case(shape, model_dir, Path(scratch), timeout_s):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    out = RESULTS.with_name("learner_fsdp2.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"shapes": SHAPES, "max_tokens": FSDP2_MAX_TOKENS, "rows": rows},
+                              indent=2) + "\n")
+    return rows
+
+
+def fsdp2_table(rows: list[dict]) -> str:
+    lines = ["| shape | method | tokens | step s (wall) | step s (CPU) | peak step MiB "
+             "| loss (sum) | gradient vs 1 process |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        error = f"{r['grad_rel_error']:.1e}" if "grad_rel_error" in r else "reference"
+        lines.append(f"| {r['shape']} | {r['method']} | {r['num_tokens']} | {r['step_s']:.1f} "
+                     f"| {r['step_cpu_s']:.1f} | {r['peak_step_mib']:.0f} | {r['loss']:.6f} "
+                     f"| {error} |")
+    return "\n".join(lines)
 
 
 def run_side_by_side(shapes: list[str], per_call_every: int, timeout_s: int) -> list[dict]:
@@ -180,10 +313,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", choices=["tree", "per_session", "per_call"])
     parser.add_argument("--shape", choices=sorted(SHAPES))
     parser.add_argument("--model-dir")
+    parser.add_argument("--grads-out", help="(worker) write the step's gradients here")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                        help="(worker) micro-batch bound")
+    parser.add_argument("--fsdp2", action="store_true",
+                        help="the FSDP2 case: 2 gloo processes vs 1 (default shape: scaled)")
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.shape, args.model_dir,
-                                    args.per_call_every)))
+                                    args.per_call_every, args.grads_out, args.max_tokens)))
+        return
+    if args.fsdp2:
+        default = args.shapes == parser.get_default("shapes")
+        shapes = ["scaled"] if default else args.shapes.split(",")
+        print(fsdp2_table(run_fsdp2(shapes, args.timeout_s)))
         return
     rows = run_side_by_side(args.shapes.split(","), args.per_call_every, args.timeout_s)
     print(table(rows))

@@ -152,3 +152,12 @@ def test_scaffold_messages_come_from_its_trajectory_file(run):
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Fix it."}]
     assert views.session_view(run, GROUP, "b")["scaffold_messages"] == []
+
+
+def test_a_live_gateway_needs_the_admin_token(tmp_path):
+    from undertow.ui.server import ViewerConfig
+
+    with pytest.raises(ValueError, match="UNDERTOW_ADMIN_TOKEN"):
+        ViewerConfig(runs_dir=tmp_path, gateway_url="http://127.0.0.1:9")
+    assert ViewerConfig(runs_dir=tmp_path, gateway_url="http://127.0.0.1:9",
+                        admin_token="t").admin_token == "t"

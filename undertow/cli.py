@@ -53,6 +53,9 @@ def _add_engine(commands) -> None:
                        help="torch intra-op threads (default: torch's choice)")
     serve.add_argument("--incremental-streaming-output", action="store_true",
                        help="stream deltas instead of cumulative outputs (SGLang's flag)")
+    serve.add_argument("--chunked-prefill-size", type=int, default=256,
+                       help="most token equivalents of prompt prefilled between two decode "
+                            "steps (SGLang's flag; 0 prefills every prompt whole)")
     serve.set_defaults(handler=_engine_serve)
 
 
@@ -63,7 +66,8 @@ def _engine_serve(args) -> int:
         model_dir=args.model, host=args.host, port=args.port,
         max_running_requests=args.max_running_requests, cache_bytes=args.cache_bytes,
         weight_version=args.weight_version, num_threads=args.num_threads,
-        incremental_streaming_output=args.incremental_streaming_output)
+        incremental_streaming_output=args.incremental_streaming_output,
+        chunked_prefill_size=args.chunked_prefill_size)
     serve(config)
     return 0
 

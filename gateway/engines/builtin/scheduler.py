@@ -5,7 +5,20 @@ continue, weight swap, flush) and apply the commands, so that every state change
 updates included, happens between two model steps; then admit waiting requests while fewer than
 `max_running_requests` run (look up the prefix cache, copy the cached KV into a free slot,
 prefill the rest alone, sample the first token); then run one decode step for all running
-requests together; finished requests leave the batch at once (their KV goes into the prefix
+requests together.
+
+Chunked prefill (SGLang's `--chunked-prefill-size`): a prompt whose uncached part costs more
+than `chunked_prefill_size` is prefilled one chunk per iteration, each chunk followed by the
+decode step of the other running requests, so a long prompt arriving delays each of their
+tokens by one chunk instead of stalling them for its whole prefill. A chunk's cost is counted
+in token equivalents, `n * (1 + (start + n) / attention_tokens)` for n tokens after `start`
+cached ones (`chunk_length`): attention over a long prefix costs as much per token as the
+linear layers do once the prefix is `attention_tokens` long, so chunks shrink as the prefix
+grows and each costs about the same time. One request is chunked at a time; it holds the last
+running slot and skips the decode steps until its prompt is done, and no other request is
+admitted meanwhile. Chunking changes only where the prompt is cut, not what is computed: a
+chunk attends to the KV of the chunks before it exactly as a cached prefix is attended to.
+Afterwards, finished requests leave the batch at once (their KV goes into the prefix
 cache, their slot is refilled by compaction) and the next waiting request joins on the next
 iteration. A request that continues a staged KV import (`staging.py`, a migration's) starts in
 that import's slot instead of copying from the cache, and when only its last token is not
@@ -40,18 +53,22 @@ class Scheduler:
     the prefix cache.
 
     Invariants: `running[i]` occupies KV slot i, `staged.entries[j]` slot len(running) + j;
-    only the worker thread touches the model, the slots and the cache; other threads call
-    `add`, `call`, `staged.claim` and read the counters.
+    `chunking`, when set, is `running[-1]`, and it alone has KV for fewer than all but the
+    last of its tokens; only the worker thread touches the model, the slots and the cache;
+    other threads call `add`, `call`, `staged.claim` and read the counters.
     """
 
     def __init__(self, model: Qwen3, cache: RadixCache, decode: Callable[[list[int]], str],
                  eos_token_ids: frozenset[int], max_running_requests: int,
                  publish: Callable[[list[Update]], None], weight_version: str,
-                 max_prefill_tokens: int = 16384):
+                 max_prefill_tokens: int = 16384, chunked_prefill_size: int = 0):
         self.model, self.cache, self.decode_text = model, cache, decode
         self.eos_token_ids = eos_token_ids
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
+        self.chunked_prefill_size = chunked_prefill_size  # <= 0: prompts are prefilled whole
+        self.attention_tokens = attention_tokens(model.config)
+        self.chunking: Request | None = None  # the request prefilled in chunks: running[-1]
         self.publish = publish
         self.weight_version = weight_version
         self.context_length = model.config.max_position_embeddings
@@ -122,7 +139,9 @@ class Scheduler:
             self.staged.expire(len(self.running))
             if not self.paused:
                 self._admit()
-                if self.running:
+                if self.chunking is not None:
+                    self._continue_prefill()
+                if len(self.running) > (self.chunking is not None):
                     self._step()
             self._flush_updates()
 
@@ -138,18 +157,24 @@ class Scheduler:
 
     def _admit(self) -> None:
         budget = self.max_prefill_tokens
-        while self.waiting and len(self.running) < self.max_running_requests and budget > 0:
+        while (self.chunking is None and self.waiting
+               and len(self.running) < self.max_running_requests and budget > 0):
             request = self.waiting.popleft()
             try:
                 self._prefill(request)
             except Exception as error:
-                log.exception("prefill of %s failed", request.rid)
-                self._retire(request, _abort(f"prefill failed: {error}"))
+                self._prefill_failed(request, error)
             budget -= len(request.input_ids) - request.cached_tokens
+
+    def _prefill_failed(self, request: Request, error: Exception) -> None:
+        log.exception("prefill of %s failed", request.rid)
+        self._retire(request, _abort(f"prefill failed: {error}"))
 
     def _prefill(self, request: Request) -> None:
         ids = request.all_ids
-        fresh = not request.output_ids
+        if not request.output_ids:  # a retracted request's logprobs are recorded anew
+            request.input_logprobs.clear()
+            request.input_top_logprobs.clear()
         slot = len(self.running)
         request.epoch = self.epoch
         start = self._take_staged(request, slot)
@@ -161,13 +186,55 @@ class Scheduler:
         self.running.append(request)
         if staged and start == len(ids) - 1 and request.params.max_new_tokens:
             return  # all but its last token staged: it joins the next decode step, no prefill
-        first = -1
+        if self.chunk_length(start, len(ids) - start) < len(ids) - start:
+            self.chunking = request  # `_continue_prefill` runs its chunks, one per iteration
+            return
+        self._prefill_chunk(request, len(ids) - start)
+
+    def chunk_length(self, start: int, num_tokens: int) -> int:
+        """How many of `num_tokens` prompt tokens after `start` prefilled ones go into the next
+        chunk: all when chunking is off, else the most whose cost stays within
+        `chunked_prefill_size` token equivalents (at least one)."""
+        if self.chunked_prefill_size <= 0:
+            return num_tokens
+        size, scale = self.chunked_prefill_size, self.attention_tokens
+        low, high = 1, num_tokens
+        while low < high:  # the cost grows with n: the largest n within the size
+            n = (low + high + 1) // 2
+            if n * (scale + start + n) <= size * scale:
+                low = n
+            else:
+                high = n - 1
+        return low
+
+    def _continue_prefill(self) -> None:
+        request = self.chunking
+        num_left = len(request.all_ids) - request.kv_length
+        num_tokens = self.chunk_length(request.kv_length, num_left)
+        if num_tokens == num_left:
+            self.chunking = None
+        try:
+            self._prefill_chunk(request, num_tokens)
+        except Exception as error:
+            self.chunking = None
+            self._prefill_failed(request, error)
+
+    def _prefill_chunk(self, request: Request, num_tokens: int) -> None:
+        """Prefill the next `num_tokens` of the prompt of `request` (the last running one);
+        when they end it, sample its first token (or finish a max_new_tokens=0 request)."""
+        ids, start = request.all_ids, request.kv_length
+        end = start + num_tokens
+        fresh, done = not request.output_ids, end == len(ids)
+        first = num_tokens - 1 if done else num_tokens  # logit rows wanted from the chunk
         if fresh and request.wants_input_logprobs:
-            first = max(request.logprob_start_len, 1) - 1 - start
-        logits = self.model.prefill(self.kv, slot, ids[start:], start, slice(first, None))
-        request.kv_length = len(ids)
+            first = min(first, max(max(request.logprob_start_len, 1) - 1 - start, 0))
+        logits = self.model.prefill(self.kv, len(self.running) - 1, ids[start:end], start,
+                                    slice(first, None))
+        request.kv_length = end
         if fresh and request.wants_input_logprobs:
-            self._record_input_logprobs(request, logits[:-1])
+            self._record_input_logprobs(request, logits[:len(logits) - done], start + first)
+        if not done:
+            return
         if fresh and request.params.max_new_tokens == 0:
             self._retire(request, {"type": "length", "length": 0})
             return
@@ -202,20 +269,28 @@ class Scheduler:
             self.kv.write(slot, position, kv)
         return match.length
 
-    def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
-        start = request.logprob_start_len
-        targets = torch.tensor(request.input_ids[max(start, 1):], dtype=torch.long)
+    def _record_input_logprobs(self, request: Request, logits: torch.Tensor,
+                               position: int) -> None:
+        """Append the logprobs of the prompt tokens at positions position+1.. (row i of
+        `logits` is position + i's); the first prompt token's is None."""
+        if not request.input_logprobs and request.logprob_start_len == 0:
+            request.input_logprobs.append(None)
+            if request.top_logprobs_num:
+                request.input_top_logprobs.append(None)
+        if not len(logits):
+            return
+        targets = torch.tensor(request.input_ids[position + 1:position + 1 + len(logits)],
+                               dtype=torch.long)
         logprobs = torch.log_softmax(logits, -1)
-        chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-        request.input_logprobs = ([None] if start == 0 else []) + chosen
+        request.input_logprobs += logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         if request.top_logprobs_num:
             values, indices = logprobs.topk(request.top_logprobs_num, -1)
-            top = [list(zip(v, i, strict=True))
-                   for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
-            request.input_top_logprobs = ([None] if start == 0 else []) + top
+            request.input_top_logprobs += [
+                list(zip(v, i, strict=True))
+                for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
 
     def _step(self) -> None:
-        rows = self.running
+        rows = self.running[:-1] if self.chunking is not None else self.running
         positions = [r.kv_length for r in rows]
         self.kv.reserve(len(rows), max(positions) + 1)
         logits = self.model.decode(self.kv, [r.last_id for r in rows], positions)
@@ -277,11 +352,7 @@ class Scheduler:
             if cache_kv and request.epoch == self.epoch:
                 self.cache.insert(request.all_ids[:request.kv_length],
                                   lambda start, end: self.kv.read(slot, start, end))
-            last = len(self.running) - 1
-            if slot != last:
-                self.kv.move(last, slot, self.running[last].kv_length)
-                self.running[slot] = self.running[last]
-            self.running.pop()
+            self._vacate(slot)
             self.staged.fill_hole(len(self.running))
             if release:
                 self.release_idle()
@@ -297,6 +368,23 @@ class Scheduler:
             return
         request.finish_reason = reason
         self._note(request)
+
+    def _vacate(self, slot: int) -> None:
+        """Drop `running[slot]`; the last running request moves into its slot, except that
+        a chunked one stays last (the last decoding one moves, then it moves down by one)."""
+        if self.running[slot] is self.chunking:
+            self.chunking = None
+        last = len(self.running) - 1
+        if self.chunking is not None and slot < last - 1:
+            self._move(last - 1, slot)
+            slot = last - 1
+        if slot != last:
+            self._move(last, slot)
+        self.running.pop()
+
+    def _move(self, source: int, target: int) -> None:
+        self.kv.move(source, target, self.running[source].kv_length)
+        self.running[target] = self.running[source]
 
     # Commands: run on the worker through `call`.
 
@@ -353,6 +441,15 @@ class Scheduler:
 
     def flush_cache(self) -> None:
         self.cache.flush()
+
+
+def attention_tokens(config) -> int:
+    """The prefix length at which a prompt token's attention costs what its linear layers
+    cost: their multiply-adds per token over twice attention's per key (q.k and p.v, counted
+    twice for the masked attention path a chunk after a prefix takes on CPU)."""
+    q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    linear = config.hidden_size * (2 * q_size + 2 * kv_size + 3 * config.intermediate_size)
+    return max(1, linear // (4 * q_size))
 
 
 def _abort(message: str) -> dict:

@@ -49,7 +49,8 @@ class EngineConfig:
 
     `cache_bytes` bounds the prefix cache's KV (the running requests' own KV comes on top);
     `num_threads` sets torch's intra-op threads (None keeps torch's default); `context_length`
-    may lower the model's `max_position_embeddings`.
+    may lower the model's `max_position_embeddings`; `chunked_prefill_size` bounds one prefill
+    chunk, in token equivalents (`scheduler.py`; 0 or less prefills every prompt whole).
     """
 
     model_dir: Path
@@ -62,6 +63,7 @@ class EngineConfig:
     served_model_name: str | None = None
     context_length: int | None = None
     max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 256
     incremental_streaming_output: bool = False
 
     def __post_init__(self):
@@ -90,7 +92,8 @@ class Engine:
             model, self.cache, self.tokenizer.decode,
             self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids),
             config.max_running_requests, self._publish, config.weight_version,
-            max_prefill_tokens=config.max_prefill_tokens)
+            max_prefill_tokens=config.max_prefill_tokens,
+            chunked_prefill_size=config.chunked_prefill_size)
         self.grammars = Grammars(config.model_dir, self.model_config.vocab_size,
                                  self.scheduler.eos_token_ids)
         self._queues: dict[Request, asyncio.Queue] = {}

@@ -10,8 +10,9 @@ network. On a machine with CUDA it:
    FSDP2 (`sharding.shard_policy`, a one-GPU mesh over NCCL) with bf16 compute and float32
    master weights, activation checkpointing, flex_attention tree masks; reports training
    tokens/s and model FLOPs utilisation (the steps after the first, which compiles);
-3. checks flex_attention against dense masked attention on the same step's first
-   micro-batch (an unsharded float32 copy: logprobs and the gradient);
+3. checks flex_attention against dense masked attention on the same trees (the first
+   micro-batch when packed at 4096 tokens; an unsharded float32 copy: logprobs and the
+   gradient);
 4. times the weight sync's learner side: gathering the full weights and writing them as
    the model directory an engine loads (`update_weights_from_disk`);
 5. runs `benchmarks/device_check_sglang.py` (SGLang's part) where that file exists.
@@ -24,6 +25,7 @@ when a check that ran failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -36,6 +38,7 @@ SGLANG_CHECK = Path(__file__).parent / "device_check_sglang.py"
 NUM_STEPS = 3
 MICRO_BATCH_TOKENS = 16384
 FLEX_TOLERANCE = 2e-3
+FLEX_CHECK_TOKENS = 4096
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12,
                    "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
 """Dense bf16 tensor-core peak by device name (no sparsity)."""
@@ -82,7 +85,7 @@ def model_flops(config, step) -> float:
             + 12 * config.num_hidden_layers * q_size * num_pairs)
 
 
-def packed_step(shape: str):
+def packed_step(shape: str, max_tokens: int = MICRO_BATCH_TOKENS):
     from benchmarks.learner import SHAPES, build_tree
     from undertow.learner.advantages import AdvantageConfig, group_advantages
     from undertow.learner.packing import pack_step
@@ -90,11 +93,13 @@ def packed_step(shape: str):
     tree = build_tree(SHAPES[shape])
     advantages = {(tree.group_id, s): a
                   for s, a in group_advantages(tree, AdvantageConfig()).items()}
-    return pack_step([tree], advantages, MICRO_BATCH_TOKENS)
+    return pack_step([tree], advantages, max_tokens)
 
 
-def train_rows(model_dir: Path, shape: str) -> list[dict]:
-    """Rows 1, 2 and 4: three FSDP2 bf16 steps with flex attention on one GPU."""
+def train_rows(model_dir: Path, shape: str, device_type: str = "cuda") -> list[dict]:
+    """Rows 1, 2 and 4: three FSDP2 bf16 steps with flex attention on one GPU. With
+    `device_type` "cpu" (the tests' dry run of this path) the mesh is gloo's and the
+    attention is block tree attention (flex_attention has no CPU backward)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -103,27 +108,31 @@ def train_rows(model_dir: Path, shape: str) -> list[dict]:
     from undertow.learner.model import PolicyModel
     from undertow.learner.sharding import full_parameters, shard_policy, sharded_backward_step
 
+    cuda = device_type == "cuda"
     store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=0, world_size=1)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     try:
-        policy = PolicyModel.load(model_dir, attention="flex", activation_checkpointing=True)
-        policy.model.to("cuda")
-        shard_policy(policy, init_device_mesh("cuda", (1,)), mixed_precision="bf16")
+        policy = PolicyModel.load(model_dir, attention="flex" if cuda else "blocks",
+                                  activation_checkpointing=True)
+        policy.model.to(device_type)
+        shard_policy(policy, init_device_mesh(device_type, (1,)), mixed_precision="bf16")
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-5)
         step, config = packed_step(shape), LossConfig(name="token_mean")
         seconds = []
         for _ in range(NUM_STEPS):
-            torch.cuda.synchronize()
+            synchronize()
             started_s = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             sharded_backward_step(policy, step, config, rank=0, world_size=1)
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
             optimizer.step()
-            torch.cuda.synchronize()
+            synchronize()
             seconds.append(time.perf_counter() - started_s)
         timed_s = sum(seconds[1:]) / (NUM_STEPS - 1)
         tokens_per_s = step.num_packed_tokens / timed_s
-        peak = peak_flops(torch.cuda.get_device_name())
+        device_name = torch.cuda.get_device_name() if cuda else "CPU"
+        peak = peak_flops(device_name)
         flops_per_s = model_flops(policy.model.config, step) / timed_s
         started_s = time.perf_counter()
         _write_weights(full_parameters(policy))
@@ -136,7 +145,7 @@ def train_rows(model_dir: Path, shape: str) -> list[dict]:
             row(ROWS[1], "passed" if peak else "measured",
                 f"{flops_per_s / peak:.1%}" if peak else f"{flops_per_s / 1e12:.0f} TFLOP/s",
                 f"peak {peak / 1e12:.0f} TFLOP/s bf16" if peak else
-                f"no peak known for {torch.cuda.get_device_name()}"),
+                f"no peak known for {device_name}"),
             row(ROWS[3], "passed", f"{sync_s:.2f}", "gather + write model.safetensors "
                 "(bf16 engines load it by update_weights_from_disk)")]
 
@@ -158,13 +167,14 @@ def flex_row(model_dir: Path, shape: str) -> dict:
     from undertow.learner.losses import LossConfig
     from undertow.learner.model import PolicyModel
     from undertow.learner.objective import backward_step
-    from undertow.learner.packing import PackedStep
     from undertow.learner.sharding import step_to
 
     policy = PolicyModel.load(model_dir)
     policy.model.to("cuda").train()
-    whole = step_to(packed_step(shape), torch.device("cuda"))
-    step = PackedStep(**{**whole.__dict__, "micro_batches": whole.micro_batches[:1]})
+    # The same trees, packed smaller: a dense float32 backward keeps every layer's
+    # activations and a (T, T) mask.
+    whole = step_to(packed_step(shape, FLEX_CHECK_TOKENS), torch.device("cuda"))
+    step = dataclasses.replace(whole, micro_batches=whole.micro_batches[:1])
     results = {}
     for attention in ("flex", "dense"):
         policy.attention = attention

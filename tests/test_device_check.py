@@ -7,6 +7,7 @@
 - The model FLOPs of a packed step are the hand count for one causal chain (matmuls per
   packed token, the head per scored token, attention per visible pair).
 - The bf16 peak is matched on the device's name, the longest name first.
+- (slow) The training rows' code runs on a one-process CPU mesh (gloo) and reports.
 """
 
 import json
@@ -62,3 +63,15 @@ def test_peak_flops_match_the_device_name():
     assert device_check.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert device_check.peak_flops("NVIDIA L40S") == 362e12   # not L4's
     assert device_check.peak_flops("Some Future GPU") is None
+
+
+@pytest.mark.slow
+def test_the_training_rows_run_on_a_one_process_cpu_mesh(tiny_model_dir):
+    """The GPU path's training part, dry-run on a CPU: FSDP2 over a one-process gloo mesh,
+    bf16 compute, activation checkpointing, three steps, the weights gathered and written."""
+    rows = {r["check"]: r for r in device_check.train_rows(tiny_model_dir, "scaled",
+                                                           device_type="cpu")}
+    tokens = rows["training tokens/s"]
+    assert tokens["status"] == "passed" and float(tokens["value"].replace(",", "")) > 0
+    assert "no peak known for CPU" in rows["model FLOPs utilisation"]["note"]
+    assert float(rows["weight sync, learner side (s)"]["value"]) > 0

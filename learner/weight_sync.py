@@ -138,6 +138,11 @@ class EngineWeightSync:
         num_bytes = self._push_disk(Path(model_dir), weight_version)
         self._report(weight_version, "disk", started, num_bytes, fallback_error)
 
+    def open(self) -> None:
+        """Form the weight-update group now (the first distributed push does it otherwise)."""
+        if self._group is None:
+            self._group = self._open_group()
+
     def close(self) -> None:
         """Give up the group (the engines are asked to destroy their side, best effort)."""
         group, self._group = self._group, None
@@ -175,8 +180,7 @@ class EngineWeightSync:
 
     def _push_distributed(self, model_dir: Path, weight_version: int) -> int:
         tensors = self._tensors(model_dir)
-        if self._group is None:
-            self._group = self._open_group()
+        self.open()
         group = self._group
         body = {"names": [name for name, _ in tensors],
                 "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],

@@ -19,8 +19,9 @@ answers, as SGLang 0.5.23 does (paths as in the `sglang==0.5.23` wheel, `sglang/
 - `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
   weight_version}`: refused outside a session; else one `torch.distributed.broadcast` from
   rank 0 per tensor, all started async and then waited for (`receive_weights_from_distributed`),
-  then loaded: a name the model does not have or a shape that differs fails the load
-  ("Failed to update parameter online: ..."); on success the weight version is recorded.
+  then loaded (copied into the parameters, as the model's weight loaders do): a name the
+  model does not have or a shape that differs fails the load ("Failed to update parameter
+  online: ..."); on success the weight version is recorded.
 - `POST /destroy_weights_update_group {group_name}`, `POST /update_weights_from_disk
   {model_path, weight_version}`, `GET /server_info` (with `tp_size`), `GET /model_info`.
 - Test-only: `POST /undertow_test/save {path}` writes the tensors it holds to a safetensors
@@ -70,7 +71,7 @@ class Receiver:
     """The engine's state: its tensors, weight version, update groups and session."""
 
     def __init__(self, model_dir: str, fail_init: bool):
-        self.tensors = read_tensors(model_dir)
+        self.tensors = {name: t.clone() for name, t in read_tensors(model_dir).items()}
         self.weight_version = "0"
         self.groups: dict[str, object] = {}
         self.session = False
@@ -123,7 +124,8 @@ class Receiver:
                                f"{tuple(weight.shape)} is not a parameter of the model. The "
                                "full weights of the ModelRunner are partially updated. Please "
                                "discard the whole weights.")
-            self.tensors[name] = weight
+        for name, weight in received:  # into the parameters, as the model's weight loaders do
+            self.tensors[name].copy_(weight)
         if body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]
         return True, "Succeeded to update parameter online."
@@ -136,7 +138,12 @@ class Receiver:
         return True, "Succeeded to destroy custom process group."
 
     def update_weights_from_disk(self, body: dict) -> tuple[bool, str]:
-        self.tensors = read_tensors(body["model_path"])
+        loaded = read_tensors(body["model_path"])
+        if any(name not in self.tensors or self.tensors[name].shape != tensor.shape
+               for name, tensor in loaded.items()):
+            return False, "Failed to update weights: the checkpoint does not fit the model."
+        for name, tensor in loaded.items():  # copied into the parameters (page-ins included)
+            self.tensors[name].copy_(tensor)
         if body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]
         return True, "Succeeded to update model weights."

@@ -244,6 +244,12 @@ async def test_a_full_disk_fails_a_streamed_anthropic_call_retryably(make_gatewa
             async for _ in stream:
                 pass
     assert "could not write" in str(refused.value)
+    script(scripted, renderer, "streamed " * 400)
+    with pytest.raises(anthropic.APIStatusError) as overloaded:  # not streamed: the status
+        await client.messages.create(model="m", max_tokens=1000,
+                                     messages=[{"role": "user", "content": "go"}])
+    assert overloaded.value.status_code == 529  # Anthropic's retryable "overloaded"
+    assert overloaded.value.body["error"]["type"] == "overloaded_error"
     assert snapshot(gateway, session["session_id"], "full") == before
     filler.unlink()
     script(scripted, renderer, "streamed " * 400)

@@ -71,6 +71,7 @@ import datetime
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,19 @@ class ElasticStepResult:
 
 def weights_digest(model: torch.nn.Module) -> str:
     """SHA-256 over the parameters' names and bytes, in `named_parameters` order."""
+    return tensors_digest(model.named_parameters())
+
+
+def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over (name, tensor) pairs' names and bytes, in order."""
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
+    for name, parameter in named:
         digest.update(name.encode())
         digest.update(parameter.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
-def _step_store(store: dist.Store, step: int) -> dist.PrefixStore:
+def step_store(store: dist.Store, step: int) -> dist.PrefixStore:
     return dist.PrefixStore(f"step/{step}/", store)
 
 
@@ -152,7 +158,7 @@ def _process_group(backend: str, store: dist.Store, rank: int, size: int,
                           "or 'nccl' with a CUDA build of torch")
 
 
-def _reduce_to_coordinator(backend: str, store: dist.Store, rank: int, size: int,
+def reduce_to_coordinator(backend: str, store: dist.Store, rank: int, size: int,
                            buffer: torch.Tensor, timeout_s: float) -> None:
     """Sums `buffer` over the step's group into rank 0's `buffer`, in a group formed for
     this call only (a PrefixStore keeps its keys apart from the step's)."""
@@ -216,7 +222,7 @@ class Coordinator:
             self._remove_payloads(*self._aborted)
             self._aborted = None
         digest = weights_digest(self.policy.model)
-        store = _step_store(self.store, step)
+        store = step_store(self.store, step)
         put_blob(store, "weights", encode_weights(self.policy.model))
         store.set("membership", OPEN)
         store.set("spec", json.dumps({"weights_digest": digest,
@@ -270,7 +276,7 @@ class Coordinator:
         store.set("world_size", str(len(names) + 1))
         drained_s = time.perf_counter()
         buffer = torch.zeros_like(_flat_gradient(self.policy.model))
-        _reduce_to_coordinator(self.backend, store, 0, len(names) + 1, buffer, self.timeout_s)
+        reduce_to_coordinator(self.backend, store, 0, len(names) + 1, buffer, self.timeout_s)
         reduced_s = time.perf_counter()
         _set_flat_gradient(self.policy.model, buffer / self._count)
         reports = [json.loads(store.get(f"report/{name}")) for name in names]
@@ -310,7 +316,7 @@ class Coordinator:
     def _open_store(self) -> dist.PrefixStore:
         if self._step is None:
             raise MembershipError("no step is open; call open_step first")
-        return _step_store(self.store, self._step)
+        return step_store(self.store, self._step)
 
     @staticmethod
     def _remove_payloads(store: dist.PrefixStore, num_chunks: int) -> None:
@@ -366,7 +372,7 @@ class Member:
         """Joins `step` (waiting up to `timeout_s` for it to open), trains what it
         claims and takes part in the final sum; False if the roster had already closed
         or the step was aborted."""
-        store = _step_store(self.store, step)
+        store = step_store(self.store, step)
         store.wait(["spec"])
         rank = self._register(store)
         if rank is None:
@@ -380,7 +386,7 @@ class Member:
         world_size = int(store.get("world_size"))
         if world_size:
             store.set(f"report/{self.name}", json.dumps(report))
-            _reduce_to_coordinator(self.backend, store, rank, world_size,
+            reduce_to_coordinator(self.backend, store, rank, world_size,
                                    _flat_gradient(self.policy.model), self.timeout_s)
         self.policy.model.zero_grad(set_to_none=True)
         return world_size > 0

@@ -228,16 +228,21 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
     for round_index in range(num_rounds):
         index = round_index * world_size + rank
         if index >= len(step.micro_batches):
-            _idle_pass(policy, device)
+            idle_pass(policy, device)
             continue
         for name, value in backward_micro_batch(policy, step, weights, index, config,
                                                 reference).items():
             totals[name] += value
+    mean_to_sum(policy, world_size)
+    return dict(totals)
+
+
+def mean_to_sum(policy: PolicyModel, world_size: int) -> None:
+    """Scales the sharded gradient FSDP2 averaged over the mesh back to its sum."""
     with torch.no_grad():
         for parameter in policy.model.parameters():
             if parameter.grad is not None:
-                parameter.grad.mul_(world_size)   # FSDP2's mean over the mesh -> the sum
-    return dict(totals)
+                parameter.grad.mul_(world_size)
 
 
 def full_parameters(policy: PolicyModel) -> dict[str, torch.Tensor]:
@@ -250,7 +255,7 @@ def full_parameters(policy: PolicyModel) -> dict[str, torch.Tensor]:
     return full
 
 
-def _idle_pass(policy: PolicyModel, device: torch.device) -> None:
+def idle_pass(policy: PolicyModel, device: torch.device) -> None:
     """A forward and backward on one token with a zero loss, so that a process with no
     micro-batch left joins its mesh's all-gathers and reduce-scatters."""
     token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)

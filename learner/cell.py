@@ -1,0 +1,213 @@
+"""A sharded training cell as one member of the elastic step (`elastic.py`).
+
+An elastic step's members are cells. A cell of one process is `elastic.Member`; a cell of
+W processes keeps one copy of the model sharded over them (FSDP2, `sharding.py`) and takes
+part in the step as one member: its **leader** (cell rank 0) is the only process that
+talks to the coordinator's store. It registers the cell on the roster, reads the start
+weights, draws up to W tickets per round from the claim queue, and hands each round's
+micro-batches to the cell's processes over the cell's own process group (bytes by
+`dist.broadcast`, decoded by `wire.py`: no pickle). Every process trains one micro-batch
+per round, or an idle pass, because FSDP2's all-gathers and reduce-scatters need the
+whole mesh (`sharding.sharded_backward_step`'s rounds). When the leader draws the
+queue's end, the cell gathers its summed gradient whole at the leader, which joins the
+coordinator's final reduce with it like any member; the claim and normaliser rules are
+the elastic step's, so the step's gradient stays exact whatever cells join, and when.
+
+Membership inside a cell is fixed for the cell's life: a cell that grows or shrinks is a
+new cell (new process group, new mesh, the model re-sharded from the next step's start
+weights, which every join reads anyway). What that costs: one rendezvous of the cell's
+processes (about a second on one node, more across nodes for NCCL), and the start
+weights once per step per cell; inside a step nothing is re-formed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import distribute_tensor
+
+from undertow.learner.elastic import (
+    END,
+    OPEN,
+    reduce_to_coordinator,
+    step_store,
+    tensors_digest,
+)
+from undertow.learner.losses import LossConfig, chunk_weights
+from undertow.learner.model import PolicyModel
+from undertow.learner.objective import backward_micro_batch
+from undertow.learner.sharding import (
+    full_parameters,
+    idle_pass,
+    mean_to_sum,
+    shard_policy,
+    step_to,
+)
+from undertow.learner.wire import decode_step, get_blob
+
+
+class CellMember:
+    """One process of a sharded cell. Every process of the cell constructs one (after
+    `dist.init_process_group` for the cell) and calls `join(step)` for the same steps.
+
+    Invariants: only the leader touches the coordinator's store; every process of the
+    cell runs the same number of forward and backward passes in a step; the cell's
+    gradient enters the step only if the roster closed with the cell on it.
+    """
+
+    def __init__(self, address: tuple[str, int] | None, name: str, model_dir: str,
+                 mesh, backend: str = "gloo", timeout_s: float = 300.0):
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.name, self.backend, self.timeout_s = name, backend, timeout_s
+        self.store = None
+        if self.rank == 0:
+            self.store = dist.TCPStore(address[0], address[1], is_master=False,
+                                       timeout=datetime.timedelta(seconds=timeout_s))
+        self.policy = PolicyModel.load(model_dir)
+        self.policy.model.train()
+        shard_policy(self.policy, mesh)
+        self.device = next(self.policy.model.parameters()).to_local().device
+
+    def join(self, step: int) -> bool:
+        """The cell's share of `step`; False if it came too late or the step aborted."""
+        store = step_store(self.store, step) if self.store is not None else None
+        rank_in_step = self._register(store) if store is not None else None
+        if not self._broadcast_json({"rank": rank_in_step})["rank"]:
+            return False
+        spec = self._broadcast_json(json.loads(store.get("spec")) if store else None)
+        self._load_weights(get_blob(store, "weights") if store else b"")
+        digest = weights_digest_of(self.policy)
+        report = self._train(store, LossConfig(**spec["loss"]))
+        full = self._whole_gradient()
+        world_size = self._broadcast_json(
+            int(_wait_get(store, "world_size")) if store else None)
+        if store is not None and world_size:
+            report["weights_digest"] = digest
+            store.set(f"report/{self.name}", json.dumps(report))
+            reduce_to_coordinator(self.backend, store, rank_in_step, world_size, full,
+                                   self.timeout_s)
+        self.policy.model.zero_grad(set_to_none=True)
+        return world_size > 0
+
+    def _register(self, store) -> int:
+        store.wait(["spec"])
+        while True:
+            current = store.get("membership").decode()
+            if not current.startswith(OPEN):
+                return 0
+            names = [n for n in current[len(OPEN):].split(",") if n]
+            wanted = OPEN + ",".join([*names, self.name])
+            if store.compare_set("membership", current, wanted).decode() == wanted:
+                return len(names) + 1
+
+    def _train(self, store, config: LossConfig) -> dict[str, Any]:
+        """Rounds of one micro-batch per process until the leader draws the end."""
+        chunks: dict[int, tuple] = {}
+        claimed, stats, ended, seen = [], {}, False, set()
+        while not ended:
+            picks = self._draw_round(store, seen) if store is not None else None
+            picks = self._broadcast_json(picks)
+            ended = picks["ended"]
+            for chunk_id in picks["new_chunks"]:
+                data = get_blob(store, f"chunk/{chunk_id}") if store is not None else b""
+                chunk = step_to(decode_step(self._broadcast_bytes(data)), self.device)
+                chunks[chunk_id] = (chunk, chunk_weights(config, chunk))
+            entries = picks["entries"]
+            if not entries:
+                continue
+            if self.rank < len(entries):
+                ticket, where = entries[self.rank]
+                chunk, weights = chunks[where["chunk"]]
+                for key, value in backward_micro_batch(self.policy, chunk, weights,
+                                                       where["index"], config).items():
+                    stats[key] = stats.get(key, 0.0) + value
+                claimed.append(ticket)
+            else:
+                idle_pass(self.policy, self.device)
+        mean_to_sum(self.policy, self.size)
+        claims = self._gather_json({"claimed": claimed, "stats": stats})
+        total: dict[str, float] = {}
+        for part in claims:
+            for key, value in part["stats"].items():
+                total[key] = total.get(key, 0.0) + value
+        return {"name": self.name, "stats": total,
+                "claimed": sorted(t for part in claims for t in part["claimed"])}
+
+    def _draw_round(self, store, seen: set[int]) -> dict[str, Any]:
+        """The leader draws up to one ticket per process; stops at the queue's end.
+        `seen`: the chunks already handed to the cell (updated)."""
+        entries, new_chunks, ended = [], [], False
+        for _ in range(self.size):
+            index = store.add("next", 1) - 1
+            store.wait([f"mb/{index}"])
+            entry = store.get(f"mb/{index}").decode()
+            if entry == END:
+                store.set(f"mb/{index + 1}", END)
+                store.set("drained", self.name)
+                ended = True
+                break
+            where = json.loads(entry)
+            if where["chunk"] not in seen:
+                seen.add(where["chunk"])
+                new_chunks.append(where["chunk"])
+            entries.append((index, where))
+        return {"entries": entries, "new_chunks": new_chunks, "ended": ended}
+
+    def _load_weights(self, data: bytes) -> None:
+        """The step's start weights, from the leader, into this process's shards."""
+        from safetensors.torch import load as load_tensors
+
+        tensors = load_tensors(self._broadcast_bytes(data))
+        with torch.no_grad():
+            for name, parameter in self.policy.model.named_parameters():
+                full = tensors[name].to(self.device, parameter.dtype)
+                parameter.copy_(distribute_tensor(full, parameter.device_mesh,
+                                                  parameter.placements))
+
+    def _whole_gradient(self) -> torch.Tensor:
+        """(P,) the cell's summed gradient, whole, in `named_parameters` order (a
+        collective; the leader's is the one used)."""
+        grads = [p.grad.full_tensor() if p.grad is not None
+                 else torch.zeros(p.shape, device=self.device)
+                 for p in self.policy.model.parameters()]
+        return torch.cat([g.reshape(-1) for g in grads]).to(self.device)
+
+    def _broadcast_bytes(self, data: bytes) -> bytes:
+        size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
+        dist.broadcast(size, src=0)
+        buffer = torch.empty(int(size), dtype=torch.uint8, device=self.device)
+        if self.rank == 0:
+            buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buffer, src=0)
+        return buffer.cpu().numpy().tobytes()
+
+    def _broadcast_json(self, value: Any) -> Any:
+        return json.loads(self._broadcast_bytes(json.dumps(value).encode()))
+
+    def _gather_json(self, value: Any) -> list[Any]:
+        """Every process's `value` (each process broadcasts its own in turn)."""
+        gathered = []
+        for source in range(self.size):
+            data = json.dumps(value).encode() if source == self.rank else b""
+            size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
+            dist.broadcast(size, src=source)
+            buffer = torch.empty(int(size), dtype=torch.uint8, device=self.device)
+            if source == self.rank:
+                buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            dist.broadcast(buffer, src=source)
+            gathered.append(json.loads(buffer.cpu().numpy().tobytes()))
+        return gathered
+
+
+def weights_digest_of(policy: PolicyModel) -> str:
+    """`elastic.weights_digest` of a sharded policy's whole weights (a collective)."""
+    return tensors_digest(full_parameters(policy).items())
+
+
+def _wait_get(store, key: str) -> bytes:
+    store.wait([key])
+    return store.get(key)

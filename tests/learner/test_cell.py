@@ -1,15 +1,18 @@
 """A sharded cell of two processes as one member of an elastic step (`cell.py`).
 
-The coordinator (this process) moves its weights, opens a step and appends four groups
-one chunk at a time while the cell (two spawned processes, FSDP2 over a gloo mesh, one
-leader on the coordinator's store) trains them in rounds; then it finishes the step.
-The coordinator's gradient equals the one-process reference (`backward_step` on the
-whole step) within 1e-5 of each parameter's scale, every micro-batch was claimed
-exactly once, by the cell, and the cell trained with the coordinator's current weights
-(its digest of the gathered shards equals the coordinator's).
+The coordinator (this process) moves its weights, opens a step and appends a group
+while the cell (two spawned processes, FSDP2 over a gloo mesh, one leader on the
+coordinator's store) trains in rounds; a one-process member (`elastic.Member`, as the
+local pool runs it) joins after the first group, so the membership changes mid-step;
+three more groups arrive; the step finishes. The coordinator's gradient equals the
+one-process reference (`backward_step` on the whole step) within 1e-5 of each
+parameter's scale, every micro-batch was claimed exactly once by one of the two
+members, and both trained with the coordinator's current weights (the cell's digest is
+of its gathered shards).
 """
 
 import datetime
+import time
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from undertow.learner.elastic import Coordinator, weights_digest
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
+from undertow.learner.pool.local import ProcessMembers, member_name
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +68,7 @@ def test_a_two_process_cell_trains_a_streamed_step_exactly(tiny_model_dir):
     coordinator = Coordinator(policy, timeout_s=TIMEOUT_S)
     cell_store = dist.TCPStore("127.0.0.1", 0, world_size=CELL_SIZE + 1, is_master=True,
                                wait_for_workers=False)
+    members = ProcessMembers(coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
     context = mp.get_context("spawn")
     processes = [context.Process(target=_cell_process,
                                  args=(rank, cell_store.port, coordinator.address,
@@ -74,7 +79,15 @@ def test_a_two_process_cell_trains_a_streamed_step_exactly(tiny_model_dir):
         assert digest == weights_digest(policy.model)
         for process in processes:
             process.start()
-        for chunk in _chunks(trees, CONFIG):
+        chunks = _chunks(trees, CONFIG)
+        coordinator.append(chunks[0])
+        members.start(0)
+        members.join(0, 0)
+        deadline = time.monotonic() + TIMEOUT_S
+        while member_name(0) not in coordinator.members():   # on the roster mid-step
+            assert time.monotonic() < deadline, "the one-process member never joined"
+            time.sleep(0.05)
+        for chunk in chunks[1:]:
             coordinator.append(chunk)
         result = coordinator.finish_step()
         for process in processes:
@@ -84,8 +97,12 @@ def test_a_two_process_cell_trains_a_streamed_step_exactly(tiny_model_dir):
         for process in processes:
             if process.is_alive():
                 process.kill()
+        members.close()
         coordinator.close()
     _assert_gradients_close(_gradients(policy), expected)
-    assert result.ranks == ["coordinator", "cell-a"]
-    assert result.claims["cell-a"] == list(range(result.num_micro_batches))
-    assert result.weights_digests["cell-a"] == digest
+    single = member_name(0)
+    assert sorted(result.ranks) == sorted(["coordinator", "cell-a", single])
+    claimed = result.claims["cell-a"] + result.claims[single]
+    assert sorted(claimed) == list(range(result.num_micro_batches))
+    assert result.claims["cell-a"]
+    assert result.weights_digests["cell-a"] == result.weights_digests[single] == digest

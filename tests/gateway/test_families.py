@@ -19,17 +19,23 @@ import anthropic
 import openai
 import pytest
 
+from tests.adapters.conftest import bundled_tasks, connection, start_scripted_engine  # noqa: F401
 from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
+from undertow.adapters.gateway_client import GatewayAdmin
+from undertow.adapters.mini_swe_agent import MiniSweAgent
+from undertow.adapters.rollout import Rollout, RolloutConfig
+from undertow.embedded import serve_gateway
 from undertow.gateway.app import STORE_KEY
+from undertow.gateway.engines.scripted import ScriptedEngine
 from undertow.gateway.render import Renderer
 from undertow.gateway.resume import message_of_events
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import Head, build_prompt
 from undertow.gateway.toolparsers import PARSERS, create_parser, parser_of_template
-from undertow.gateway.tree import Tree
+from undertow.gateway.tree import Tree, tree_from_json
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command",
@@ -213,3 +219,66 @@ async def check_sdk_session(engine: str, model_dir, tmp_path, name: str, client:
         assert after.branch is None and after.meta["token_truth"], (name, client)
         extended = before.prompt_ids + before.completion_ids
         assert after.prompt_ids[:len(extended)] == extended
+
+
+@pytest.mark.docker
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm45"])
+async def test_mini_swe_agent_on_a_family_template_keeps_token_truth(
+        engine_family_dirs, bundled_tasks, connection, tmp_path, name):  # noqa: F811
+    """The real mini-swe-agent (its history as it re-sends it, tool results as tool
+    messages) through a gateway on the family's template, a scripted engine replaying
+    the oracle trajectory of `test_mini_swe_agent.py` in the family's tool-call format
+    (with reasoning where the family writes it): every later call extends the previous
+    prompt + sampled IDs, and the session still solves the task."""
+    family, task = FAMILIES[name], bundled_tasks[MINI_TASK]
+    renderer = Renderer(engine_family_dirs[name])
+    scripts = [renderer.encode(_family_turn(name, thought, command)) + [2]
+               for thought, command in oracle_steps(task)]
+    engine = ScriptedEngine(default=renderer.encode("No tool call here.") + [2],
+                            stop_token_ids=(2,))
+    engine.scripts = [list(script) for script in scripts]
+    engine_runner, engine_url = await start_scripted_engine(engine)
+    try:
+        async with (serve_gateway(engine_family_dirs[name], tmp_path / "store", [engine_url],
+                                  tool_parser="auto") as gateway,
+                    GatewayAdmin(gateway.url, gateway.admin_token) as admin):
+            config = RolloutConfig(group_size=1, concurrency=1, timeout_s=300,
+                                   out_dir=tmp_path, progress_interval_s=0)
+            summary = await Rollout([task], MiniSweAgent(step_limit=6), admin, connection,
+                                    config).run()
+            [result] = summary.sessions
+            tree = tree_from_json(await admin.session_tree(result.session_id))
+    finally:
+        await engine_runner.cleanup()
+    assert result.reward == 1.0, (family.name, result)
+    calls = [captured(tree, call.call_id) for call in tree.calls]
+    assert len(calls) == len(scripts)
+    for before, after in itertools.pairwise(calls):
+        assert after.branch is None and after.meta["token_truth"], name
+        extended = before.prompt_ids + before.completion_ids
+        assert after.prompt_ids[:len(extended)] == extended
+
+
+MINI_TASK = "calclang__calclang-2"
+
+
+def oracle_steps(task) -> list[tuple[str, str]]:
+    return [("Let me look at how powers are parsed.",
+             "grep -n 'def power' -A 5 calclang/parser.py"),
+            ("`**` must be right-associative and take a unary exponent.",
+             f"git apply <<'UNDERTOW_PATCH'\n{task.patch}UNDERTOW_PATCH"),
+            ("The fix is in place; submitting.",
+             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff")]
+
+
+def _family_turn(name: str, thought: str, command: str) -> str:
+    arguments = json.dumps({"command": command})
+    if name == "qwen3":
+        return (f"<think>\n{thought}\n</think>\n\nTHOUGHT: {thought}\n<tool_call>\n"
+                f'{{"name": "bash", "arguments": {arguments}}}\n</tool_call>')
+    if name == "qwen3_coder":
+        return (f"THOUGHT: {thought}\n<tool_call>\n<function=bash>\n<parameter=command>\n"
+                f"{command}\n</parameter>\n</function>\n</tool_call>")
+    return (f"\n<think>{thought}</think>\nTHOUGHT: {thought}\n<tool_call>bash\n"
+            f"<arg_key>command</arg_key>\n<arg_value>{command}</arg_value>\n</tool_call>")

@@ -5,7 +5,14 @@ continue, weight swap, flush) and apply the commands, so that every state change
 updates included, happens between two model steps; then admit waiting requests while fewer than
 `max_running_requests` run (look up the prefix cache, copy the cached KV into a free slot,
 prefill the rest alone, sample the first token); then run one decode step for all running
-requests together.
+requests together; finished requests leave the batch at once (their KV goes into the prefix
+cache, their slot is refilled by compaction) and the next waiting request joins on the next
+iteration. A request that continues a staged KV import (`staging.py`, a migration's) starts in
+that import's slot instead of copying from the cache, and when only its last token is not
+staged it skips the prefill and joins the decode step as if it had been running all along.
+Outputs are handed to `publish` once per iteration, as (request, number of output tokens,
+finished) snapshots; `publish` must be thread-safe (the server posts them to its event loop),
+so the torch work never runs on the event loop.
 
 Chunked prefill (SGLang's `--chunked-prefill-size`): a prompt whose uncached part costs more
 than `chunked_prefill_size` is prefilled one chunk per iteration, each chunk followed by the
@@ -18,14 +25,6 @@ grows and each costs about the same time. One request is chunked at a time; it h
 running slot and skips the decode steps until its prompt is done, and no other request is
 admitted meanwhile. Chunking changes only where the prompt is cut, not what is computed: a
 chunk attends to the KV of the chunks before it exactly as a cached prefix is attended to.
-Afterwards, finished requests leave the batch at once (their KV goes into the prefix
-cache, their slot is refilled by compaction) and the next waiting request joins on the next
-iteration. A request that continues a staged KV import (`staging.py`, a migration's) starts in
-that import's slot instead of copying from the cache, and when only its last token is not
-staged it skips the prefill and joins the decode step as if it had been running all along.
-Outputs are handed to `publish` once per iteration, as (request, number of output tokens,
-finished) snapshots; `publish` must be thread-safe (the server posts them to its event loop),
-so the torch work never runs on the event loop.
 """
 
 import concurrent.futures

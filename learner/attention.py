@@ -176,6 +176,12 @@ def _tree_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if isinstance(attention_mask, SegmentContext):
         key, value = attention_mask.keys_and_values(module.layer_idx, key, value)
         attention_mask = attention_mask.blocks
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):
+        # Under autocast (learner.mixed_precision) Qwen3's q/k norms return float32 while
+        # v is bf16; the kernels below are not autocast ops, so give them one dtype.
+        dtype = torch.get_autocast_dtype(device_type)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     if isinstance(attention_mask, BlockMask):
         output = _flex_tree_attention(query, key, value, attention_mask,
                                       query.shape[-1] ** -0.5 if scaling is None else scaling)

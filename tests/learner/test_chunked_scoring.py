@@ -211,3 +211,32 @@ def test_an_unknown_long_paths_mode_is_refused():
     tree = build_random_tree(1)
     with pytest.raises(ValueError, match="long_paths"):
         pack_step([tree], {(tree.group_id, "s0"): 1.0}, 10, long_paths="drop")
+
+
+def _largest_saved_numel(score, head, hidden, targets) -> int:
+    """The largest tensor autograd keeps for the backward of `score` (parameters aside)."""
+    sizes = []
+    parameters = {id(p) for p in head.parameters()}
+
+    def pack(tensor):
+        if id(tensor) not in parameters:
+            sizes.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logprobs, entropy = score(head, hidden, targets, True)
+    (logprobs.sum() + entropy.sum()).backward()
+    return max(sizes)
+
+
+def test_the_chunked_head_keeps_no_tensor_with_a_vocabulary_dimension():
+    generator = torch.Generator().manual_seed(1)
+    num_rows, vocab = 300, 1000
+    head = torch.nn.Linear(16, vocab, bias=False)
+    hidden = torch.randn(num_rows, 16, generator=generator, requires_grad=True)
+    targets = torch.randint(0, vocab, (num_rows,), generator=generator)
+    full = _largest_saved_numel(head_scores, head, hidden, targets)
+    chunked = _largest_saved_numel(lambda *a: chunked_scores(*a, chunk_tokens=32),
+                                   head, hidden, targets)
+    assert full >= num_rows * vocab
+    assert chunked == num_rows * 16      # the hidden rows, nothing of size V

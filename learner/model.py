@@ -102,7 +102,7 @@ class PolicyModel:
         if enabled:
             self.model.activation_checkpointing_enable({"use_reentrant": False})
             self.model.train()
-        elif self.model.is_activation_checkpointing:
+        elif getattr(self.model, "is_activation_checkpointing", False):
             self.model.activation_checkpointing_disable()
         self.activation_checkpointing = enabled
 

@@ -2,13 +2,13 @@
 
 The coordinator (this process) moves its weights, opens a step and appends a group
 while the cell (two spawned processes, FSDP2 over a gloo mesh, one leader on the
-coordinator's store) trains in rounds; a one-process member (`elastic.Member`, as the
-local pool runs it) joins after the first group, so the membership changes mid-step;
-three more groups arrive; the step finishes. The coordinator's gradient equals the
-one-process reference (`backward_step` on the whole step) within 1e-5 of each
-parameter's scale, every micro-batch was claimed exactly once by one of the two
-members, and both trained with the coordinator's current weights (the cell's digest is
-of its gathered shards).
+coordinator's store) trains in rounds; once the cell has drawn a ticket, a one-process
+member (`elastic.Member`, as the local pool runs it) joins, so the membership changes
+mid-step; three more groups arrive; the step finishes. The coordinator's gradient
+equals the one-process reference (`backward_step` on the whole step) within 1e-5 of
+each parameter's scale, every micro-batch was claimed exactly once by one of the two
+members, the cell claimed some, and both trained with the coordinator's current weights
+(the cell's digest is of its gathered shards).
 """
 
 import datetime
@@ -52,6 +52,13 @@ def _cell_process(rank: int, cell_port: int, address, model_dir: str, step: int)
         dist.destroy_process_group()
 
 
+def _wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
 def test_a_two_process_cell_trains_a_streamed_step_exactly(tiny_model_dir):
     trees = [build_random_tree(seed, f"g{seed}", num_turns=3 + seed % 3)
              for seed in range(1, 5)]
@@ -81,12 +88,10 @@ def test_a_two_process_cell_trains_a_streamed_step_exactly(tiny_model_dir):
             process.start()
         chunks = _chunks(trees, CONFIG)
         coordinator.append(chunks[0])
+        _wait_until(lambda: coordinator.num_claimed() >= 1, "the cell draws a ticket")
         members.start(0)
         members.join(0, 0)
-        deadline = time.monotonic() + TIMEOUT_S
-        while member_name(0) not in coordinator.members():   # on the roster mid-step
-            assert time.monotonic() < deadline, "the one-process member never joined"
-            time.sleep(0.05)
+        _wait_until(lambda: member_name(0) in coordinator.members(), "the member joins")
         for chunk in chunks[1:]:
             coordinator.append(chunk)
         result = coordinator.finish_step()

@@ -204,3 +204,16 @@ def test_bf16_compute_keeps_float32_gradients_close_to_float32_compute(policy32)
     policy32.model.zero_grad(set_to_none=True)
     assert not torch.equal(mixed, full)
     assert float(mixed @ full / (mixed.norm() * full.norm())) > 0.95
+
+
+def test_the_run_config_section_takes_auto_or_a_number_of_tokens():
+    from undertow.config import build_section
+    from undertow.learner.config import TrainConfig
+
+    section = {"device": "cpu", "mixed_precision": "bf16", "micro_batch_tokens": "auto"}
+    assert build_section(TrainConfig, section, "learner").micro_batch_tokens == "auto"
+    assert build_section(TrainConfig, {"micro_batch_tokens": 4096},
+                         "learner").micro_batch_tokens == 4096
+    assert build_section(TrainConfig, {"lr": 1}, "learner").lr == 1.0   # still coerced
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        build_section(TrainConfig, {"micro_batch_tokens": True}, "learner")

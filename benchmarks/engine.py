@@ -12,6 +12,16 @@ through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sa
 Writes `benchmarks/results/engine.json` and prints a Markdown table with the ratios the engine
 issue sets as targets (c=32 / c=1 >= 8x; built-in >= 0.5x vLLM; cached prefill >= 10x faster).
 Wall-clock numbers on a shared machine are noisy: compare within one run.
+
+    python -m benchmarks.engine --case itl [--size tiny] [--chunk-sizes 0,256]
+
+The inter-token-latency case (built-in engine only, one engine per chunk size, `0` being
+chunked prefill off): 16 sessions decode (streamed `/generate`, greedy); once each has 16
+tokens, a 16,384-token prompt arrives (one output token). The running sessions' inter-token
+latencies (gap between two streamed events over the tokens the later one brought) are taken
+from its arrival until each session has 16 more tokens after its prefill; p50, p99 and max,
+with the p50 before the arrival for reference and the long prompt's time to its token.
+Writes `benchmarks/results/engine_itl.json`.
 """
 
 import argparse
@@ -94,6 +104,123 @@ async def measure(launcher, model_dir: Path, seed: int) -> dict:
             "prefill_2000_s": {"uncached": uncached, "cached": cached}}
 
 
+ITL_SESSIONS = 16
+ITL_SESSION_PROMPT = 32
+ITL_LONG_PROMPT = 16384
+ITL_MARGIN_TOKENS = 16  # tokens each session makes before the arrival, and after its prefill
+ITL_RESULTS = Path(__file__).parent / "results" / "engine_itl.json"
+
+
+class TokenTimes:
+    """When each streamed event of one session arrived, and its cumulative token count."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int]] = []
+        self.grew = asyncio.Event()
+
+    def count(self) -> int:
+        return self.events[-1][1] if self.events else 0
+
+    def gaps(self, since: float) -> list[float]:
+        """Per-token latencies (seconds) of the events after `since`."""
+        out = []
+        for (before_at, before), (at, now) in zip(self.events, self.events[1:], strict=False):
+            if at > since and now > before:
+                out += [(at - before_at) / (now - before)] * (now - before)
+        return out
+
+
+async def stream_session(session, url: str, rid: str, prompt: list[int],
+                         times: TokenTimes) -> None:
+    body = {"input_ids": prompt, "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 30_000, "temperature": 0.0,
+                                "ignore_eos": True}}
+    async with session.post(url + "/generate", json=body) as reply:
+        async for line in reply.content:
+            if line.startswith(b"data: {"):
+                count = json.loads(line[6:])["meta_info"]["completion_tokens"]
+                times.events.append((time.perf_counter(), count))
+                times.grew.set()
+
+
+async def wait_for_tokens(sessions: list[TokenTimes], targets: list[int]) -> None:
+    for times, target in zip(sessions, targets, strict=True):
+        while times.count() < target:
+            times.grew.clear()
+            await times.grew.wait()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure_itl(model_dir: Path, chunk_size: int, builtin_threads: int | None) -> dict:
+    threads = ("--num-threads", str(builtin_threads)) if builtin_threads else ()
+    launcher = BuiltinLauncher(extra_args=(*threads, "--chunked-prefill-size", str(chunk_size)))
+    async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
+            timeout=TIMEOUT) as session:
+        sessions = [TokenTimes() for _ in range(ITL_SESSIONS)]
+        tasks = [asyncio.create_task(stream_session(
+            session, engine.url, f"itl-{i}", token_ids(500 + i, ITL_SESSION_PROMPT), times))
+            for i, times in enumerate(sessions)]
+        await wait_for_tokens(sessions, [ITL_MARGIN_TOKENS] * ITL_SESSIONS)
+        arrived = time.perf_counter()
+        before = [g for times in sessions for g in times.gaps(0.0)]
+        await complete(session, engine.url, str(model_dir), token_ids(7, ITL_LONG_PROMPT), 1)
+        prefilled = time.perf_counter()
+        await wait_for_tokens(sessions, [t.count() + ITL_MARGIN_TOKENS for t in sessions])
+        for i in range(ITL_SESSIONS):
+            async with session.post(engine.url + "/abort_request", json={"rid": f"itl-{i}"}):
+                pass
+        await asyncio.gather(*tasks)
+    during = [g for times in sessions for g in times.gaps(arrived)]
+    return {"chunked_prefill_size": chunk_size, "num_latencies": len(during),
+            "p50_ms": 1000 * percentile(during, 0.5), "p99_ms": 1000 * percentile(during, 0.99),
+            "max_ms": 1000 * max(during), "p50_before_ms": 1000 * percentile(before, 0.5),
+            "long_prompt_s": prefilled - arrived}
+
+
+def itl_markdown(rows: list[dict]) -> str:
+    lines = ["| chunked prefill | p50 ms | p99 ms | max ms | p99/p50 | p50 before arrival ms | "
+             "16k prompt s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        name = "off" if r["chunked_prefill_size"] <= 0 else str(r["chunked_prefill_size"])
+        lines.append(f"| {name} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['max_ms']:.0f} | "
+                     f"{r['p99_ms'] / r['p50_ms']:.1f}x | {r['p50_before_ms']:.0f} | "
+                     f"{r['long_prompt_s']:.1f} |")
+    return "\n".join(lines)
+
+
+async def run_itl(size: str, chunk_sizes: list[int], builtin_threads: int | None,
+                  work_dir: Path) -> list[dict]:
+    from undertow.learner.modeldir import init_model_dir
+
+    model_dir = init_model_dir(work_dir / size, size=size, seed=0)
+    rows = []
+    for chunk_size in chunk_sizes:
+        rows.append(await measure_itl(model_dir, chunk_size, builtin_threads))
+        print(f"measured chunked_prefill_size={chunk_size}: {rows[-1]}", flush=True)
+    return rows
+
+
+def main_itl(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="undertow-bench-itl-") as work_dir:
+        rows = asyncio.run(run_itl(args.size, [int(c) for c in args.chunk_sizes.split(",")],
+                                   args.builtin_threads or None, Path(work_dir)))
+    report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                          "load_average_1m": os.getloadavg()[0]},
+              "settings": {"size": args.size, "sessions": ITL_SESSIONS,
+                           "session_prompt_tokens": ITL_SESSION_PROMPT,
+                           "long_prompt_tokens": ITL_LONG_PROMPT,
+                           "margin_tokens": ITL_MARGIN_TOKENS,
+                           "builtin_threads": args.builtin_threads},
+              "results": rows}
+    ITL_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    ITL_RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(itl_markdown(rows))
+
+
 def launchers(names: list[str], builtin_threads: int | None) -> dict:
     threads = ("--num-threads", str(builtin_threads)) if builtin_threads else ()
     available = {
@@ -155,7 +282,14 @@ def main() -> None:
     parser.add_argument("--builtin-threads", type=int, default=1,
                         help="torch threads of the built-in engine (0: torch's default); one "
                              "is faster on a small machine that other work shares")
+    parser.add_argument("--case", choices=("throughput", "itl"), default="throughput")
+    parser.add_argument("--size", default="tiny", help="model size of the itl case")
+    parser.add_argument("--chunk-sizes", default="0,256",
+                        help="chunked prefill sizes of the itl case (0: off)")
     args = parser.parse_args()
+    if args.case == "itl":
+        main_itl(args)
+        return
     with tempfile.TemporaryDirectory(prefix="undertow-bench-engine-") as work_dir:
         results = asyncio.run(run(args.sizes.split(","), args.engines.split(","),
                                   args.builtin_threads or None, Path(work_dir)))

@@ -25,7 +25,10 @@ When the distributed path fails (an engine refuses or cannot join the group, a b
 times out, an engine cannot load what it received), the group is given up, the push falls
 back to disk, and the fallback is logged as a warning and kept in `reports` (a `SyncReport`
 per push: how, seconds, bytes, and the error that caused a fallback). The next push tries
-the distributed path again with a new group.
+the distributed path again with a new group. An engine left waiting in a broadcast the learner
+gave up on answers nothing else until its own group timeout (SGLang's default: 30 minutes),
+so the disk load of that push waits for it too. With gloo, each side's address comes from its
+hostname unless `GLOO_SOCKET_IFNAME` names an interface (set it on multi-homed nodes).
 
 The tensors sent are the model directory's safetensors (just written by the learner, so read
 back from the page cache), or `named_tensors()` when given (e.g. the live model's

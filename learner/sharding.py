@@ -104,6 +104,9 @@ def place(config: TrainConfig, policy: PolicyModel,
     checkpointing and the attention from the config, and resolves the micro-batch
     token bound; returns the placement."""
     device = resolve_device(config.device)
+    if config.attention == "flex" and device.type != "cuda":
+        raise DeviceError(f"learner.attention is 'flex' but the learner runs on {device}: "
+                          "torch has no flex_attention backward there; use 'auto'")
     for model in (policy, reference):
         if model is not None:
             model.model.to(device)

@@ -157,6 +157,8 @@ def test_place_resolves_the_config_on_a_cpu(policy32):
     from undertow.learner.config import TrainConfig
     from undertow.learner.sharding import place
 
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: 'auto' would move the shared fixture onto it")
     fixed = place(TrainConfig(micro_batch_tokens=123, activation_checkpointing=True,
                               attention="dense"), policy32)
     try:
@@ -170,6 +172,8 @@ def test_place_resolves_the_config_on_a_cpu(policy32):
             product = torch.ones(2, 2) @ torch.ones(2, 2)
         assert product.dtype == torch.bfloat16   # computed in bf16; parameters stay float32
         assert next(policy32.model.parameters()).dtype == torch.float32
+        with pytest.raises(DeviceError, match="flex_attention backward"):
+            place(TrainConfig(attention="flex"), policy32)
     finally:
         place(TrainConfig(), policy32)
 

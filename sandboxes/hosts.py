@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import docker
-import docker.errors
 from docker.constants import DEFAULT_DOCKER_API_VERSION
 
 from undertow.sandboxes.connection import DEFAULT_DOCKER_URL, Connection, connect
@@ -57,6 +57,7 @@ class DockerHost:
     url: str
     connection: Connection
     num_sessions: int = 0
+    negotiated: bool = True   # False: the client was made while the daemon did not answer
     down_since: float | None = None
     error: str = ""
     images: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -74,7 +75,7 @@ class DockerHosts:
             raise ValueError("DockerHosts needs at least one host")
         self.hosts, self.config = hosts, config
         self._changed = asyncio.Condition()
-        self._owned: list[Connection] = []
+        self._owned = False
 
     @classmethod
     def connect(cls, config: HostsConfig, default_url: str | None = None) -> DockerHosts:
@@ -82,7 +83,7 @@ class DockerHosts:
         urls = config.docker_hosts or (default_url or DEFAULT_DOCKER_URL,)
         hosts = [_connect_host(url) for url in urls]
         placed = cls(hosts, config)
-        placed._owned = [host.connection for host in hosts]
+        placed._owned = True
         return placed
 
     @classmethod
@@ -92,8 +93,9 @@ class DockerHosts:
                                connection)])
 
     def close(self) -> None:
-        for connection in self._owned:
-            connection.close()
+        if self._owned:
+            for host in self.hosts:
+                host.connection.close()
 
     def __enter__(self) -> DockerHosts:
         return self
@@ -141,8 +143,14 @@ class DockerHosts:
     async def check(self, host: DockerHost) -> bool:
         """Pings `host`; marks it down (or up again) by the answer. Returns whether it is up."""
         try:
-            await asyncio.wait_for(host.connection.call(host.connection.client.ping),
+            await asyncio.wait_for(host.connection.call(ping, host.connection.client, host.url,
+                                                        self.config.probe_timeout_s),
                                    self.config.probe_timeout_s)
+            if not host.negotiated:  # up for the first time: speak the daemon's API version
+                stale, host.connection = host.connection, await asyncio.to_thread(
+                    connect, host.url)
+                host.negotiated = True
+                stale.close()
         except Exception as error:  # refused, gone, timed out: all mean down
             if host.up:
                 host.images.clear()  # a daemon that comes back may have lost them
@@ -183,12 +191,27 @@ class DockerHosts:
         return {host.url: count for host, count in zip(self.hosts, counts, strict=True)}
 
 
-def _connect_host(url: str) -> DockerHost:
-    """A host of the run; one that does not answer now starts down (its client then speaks
-    the SDK's default API version, as none could be asked of the daemon)."""
+def ping(client: docker.DockerClient, url: str, timeout_s: float = 30) -> None:
+    """Raises unless the daemon at `url` answers `GET /_ping` (unversioned: any API
+    version does). A unix socket that is not there is reported without a connection
+    attempt (the SDK leaks the socket of a failed unix connect)."""
+    if url.startswith("unix://") and not os.path.exists(url.removeprefix("unix://")):
+        raise FileNotFoundError(f"no Docker socket at {url}")
+    response = client.api.get(f"{client.api.base_url}/_ping", timeout=timeout_s)
     try:
-        return DockerHost(url, connect(url))
-    except docker.errors.DockerException as error:
-        client = docker.DockerClient(base_url=url, version=DEFAULT_DOCKER_API_VERSION)
-        return DockerHost(url, Connection(client, url=url), down_since=time.monotonic(),
-                          error=f"{type(error).__name__}: {error}")
+        response.raise_for_status()
+    finally:
+        response.close()
+
+
+def _connect_host(url: str) -> DockerHost:
+    """A host of the run; one that does not answer now starts down, with a client that
+    asks the daemon its API version only when it answers (`DockerHosts.check`)."""
+    probe = docker.DockerClient(base_url=url, version=DEFAULT_DOCKER_API_VERSION)
+    try:
+        ping(probe, url)
+    except Exception as error:  # refused, no socket, no route: the host is down for now
+        return DockerHost(url, Connection(probe, url=url), negotiated=False,
+                          down_since=time.monotonic(), error=f"{type(error).__name__}: {error}")
+    probe.close()
+    return DockerHost(url, connect(url))

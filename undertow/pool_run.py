@@ -148,7 +148,8 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, 
                   f"({pool.policy}), run {run.run_dir}, from step {weight_version}",
                   flush=True)
             context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
-                                     sections["rollout"], run.docker_url)
+                                     sections["rollout"], run.docker_url,
+                                     sections.get("sandbox"))
             source = ThreadedGroupSource(loop, load_source(context), admin,
                                          learner.state.num_resumes)
             cell_pool = LocalPool(cells, slots, members, weight_version=weight_version)

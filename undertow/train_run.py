@@ -9,13 +9,14 @@ the gateway's admin API. The learner pushes weights through the gateway's pool
 
 Sections of the run config: `run` (`RunConfig`, below), `rollout` (`RolloutSection`),
 `learner`, `loss`, `advantages` (see `learner/config.py`), `warm_start`
-(`warm_start.py`), and optionally `pool` (`learner/pool/config.py`): with it the run
-goes to `pool_run.py`, the machine split into cells that move between rollout and
-training. With no config file, `undertow train` reads `configs/learn.yaml`: the tiny
-model (built once into the run directory), a warm start, one built-in engine, the
-embedded gateway and one-call chat sessions on a prompt task set whose reward the
-policy visibly learns in minutes. `configs/swe.yaml` is the SWE run: mini-swe-agent
-on the bundled tasks in Docker sandboxes.
+(`warm_start.py`), `sandbox` (`sandboxes/hosts.py`'s HostsConfig: the Docker daemons the
+sessions' sandboxes run on, `docker_hosts`, and `max_sessions_per_host`), and optionally
+`pool` (`learner/pool/config.py`): with it the run goes to `pool_run.py`, the machine
+split into cells that move between rollout and training. With no config file, `undertow
+train` reads `configs/learn.yaml`: the tiny model (built once into the run directory), a
+warm start, one built-in engine, the embedded gateway and one-call chat sessions on a
+prompt task set whose reward the policy visibly learns in minutes. `configs/swe.yaml` is
+the SWE run: mini-swe-agent on the bundled tasks in Docker sandboxes.
 
 `rollout.scaffold` is a scaffold of `adapters/registry.py` (sessions in Docker
 sandboxes on SWE tasks) or `chat` (one chat call per session on a prompt task set,
@@ -51,7 +52,7 @@ from undertow.config import build_section, read_config
 from undertow.warm_start import WarmStartSection
 
 SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "warm_start", "logging",
-            "pool")
+            "pool", "sandbox")
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIGS_DIR / "learn.yaml"
 CHAT = "chat"
@@ -111,6 +112,7 @@ class RolloutContext:
     run_dir: Path
     rollout: RolloutSection
     docker_url: str | None
+    hosts: Any = None   # sandboxes.hosts.HostsConfig; None: the one daemon of docker_url
 
 
 RunGroup = Callable[[Any], Awaitable[str]]
@@ -248,7 +250,7 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
     from undertow.adapters.gateway_client import GatewayAdmin
     from undertow.adapters.registry import create_scaffold
     from undertow.adapters.rollout import Rollout, RolloutConfig
-    from undertow.sandboxes.connection import connect
+    from undertow.sandboxes.hosts import DockerHosts, HostsConfig
     from undertow.sandboxes.task import load_tasks
     from undertow.sandboxes.taskset import BUNDLED_DIR
 
@@ -260,6 +262,8 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
     if not tasks:
         raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
     scaffold = create_scaffold(section.scaffold, section.scaffold_options)
+    # One placement for every group, so per-host limits and images hold across groups.
+    hosts = DockerHosts.connect(context.hosts or HostsConfig(), context.docker_url)
 
     async def run_group(request) -> GroupOutcome:
         config = RolloutConfig(group_size=request.group_size, concurrency=section.concurrency,
@@ -267,11 +271,10 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
                                run_id=request.group_id, timeout_value=section.timeout_value,
                                progress_interval_s=0, max_attempts=section.max_attempts)
         task = tasks[request.index % len(tasks)]
-        with connect(context.docker_url) as connection:
-            async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
-                rollout = Rollout([task], scaffold, admin, connection, config)
-                summary = await rollout.run()
-                return outcome_of(rollout.group_name(task), summary.sessions)
+        async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
+            rollout = Rollout([task], scaffold, admin, hosts, config)
+            summary = await rollout.run()
+            return outcome_of(rollout.group_name(task), summary.sessions)
     return run_group
 
 
@@ -363,19 +366,20 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     loss = build_section(LossConfig, tree.get("loss"), "loss")
     advantages = build_section(AdvantageConfig, tree.get("advantages"), "advantages")
     warm = build_section(WarmStartSection, tree.get("warm_start"), "warm_start")
+    hosts = sandbox_hosts(tree.get("sandbox"))
     if not resume and (run.run_dir / "checkpoints").exists():
         raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
                          "it, or choose another run.run_dir")
     model_dir = start_model_dir(run, rollout, warm)
     resolved = _plain({"run": asdict(run), "rollout": asdict(rollout), "learner": asdict(config),
                        "loss": asdict(loss), "advantages": asdict(advantages),
-                       "warm_start": asdict(warm)})
+                       "warm_start": asdict(warm), "sandbox": asdict(hosts)})
     tracking = build_section(TrackerConfig, tree.get("logging"), "logging")
     resolved["logging"] = _plain({"logging": asdict(tracking)})["logging"]
     if "pool" in tree:
         return _train_with_pool(tree["pool"], resume, stop, model_dir, resolved, {
             "run": run, "rollout": rollout, "learner": config, "loss": loss,
-            "advantages": advantages})
+            "advantages": advantages, "sandbox": hosts})
     learner = (Learner.restore if resume else Learner)(
         config, loss, advantages, model_dir, run.run_dir, resolved)
     trackers = track_learner(learner, tracking, resolved, model_dir)
@@ -387,7 +391,7 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
         print(f"undertow train: gateway {gateway.url}, engines {list(gateway.engine_urls)}, "
               f"run {run.run_dir}, from step {learner.state.step}", flush=True)
         context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir, rollout,
-                                 run.docker_url)
+                                 run.docker_url, hosts)
         source = ThreadedGroupSource(loop, load_source(context), admin,
                                      learner.state.num_resumes)
         try:
@@ -398,6 +402,13 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     print_results(run.run_dir, rollout)
     return outcome
+
+
+def sandbox_hosts(section: dict[str, Any] | None):
+    """The `sandbox` section: which Docker daemons run the sessions' sandboxes."""
+    from undertow.sandboxes.hosts import HostsConfig
+
+    return build_section(HostsConfig, section, "sandbox")
 
 
 def step_printer(num_steps: int) -> Callable[[dict[str, Any]], None]:

@@ -10,7 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from undertow.sandboxes.connection import connect
+from undertow.sandboxes.connection import DEFAULT_DOCKER_URL, connect
 from undertow.sandboxes.errors import SandboxError
 
 
@@ -40,14 +40,22 @@ def build_base(docker_url: str | None, mirror: str | None, cache_dir: Path | Non
 
 
 @_reported
-def collect_garbage(docker_url: str | None, run: str | None, orphans_only: bool) -> int:
-    from undertow.sandboxes.sandbox import gc
+def collect_garbage(docker_urls: list[str | None], run: str | None, orphans_only: bool) -> int:
+    """Clears every daemon of `docker_urls` (None: the local socket); 1 if one did not answer."""
+    from undertow.sandboxes.hosts import DockerHosts, HostsConfig
 
-    with connect(docker_url) as connection:
-        num_removed = asyncio.run(gc(connection, run, orphans_only))
+    urls = tuple(dict.fromkeys(url or DEFAULT_DOCKER_URL for url in docker_urls))
+    with DockerHosts.connect(HostsConfig(docker_hosts=urls)) as hosts:
+        counts = asyncio.run(hosts.gc(run, orphans_only))
     which = " orphaned" if orphans_only else ""
-    print(f"removed {num_removed}{which} sandbox container(s)" + (f" of run {run}" if run else ""))
-    return 0
+    of_run = f" of run {run}" if run else ""
+    for url, count in counts.items():
+        where = f" on {url}" if len(counts) > 1 else ""
+        if isinstance(count, str):
+            print(f"undertow: error: could not clear {url}: {count}", file=sys.stderr)
+        else:
+            print(f"removed {count}{which} sandbox container(s){of_run}{where}")
+    return 1 if any(isinstance(count, str) for count in counts.values()) else 0
 
 
 @_reported

@@ -182,6 +182,8 @@ class DockerHosts:
         from undertow.sandboxes.sandbox import gc
 
         async def one(host: DockerHost) -> int | str:
+            if not host.up and not await self.check(host):
+                return host.error
             try:
                 return await gc(host.connection, run, orphans_only)
             except Exception as error:  # one unreachable host must not stop the others

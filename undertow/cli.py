@@ -84,6 +84,9 @@ def _add_sandbox(commands) -> None:
     gc.add_argument("--run", default=None, help="only this run's containers (default: all)")
     gc.add_argument("--orphans-only", action="store_true",
                     help="keep containers whose starting process is still alive")
+    gc.add_argument("--docker-host", action="append", default=[], metavar="URL",
+                    help="a Docker daemon to clear (repeat for each of a run's "
+                         "sandbox.docker_hosts; default: DOCKER_HOST or the local socket)")
     gc.set_defaults(handler=_sandbox_gc)
 
 
@@ -96,7 +99,8 @@ def _sandbox_build_base(args) -> int:
 def _sandbox_gc(args) -> int:
     from undertow.sandboxes import commands
 
-    return commands.collect_garbage(os.environ.get("DOCKER_HOST"), args.run, args.orphans_only)
+    urls = args.docker_host or [os.environ.get("DOCKER_HOST")]
+    return commands.collect_garbage(urls, args.run, args.orphans_only)
 
 
 def _add_tasks(commands) -> None:

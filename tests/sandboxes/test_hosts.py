@@ -27,6 +27,7 @@ from docker.constants import DEFAULT_DOCKER_API_VERSION
 from tests.adapters.conftest import run_containers, scripted_gateway  # noqa: F401
 from undertow.adapters.command import CommandScaffold
 from undertow.adapters.rollout import Rollout, RolloutConfig
+from undertow.sandboxes.commands import collect_garbage
 from undertow.sandboxes.connection import DEFAULT_DOCKER_URL, Connection
 from undertow.sandboxes.errors import HostUnavailable
 from undertow.sandboxes.hosts import DockerHost, DockerHosts, HostsConfig, ping
@@ -145,7 +146,7 @@ def second_daemon():
 @pytest.mark.docker
 @pytest.mark.slow
 async def test_images_are_made_on_each_host_once_and_gc_clears_every_host(
-        second_daemon, fixture_task, docker_run):
+        second_daemon, fixture_task, docker_run, capsys):
     config = HostsConfig(docker_hosts=(DEFAULT_DOCKER_URL, second_daemon.url))
     run = f"{docker_run}-hosts"
     with DockerHosts.connect(config) as hosts:
@@ -159,8 +160,16 @@ async def test_images_are_made_on_each_host_once_and_gc_clears_every_host(
         for host in hosts.hosts:
             sandbox = await Sandbox.start(host.connection, tags[0], run=run, session="s")
             assert sandbox.base_commit == fixture_task.base_commit
-        assert await hosts.gc(run) == {DEFAULT_DOCKER_URL: 1, second_daemon.url: 1}
+        assert await hosts.gc(f"{run}-other") == {DEFAULT_DOCKER_URL: 0, second_daemon.url: 0}
+        # `undertow sandbox gc --docker-host A --docker-host B --docker-host C --run RUN`
+        urls = [DEFAULT_DOCKER_URL, second_daemon.url, "unix:///tmp/undertow-nowhere.sock"]
+        status = await asyncio.to_thread(collect_garbage, urls, run, False)
         assert await hosts.gc(run) == {DEFAULT_DOCKER_URL: 0, second_daemon.url: 0}
+    printed = capsys.readouterr()
+    assert status == 1  # one host could not be cleared
+    assert f"removed 1 sandbox container(s) of run {run} on {second_daemon.url}" in printed.out
+    assert f"removed 1 sandbox container(s) of run {run} on {DEFAULT_DOCKER_URL}" in printed.out
+    assert "could not clear unix:///tmp/undertow-nowhere.sock" in printed.err
 
 
 def _running(hosts: DockerHosts, run: str) -> list[int]:

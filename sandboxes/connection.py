@@ -44,7 +44,11 @@ class Connection:
 
 def connect(base_url: str | None = None, timeout_s: float = 300,
             max_threads: int = 256) -> Connection:
-    """Connects to the daemon at `base_url` (the command line passes DOCKER_HOST, if set)."""
+    """Connects to the daemon at `base_url` (the command line passes DOCKER_HOST, if set).
+
+    An ssh:// URL goes through the system's `ssh` client (its keys and config), as the
+    docker command line does."""
     url = base_url or DEFAULT_DOCKER_URL
-    client = docker.DockerClient(base_url=url, timeout=int(timeout_s), max_pool_size=max_threads)
+    client = docker.DockerClient(base_url=url, timeout=int(timeout_s), max_pool_size=max_threads,
+                                 use_ssh_client=url.startswith("ssh://"))
     return Connection(client, max_threads, url)

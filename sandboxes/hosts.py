@@ -209,7 +209,8 @@ def ping(client: docker.DockerClient, url: str, timeout_s: float = 30) -> None:
 def _connect_host(url: str) -> DockerHost:
     """A host of the run; one that does not answer now starts down, with a client that
     asks the daemon its API version only when it answers (`DockerHosts.check`)."""
-    probe = docker.DockerClient(base_url=url, version=DEFAULT_DOCKER_API_VERSION)
+    probe = docker.DockerClient(base_url=url, version=DEFAULT_DOCKER_API_VERSION,
+                                use_ssh_client=url.startswith("ssh://"))
     try:
         ping(probe, url)
     except Exception as error:  # refused, no socket, no route: the host is down for now

@@ -80,7 +80,8 @@ def apt_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
     return DEFAULT_MIRROR
 
 
-def _find_image(client: docker.DockerClient, recipe: BaseImageRecipe):
+def find_base_image(client: docker.DockerClient, recipe: BaseImageRecipe):
+    """The image built from `recipe` (its tag, with the recipe's hash as label), or None."""
     try:
         image = client.images.get(recipe.tag)
     except docker.errors.ImageNotFound:
@@ -152,7 +153,7 @@ def _import(client: docker.DockerClient, recipe: BaseImageRecipe, tarball: Path)
     ]
     client.api.import_image_from_file(str(tarball), repository=repository, tag=tag,
                                       changes=changes)
-    image = _find_image(client, recipe)
+    image = find_base_image(client, recipe)
     if image is None:
         raise ImageError(f"docker import of {tarball} did not produce {recipe.tag}")
     return image.id
@@ -171,13 +172,13 @@ def _exclusive(lock_path: Path):
 
 def _build_sync(client: docker.DockerClient, recipe: BaseImageRecipe = BaseImageRecipe(),
                 cache_dir: Path | None = None, mirror: str | None = None) -> BaseImage:
-    existing = _find_image(client, recipe)
+    existing = find_base_image(client, recipe)
     if existing is not None:
         return BaseImage(recipe.tag, existing.id, reused=True)
     cache_dir = cache_dir or Path.home() / ".cache" / "undertow"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(cache_dir / f"base-{recipe.digest()}.lock"):
-        existing = _find_image(client, recipe)  # built while this one waited for the lock
+        existing = find_base_image(client, recipe)  # built while this one waited for the lock
         if existing is not None:
             return BaseImage(recipe.tag, existing.id, reused=True)
         tarball = _rootfs_tarball(recipe, mirror or apt_mirror(), cache_dir)

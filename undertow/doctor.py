@@ -115,13 +115,13 @@ def check_docker(info: dict | str) -> list[Check]:
 
 
 def check_base_image(docker_url: str | None) -> Check:
-    from undertow.sandboxes.base_image import RECIPE_LABEL, BaseImageRecipe
+    from undertow.sandboxes.base_image import BaseImageRecipe, find_base_image
     from undertow.sandboxes.connection import connect
 
     recipe = BaseImageRecipe()
     with connect(docker_url) as connection:
-        images = connection.client.images.list(name=recipe.tag.split(":")[0])
-    if any(image.labels.get(RECIPE_LABEL) == recipe.digest() for image in images):
+        found = find_base_image(connection.client, recipe)
+    if found is not None:
         return Check("base image", True, f"{recipe.tag} (recipe {recipe.digest()})")
     if shutil.which("debootstrap") is None:
         return Check("base image", False, f"{recipe.tag} absent and debootstrap missing",

@@ -20,7 +20,7 @@ engine starts on the checkpoint's weights as their version, and the loop rebuild
 unpublished steps (`live.PoolLoop`), launching again the groups that were running; a
 group that had finished before the crash (all its sessions closed in the gateway's
 store, which the new gateway replays) is read back from the store instead of run again
-(`train_run.ThreadedGroupSource`).
+(`rollout_source.ThreadedGroupSource`).
 
 Threads as in `train_run`: the learner, the pool and its members' queues in the main
 thread; the gateway, engine start/stop and the rollouts on the asyncio loop in a
@@ -36,6 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from undertow.learner.pool.config import PoolConfig
+from undertow.rollout_source import (
+    RolloutContext,
+    ThreadedGroupSource,
+    background_loop,
+    load_source,
+)
 
 
 class ResidentMembers:
@@ -127,12 +133,6 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, 
     from undertow.learner.gateway_link import GatewayAdmin
     from undertow.learner.pool.live import PoolLoop
     from undertow.learner.pool.local import LocalPool
-    from undertow.train_run import (
-        RolloutContext,
-        ThreadedGroupSource,
-        background_loop,
-        load_source,
-    )
 
     run, config = sections["run"], sections["learner"]
     model_dir, weight_version = weights

@@ -15,7 +15,7 @@ from tests.gateway.capture import calls_of, captured
 from undertow.cells import GatewayEngineSlots
 from undertow.learner.gateway_link import GatewayAdmin
 from undertow.pool_run import engineless_gateway
-from undertow.train_run import background_loop
+from undertow.rollout_source import background_loop
 
 pytestmark = pytest.mark.slow
 

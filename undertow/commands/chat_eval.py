@@ -46,7 +46,7 @@ def _evaluate(args) -> int:
     import asyncio
     import uuid
 
-    from undertow.train_run import RolloutSection, select_prompt_tasks
+    from undertow.rollout_source import RolloutSection, select_prompt_tasks
 
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")

@@ -4,10 +4,11 @@
 `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` with the chat
 template, `special_tokens_map.json`, `generation_config.json`) for a Qwen3 model
 (`Qwen3ForCausalLM`, model_type `qwen3`) with random weights from a seed and a
-byte-level BPE tokenizer trained on the repository's own text. transformers,
+byte-level BPE tokenizer trained on a frozen snapshot of the repository's own
+text. transformers,
 SGLang and vLLM load it without a network.
 
-Flow: list and read the corpus (`corpus.py`) -> train the tokenizer
+Flow: read the frozen corpus (`corpus.py`) -> train the tokenizer
 (`tokenizer.py`) -> write configs (`config.json` sized by `sizes.py`, template
 from `chat_template.py`) -> draw and save weights (`weights.py`, the only part
 that imports torch).
@@ -17,7 +18,6 @@ import json
 from pathlib import Path
 
 from undertow.learner.modeldir.chat_template import CHAT_TEMPLATE, render_chat
-from undertow.learner.modeldir.corpus import list_corpus, read_corpus
 from undertow.learner.modeldir.sizes import (
     MAX_POSITION_EMBEDDINGS,
     ROPE_THETA,
@@ -107,7 +107,7 @@ def write_model_config(model_dir: Path, size: ModelSize, tokenizer) -> None:
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": size.num_hidden_layers,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": size.tie_word_embeddings,
         "initializer_range": 0.02,
         "use_cache": True,
         "bos_token_id": end_of_text_id,
@@ -126,17 +126,18 @@ def write_model_config(model_dir: Path, size: ModelSize, tokenizer) -> None:
 def init_model_dir(out: Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write a complete model directory of `size` (a key of SIZES) to `out`; return `out`.
 
-    The tokenizer depends only on the repository's text (BPE has no randomness);
+    The tokenizer depends only on the frozen corpus (`corpus.py`; BPE has no randomness);
     the weights depend only on `size` and `seed`.
     """
     if size not in SIZES:
         raise ValueError(f"size={size!r} is unknown; choose one of {sorted(SIZES)}")
+    from undertow.learner.modeldir.corpus import read_frozen_corpus
     from undertow.learner.modeldir.weights import write_weights
 
     model_size = SIZES[size]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(read_corpus(list_corpus()), vocab_size=model_size.max_vocab_size)
+    tokenizer = train_tokenizer(read_frozen_corpus(), vocab_size=model_size.max_vocab_size)
     write_tokenizer_files(out, tokenizer, max_length=MAX_POSITION_EMBEDDINGS)
     write_model_config(out, model_size, tokenizer)
     write_weights(out, seed=seed)

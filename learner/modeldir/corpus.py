@@ -1,13 +1,22 @@
-"""The text the tokenizer is trained on: the files the repository itself ships.
+"""The text the tokenizer is trained on: a frozen snapshot of the repository's own files.
 
-The corpus is the project's own sources and docs (and the task repositories
-under `sandboxes/tasks/`, where present), found next to the installed
-`undertow.*` packages, so that no text is ever downloaded. The selection is
-deterministic: files are ordered by their path relative to the repository root,
-and the total is capped so that training stays fast as the repository grows.
+The corpus is the project's own sources and docs (and the task repositories under
+`sandboxes/tasks/`), so that no text is ever downloaded. It is frozen into
+`corpus.json.xz` beside this module, and `init_model_dir` trains on that file only:
+a tokenizer trained on the live tree would change its vocabulary with every edit of
+the code, and with it which words are single tokens (the default run's answers must
+be) and every model built before. `python -m undertow.learner.modeldir.corpus --freeze`
+writes the snapshot again from the tree; that changes every tiny model's tokenizer, so
+do it on purpose and update the tokenizer's pinned hash (tests/learner/test_modeldir.py).
+
+The selection is deterministic: files are ordered by their path relative to the
+repository root, and the total is capped so that training stays fast.
 """
 
+import argparse
 import importlib.util
+import json
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +26,7 @@ PACKAGES = {"gateway": "undertow.gateway", "adapters": "undertow.adapters",
 TEXT_SUFFIXES = frozenset({".py", ".md"})
 MAX_FILE_BYTES = 512 * 1024
 MAX_CORPUS_BYTES = 8 * 1024 * 1024
+FROZEN_CORPUS = Path(__file__).with_name("corpus.json.xz")
 
 
 @dataclass(frozen=True)
@@ -77,3 +87,38 @@ def read_corpus(files: list[CorpusFile]) -> list[str]:
         except FileNotFoundError:
             continue
     return texts
+
+
+def freeze_corpus(out: Path = FROZEN_CORPUS, root: Path | None = None) -> int:
+    """Write the corpus of the checkout at `root` (default: the installed packages' tree)
+    to `out` as xz-compressed JSON ([{name, text}], sorted by name); return the number
+    of files."""
+    files = list_corpus(None if root is None else {folder: root / folder for folder in PACKAGES})
+    documents = [{"name": corpus_file.name, "text": corpus_file.path.read_text(errors="replace")}
+                 for corpus_file in files]
+    out.write_bytes(lzma.compress(json.dumps(documents, ensure_ascii=False).encode(), preset=9))
+    return len(documents)
+
+
+def read_frozen_corpus(path: Path = FROZEN_CORPUS) -> list[str]:
+    """The texts of the frozen snapshot, in its (name) order."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: reinstall undertow, or write it with "
+                                "`python -m undertow.learner.modeldir.corpus --freeze`")
+    return [document["text"] for document in json.loads(lzma.decompress(path.read_bytes()))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--freeze", action="store_true",
+                        help=f"write {FROZEN_CORPUS.name} from the repository's files")
+    parser.add_argument("--root", type=Path, help="the checkout to read (default: this one)")
+    args = parser.parse_args(argv)
+    if not args.freeze:
+        parser.error("nothing to do: pass --freeze")
+    print(f"froze {freeze_corpus(root=args.root)} files into {FROZEN_CORPUS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

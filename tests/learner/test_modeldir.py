@@ -18,7 +18,12 @@ from undertow.learner.modeldir import (
     train_tokenizer,
     write_tokenizer_files,
 )
-from undertow.learner.modeldir.corpus import list_corpus, read_corpus
+from undertow.learner.modeldir.corpus import (
+    freeze_corpus,
+    list_corpus,
+    read_corpus,
+    read_frozen_corpus,
+)
 from undertow.learner.modeldir.sizes import MAX_POSITION_EMBEDDINGS
 from undertow.learner.modeldir.tokenizer import SPECIAL_TOKENS, TAG_TOKENS
 from undertow.learner.modeldir.weights import write_weights
@@ -40,8 +45,8 @@ ROUND_TRIP_TEXTS = (
 
 @pytest.fixture(scope="module")
 def corpus_texts() -> list[str]:
-    """One snapshot of the corpus: the tree is edited while tests run."""
-    return read_corpus(list_corpus())
+    """The frozen corpus that `init_model_dir` trains on."""
+    return read_frozen_corpus()
 
 
 @pytest.fixture
@@ -168,6 +173,42 @@ def test_corpus_is_the_repositorys_own_text_in_sorted_order():
     assert not any("/." in name or name.startswith(".") or "__pycache__" in name
                    for name in names)
     assert all(corpus_file.path.resolve().is_relative_to(REPO) for corpus_file in files)
+
+
+# The tiny tokenizer, pinned: it is trained on the frozen corpus only, so no edit of the
+# code changes it. Refreezing the corpus on purpose changes this hash.
+TINY_TOKENIZER_SHA256 = "e7c860d6d536e4bacb689ec2318de97fb05f9b381259437b8c41b16ae144d397"
+
+
+def test_tiny_tokenizer_does_not_change_with_the_code(corpus_texts):
+    trained = train_tokenizer(corpus_texts, vocab_size=SIZES["tiny"].max_vocab_size)
+    assert hashlib.sha256(trained.to_str().encode()).hexdigest() == TINY_TOKENIZER_SHA256
+
+
+def test_freeze_writes_a_checkouts_files_and_reads_them_back_in_order(tmp_path):
+    root = tmp_path / "checkout"
+    for folder in ("gateway", "adapters", "learner", "sandboxes", "undertow"):
+        (root / folder).mkdir(parents=True)
+    (root / "learner" / "b.py").write_text("second = 2\n")
+    (root / "gateway" / "a.md").write_text("# first, naïve\n")
+    (root / "gateway" / "skip.txt").write_text("not text of the corpus")
+    frozen = tmp_path / "corpus.json.xz"
+    assert freeze_corpus(frozen, root=root) == 2
+    assert read_frozen_corpus(frozen) == ["# first, naïve\n", "second = 2\n"]
+    with pytest.raises(FileNotFoundError, match="--freeze"):
+        read_frozen_corpus(tmp_path / "absent.json.xz")
+
+
+def test_the_default_runs_rewarded_answer_is_one_token(tiny_model_dir, offline):
+    # A multi-token rewarded reply lets the tiny model raise its tokens everywhere
+    # (adapters/configs/directions.yaml): the default run's answer must stay one token.
+    import yaml
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = yaml.safe_load((REPO / "adapters" / "configs" / "directions.yaml").read_text())
+    for task in tasks:
+        assert len(tokenizer.encode(task["answer"])) == 1, task["answer"]
 
 
 def test_chat_tokens_are_single_ids(tiny_model_dir, offline):

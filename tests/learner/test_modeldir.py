@@ -21,7 +21,6 @@ from undertow.learner.modeldir import (
 from undertow.learner.modeldir.corpus import (
     freeze_corpus,
     list_corpus,
-    read_corpus,
     read_frozen_corpus,
 )
 from undertow.learner.modeldir.sizes import MAX_POSITION_EMBEDDINGS

@@ -23,7 +23,8 @@ several updates.
 
 Only real outcomes train: a finished group's sessions that Undertow failed (their
 close meta says so, `advantages.valid_sessions`) have no advantage and no loss; the
-rollout source has already re-run them as new sessions of the group. A group left
+rollout source has already re-run them as new sessions of the group. The rules
+(shared with the pool's loop) are `admission.py`'s: a group left
 with fewer than two valid sessions (one when `group_size` is 1) is dropped, with its
 reason printed, and replaced; with `advantages.filter_uniform_groups`, so is a group
 whose valid sessions all got the same reward (at most `advantages.max_extra_groups`
@@ -47,7 +48,6 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,13 +56,8 @@ from typing import Any, Protocol
 import torch
 
 from undertow.gateway.tree import Tree
-from undertow.learner.advantages import (
-    AdvantageConfig,
-    group_advantages,
-    infra_failures,
-    is_uniform,
-    valid_sessions,
-)
+from undertow.learner.admission import Admission, StepCounts, note_drop
+from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
 from undertow.learner.checkpoint import (
     PendingGroup,
     TrainState,
@@ -72,7 +67,7 @@ from undertow.learner.checkpoint import (
     save_weights,
 )
 from undertow.learner.config import TrainConfig, torch_dtype
-from undertow.learner.errors import EmptyStepError, RunFailedError
+from undertow.learner.errors import EmptyStepError
 from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
@@ -263,9 +258,9 @@ class _Loop:
         self.advantage_config = learner.advantage_config
         self.ready: list[PendingGroup] = list(learner.pending)
         self.on_step: Callable[[dict[str, Any]], None] = lambda record: None
-        self.counts: Counter = Counter()
-        self.failures: Counter = Counter()
-        self.failed_in_a_row: list[FinishedGroup] = []
+        self.counts = StepCounts()
+        self.admission = Admission(self.config.group_size, self.config.max_failed_groups,
+                                   self.advantage_config)
 
     def run(self) -> str:
         self._relaunch_in_flight()
@@ -301,18 +296,11 @@ class _Loop:
 
     def _step_counts(self) -> dict[str, Any]:
         """What the step dropped and re-ran since the last step; the counters restart."""
-        counts = {"num_dropped_groups": self.counts["stale"],
-                  "num_dropped_uniform": self.counts["uniform"],
-                  "num_dropped_invalid": self.counts["invalid"] + self.counts["empty"],
-                  "num_rerun_sessions": self.counts["reruns"],
-                  "num_infra_failures": sum(self.failures.values()),
-                  "infra_failures": dict(self.failures)}
-        self.counts, self.failures = Counter(), Counter()
+        counts, self.counts = self.counts.metrics(), StepCounts()
         return counts
 
     def _note_drop(self, reason: str, message: str) -> None:
-        self.counts[reason] += 1
-        print(f"undertow train: step {self.state.step + 1}: dropped {message}", flush=True)
+        note_drop(self.counts, self.state.step + 1, reason, message)
 
     def _is_checkpoint_step(self) -> bool:
         step = self.state.step
@@ -362,51 +350,13 @@ class _Loop:
         return None
 
     def _admit(self, group: FinishedGroup) -> None:
-        """Adds a finished group to the ready ones, or drops it (counted, reason printed;
-        its index is consumed, so `_launch_allowed` launches a replacement)."""
-        failures = group.failures or infra_failures(group.tree)
-        self.failures.update(failures)
-        self.counts["reruns"] += (group.num_reruns if group.num_reruns is not None else
-                                  sum(bool(p.meta.get("attempt")) for p in
-                                      group.tree.sessions.values()))
-        rewards = valid_sessions(group.tree)
-        if len(rewards) < min(2, self.config.group_size):
+        """Adds a finished group to the ready ones, or drops it (`admission.py`: counted,
+        reason printed; its index is consumed, so `_launch_allowed` launches a
+        replacement)."""
+        if self.admission.admit(group, self.counts, self.state.step + 1) is not None:
             self.state.consumed.append(group.index)
-            self._note_drop("invalid", f"group {group.tree.group_id}: {len(rewards)} valid "
-                            f"session(s) left; Undertow failed {dict(failures) or 'none'}"
-                            f"{': ' + group.error if group.error else ''}")
-            self._count_failed(group, failures, rewards)
-            return
-        self.failed_in_a_row.clear()
-        if (self.advantage_config.filter_uniform_groups and is_uniform(rewards)
-                and self.counts["uniform"] < self.advantage_config.max_extra_groups):
-            self.state.consumed.append(group.index)
-            self._note_drop("uniform", f"group {group.tree.group_id}: every valid session "
-                            f"got reward {next(iter(rewards.values()))} (no signal)")
             return
         self.ready.append(PendingGroup(group.index, group.tree, group.rollout_s))
-
-    def _count_failed(self, group: FinishedGroup, failures: dict[str, int],
-                      rewards: dict[str, float]) -> None:
-        """Stops the run once `max_failed_groups` groups in a row lost their sessions to
-        failures of Undertow's own."""
-        if rewards or not failures:
-            self.failed_in_a_row.clear()
-            return
-        self.failed_in_a_row.append(group)
-        if len(self.failed_in_a_row) < self.config.max_failed_groups:
-            return
-        causes: Counter = Counter()
-        for failed in self.failed_in_a_row:
-            causes.update(failed.failures or infra_failures(failed.tree))
-        named = (f"every session failed with {next(iter(causes))}" if len(causes) == 1
-                 else f"their sessions failed with {dict(causes)}")
-        last_error = next((g.error for g in reversed(self.failed_in_a_row) if g.error), "")
-        raise RunFailedError(
-            f"the last {len(self.failed_in_a_row)} groups had no session the policy could "
-            f"be trained on: {named} (a failure of Undertow, not of the policy, after each "
-            f"slot's configured attempts)" + (f"; last error: {last_error}" if last_error
-                                              else "") + ". Fix that cause and rerun.")
 
     def _drop_stale(self) -> None:
         """Drops (and counts) ready groups over the staleness bound, if configured."""

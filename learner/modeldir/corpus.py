@@ -78,23 +78,13 @@ def list_corpus(folders: dict[str, Path] | None = None) -> list[CorpusFile]:
     return selected
 
 
-def read_corpus(files: list[CorpusFile]) -> list[str]:
-    """The text of each file that still exists; bytes that are not UTF-8 are replaced."""
-    texts = []
-    for corpus_file in files:
-        try:
-            texts.append(corpus_file.path.read_bytes().decode("utf-8", errors="replace"))
-        except FileNotFoundError:
-            continue
-    return texts
-
-
 def freeze_corpus(out: Path = FROZEN_CORPUS, root: Path | None = None) -> int:
     """Write the corpus of the checkout at `root` (default: the installed packages' tree)
     to `out` as xz-compressed JSON ([{name, text}], sorted by name); return the number
     of files."""
     files = list_corpus(None if root is None else {folder: root / folder for folder in PACKAGES})
-    documents = [{"name": corpus_file.name, "text": corpus_file.path.read_text(errors="replace")}
+    documents = [{"name": corpus_file.name,
+                  "text": corpus_file.path.read_bytes().decode("utf-8", errors="replace")}
                  for corpus_file in files]
     out.write_bytes(lzma.compress(json.dumps(documents, ensure_ascii=False).encode(), preset=9))
     return len(documents)

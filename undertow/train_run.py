@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from undertow.rollout_source import (
     load_source,
     select_prompt_tasks,
 )
+from undertow.run_report import print_results, step_printer
 from undertow.warm_start import WarmStartSection
 
 SECTIONS = ("run", "rollout", "learner", "loss", "advantages", "warm_start", "logging",
@@ -175,40 +176,6 @@ def sandbox_hosts(section: dict[str, Any] | None):
     from undertow.sandboxes.hosts import HostsConfig
 
     return build_section(HostsConfig, section, "sandbox")
-
-
-def step_printer(num_steps: int) -> Callable[[dict[str, Any]], None]:
-    """Prints each step's metrics record as one progress line."""
-    from undertow.learner.metrics_log import format_step
-
-    return lambda record: print(f"undertow train: {format_step(record, num_steps)}", flush=True)
-
-
-def print_results(run_dir: Path, rollout: RolloutSection) -> None:
-    """At the end of a run: the reward curve's PNG, the checkpoint and how to evaluate it."""
-    from undertow.learner.checkpoint import latest_checkpoint
-
-    try:
-        from undertow.learner.plot import plot_run
-
-        reward_png = next(p for p in plot_run(run_dir) if p.name == "reward.png")
-        print(f"undertow train: reward curve {reward_png}", flush=True)
-    except (ImportError, FileNotFoundError) as error:
-        print(f"undertow train: no plot ({error}); `undertow plot {run_dir}` draws it")
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return
-    print(f"undertow train: checkpoint {checkpoint}", flush=True)
-    if rollout.source:   # a plugged-in rollout: how to evaluate it is its own business
-        return
-    if rollout.scaffold == CHAT:
-        tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
-        print(f"undertow train: evaluate it with: undertow chat-eval --model "
-              f"{checkpoint / 'model'}{tasks}", flush=True)
-    else:
-        tasks = f" --tasks {rollout.tasks}" if rollout.tasks else ""
-        print(f"undertow train: evaluate it with: undertow eval --model {checkpoint / 'model'}"
-              f" --scaffold {rollout.scaffold}{tasks}", flush=True)
 
 
 def start_model_dir(run: RunConfig, rollout: RolloutSection, warm: WarmStartSection) -> Path:

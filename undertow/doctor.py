@@ -149,7 +149,9 @@ def check_openhands() -> Check:
 
 
 def check_vllm(vllm_python: str | None) -> Check:
-    python = Path(vllm_python) if vllm_python else REPO / ".venv-vllm" / "bin" / "python"
+    from undertow.gateway.engines.launch import default_vllm_python
+
+    python = Path(vllm_python) if vllm_python else default_vllm_python()
     if not python.exists():
         return Check("vLLM", False, f"{python} missing", "make setup-vllm")
     found = subprocess.run([str(python), "-c", "import importlib.util, sys; "

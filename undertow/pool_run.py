@@ -42,6 +42,7 @@ from undertow.rollout_source import (
     background_loop,
     load_source,
 )
+from undertow.run_report import print_results, step_printer
 
 
 class ResidentMembers:
@@ -117,14 +118,27 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
     if pool.resident_members:
         members = ResidentMembers(members)
     cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
+    trackers = track(learner, resolved, model_dir)
     try:
         outcome = _run_cells(pool, sections, weights, learner, members, cells,
                              make_policy(pool.policy_spec()), stop)
         print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
-        return outcome
     finally:
         members.close()
         learner.coordinator.close()
+        trackers.close()
+    print_results(run.run_dir, sections["rollout"])
+    return outcome
+
+
+def track(learner, resolved: dict[str, Any], model_dir: Path):
+    """The run's trackers (`logging` section; `steps.jsonl` always), fed by the
+    learner's metrics log as in a run without a pool. Close them when done."""
+    from undertow.config import build_section
+    from undertow.learner.trackers import TrackerConfig, track_learner
+
+    tracking = build_section(TrackerConfig, resolved.get("logging"), "logging")
+    return track_learner(learner, tracking, resolved, model_dir)
 
 
 def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
@@ -154,7 +168,8 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, 
                                          learner.state.num_resumes)
             cell_pool = LocalPool(cells, slots, members, weight_version=weight_version)
             try:
-                return PoolLoop(learner, cell_pool, policy, source, slots, slots, stop).run()
+                return PoolLoop(learner, cell_pool, policy, source, slots, slots, stop,
+                                on_step=step_printer(config.num_steps)).run()
             finally:
                 source.cancel()
         finally:

@@ -23,6 +23,17 @@ step is published:
    process clips it and steps the optimizer; then the weights are pushed and the step
    is published.
 
+Only real outcomes train, by the plain loop's rules (`admission.py`): each finished
+group is admitted or dropped when it is collected. A dropped group (fewer than two
+valid sessions; with `advantages.filter_uniform_groups`, every reward the same, up to
+`advantages.max_extra_groups` per step; no trainable token) leaves its step, and a
+replacement (the next launch index) is launched into the same step at once, so the
+policy sees its sessions as outstanding. `max_failed_groups` groups in a row whose
+every session Undertow failed stop the run with one `RunFailedError`; the open step is
+aborted first, so no member waits on it. Each step's metrics line counts what it
+dropped and re-ran, like the plain loop's, and is handed to `on_step` (the progress
+line, the trackers).
+
 Every decision is written with its start and end time to `pool_timeline.jsonl` in the
 run directory (one JSON object a line), with the step openings and the groups added,
 which is how switch costs and roles over time are read back.
@@ -33,20 +44,24 @@ groups of every unpublished step, and returns "stopped". A loop over a restored 
 (`ElasticLearner.restore`) first rebuilds the unpublished steps from the checkpoint:
 their finished groups come back from it, the groups that were still running are
 launched again (same launch index, a new group ID), and the pool starts with every cell
-in rollout on the checkpoint's weights.
+in rollout on the checkpoint's weights. (The checkpoint does not say which step a
+replacement belonged to: the live launch indices are dealt to the steps in order.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from undertow.gateway.tree import Tree
+from undertow.learner.admission import Admission, StepCounts, note_drop
 from undertow.learner.advantages import group_advantages
 from undertow.learner.checkpoint import PendingGroup
 from undertow.learner.elastic import Coordinator, ElasticStepResult
@@ -55,7 +70,14 @@ from undertow.learner.packing import pack_step
 from undertow.learner.pool.local import LocalPool
 from undertow.learner.pool.policy import Policy
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
-from undertow.learner.train import GroupRequest, GroupSource, Learner, WeightSink, group_id_of
+from undertow.learner.train import (
+    FinishedGroup,
+    GroupRequest,
+    GroupSource,
+    Learner,
+    WeightSink,
+    group_id_of,
+)
 from undertow.learner.trees import group_staleness
 
 POLL_S = 0.5
@@ -125,8 +147,9 @@ class ElasticLearner(Learner):
 
 @dataclass
 class _Batch:
-    """One dispatched step: its groups by launch index, those finished (in the order
-    they finished), and those added to the open elastic step."""
+    """One dispatched step: its groups by launch index (a dropped group leaves, its
+    replacement comes in), those finished and admitted (in the order they finished),
+    those added to the open elastic step, and what the step dropped and re-ran."""
 
     step: int
     group_ids: dict[int, str]
@@ -135,6 +158,7 @@ class _Batch:
     num_closed: dict[str, int] = field(default_factory=dict)
     added: set[int] = field(default_factory=set)
     opened_s: float | None = None
+    counts: StepCounts = field(default_factory=StepCounts)
 
     @property
     def complete(self) -> bool:
@@ -147,16 +171,21 @@ class PoolLoop:
     Invariants: `batches` holds the dispatched, unpublished steps, oldest first; the
     learner's `state.step` is the number of published steps, so the open step (if
     any) is `batches[0].step == state.step`; a group is added to the elastic step once,
-    and only to the step it was launched for.
+    and only to the step it was launched for; every batch holds `groups_per_step` launch
+    indices, none of them consumed (a dropped one is consumed and replaced at once).
     """
 
     def __init__(self, learner: ElasticLearner, pool: LocalPool, policy: Policy,
                  source: GroupSource, sink: WeightSink, sessions: RolloutSide,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None):
         self.learner, self.pool, self.policy = learner, pool, policy
         self.source, self.sink, self.sessions = source, sink, sessions
         self.stop = stop or threading.Event()
+        self.on_step = on_step or (lambda record: None)
         self.config, self.state = learner.config, learner.state
+        self.admission = Admission(self.config.group_size, self.config.max_failed_groups,
+                                   learner.advantage_config)
         self.batches: list[_Batch] = []
         self.pool.dispatch = self._dispatch
         self.timeline_path = Path(learner.run_dir) / "pool_timeline.jsonl"
@@ -166,13 +195,19 @@ class PoolLoop:
         """Trains until `num_steps` are published ("done") or `stop` is set ("stopped")."""
         self._record({"event": "start", "step": self.state.step, "cells": self._roles()})
         self._restore_batches()
-        while self.state.step < self.config.num_steps:
-            if self.stop.is_set():
-                self._save_stopped()
-                return "stopped"
-            self._collect()
-            self._decide()
-            self._stream()
+        try:
+            while self.state.step < self.config.num_steps:
+                if self.stop.is_set():
+                    self._save_stopped()
+                    return "stopped"
+                self._collect()
+                self._decide()
+                self._stream()
+        except BaseException:   # e.g. RunFailedError: members must not wait on the step
+            if self.learner.coordinator.step_open:
+                with contextlib.suppress(Exception):
+                    self.learner.coordinator.abort_step()
+            raise
         return "done"  # no last decision: cells would only go back to serve nothing
 
     def _decide(self) -> None:
@@ -195,11 +230,15 @@ class PoolLoop:
                               "begun_s": begun_s, "cells": self._roles()})
 
     def _progress(self) -> tuple[BatchProgress, ...]:
+        """Each batch's sessions for the policy. A group counts as finished only once it
+        is collected and admitted: until then one of its sessions stays outstanding,
+        however many are closed, so the waterlevel rule keeps a rollout cell for the
+        replacement a dropped group needs."""
         group_size = self.config.group_size
         progress = []
         for batch in self.batches:
             num_finished = sum(group_size if index in batch.finished else
-                               min(batch.num_closed.get(group_id, 0), group_size)
+                               min(batch.num_closed.get(group_id, 0), group_size - 1)
                                for index, group_id in batch.group_ids.items())
             num_sessions = len(batch.group_ids) * group_size
             progress.append(BatchProgress(batch.step, num_sessions, num_sessions, num_finished,
@@ -207,12 +246,17 @@ class PoolLoop:
         return tuple(progress)
 
     def _dispatch(self, step: int) -> None:
-        gps = self.config.groups_per_step
         batch = _Batch(step, {}, time.perf_counter())
-        for index in range(step * gps, (step + 1) * gps):
-            batch.group_ids[index] = self._launch(index)
-        self.state.num_launched = max(self.state.num_launched, (step + 1) * gps)
+        for _ in range(self.config.groups_per_step):
+            self._launch_next(batch)
         self.batches.append(batch)
+
+    def _launch_next(self, batch: _Batch) -> int:
+        """Launches the next launch index into `batch`; returns it."""
+        index = self.state.num_launched
+        self.state.num_launched += 1
+        batch.group_ids[index] = self._launch(index)
+        return index
 
     def _launch(self, index: int) -> str:
         request = GroupRequest(index=index, group_id=group_id_of(index, self.state.num_resumes),
@@ -222,13 +266,17 @@ class PoolLoop:
         return request.group_id
 
     def _restore_batches(self) -> None:
-        """The unpublished steps of a restored learner (none for a new run): finished
-        groups from the checkpoint, the others launched again."""
+        """The unpublished steps of a restored learner (none for a new run): the live
+        launch indices (launched, not consumed) dealt to them in order, finished groups
+        from the checkpoint, the others launched again."""
         gps = self.config.groups_per_step
         pending = {group.index: group for group in self.learner.pending}
-        for step in range(self.state.step, -(-self.state.num_launched // gps)):
+        consumed = set(self.state.consumed)
+        live = [i for i in range(self.state.num_launched) if i not in consumed]
+        for number, step in enumerate(range(self.state.step,
+                                             self.state.step + -(-len(live) // gps))):
             batch = _Batch(step, {}, time.perf_counter())
-            for index in range(step * gps, (step + 1) * gps):
+            for index in live[number * gps:(number + 1) * gps]:
                 if index in pending:
                     batch.group_ids[index] = pending[index].tree.group_id
                     batch.finished[index] = pending[index]
@@ -240,17 +288,34 @@ class PoolLoop:
         self.learner.pending = []
 
     def _collect(self) -> None:
-        by_step = {batch.step: batch for batch in self.batches}
-        gps = self.config.groups_per_step
+        """Admits (or drops and replaces) the groups finished since, and counts the
+        closed sessions of those still running."""
+        batches = {index: batch for batch in self.batches for index in batch.group_ids}
         for group in self.source.wait(timeout_s=POLL_S):
-            by_step[group.index // gps].finished[group.index] = PendingGroup(
-                group.index, group.tree, group.rollout_s)
+            batch = batches.get(group.index)
+            if batch is None:   # not of an unpublished step (launched before a restart)
+                continue
+            reason = self.admission.admit(group, batch.counts, batch.step + 1)
+            if reason is None:
+                batch.finished[group.index] = PendingGroup(group.index, group.tree,
+                                                           group.rollout_s)
+            else:
+                self._replace(batch, group, reason)
         waiting = [group_id for batch in self.batches for index, group_id in
                    batch.group_ids.items() if index not in batch.finished]
         if waiting:
             closed = self.sessions.num_closed(waiting)
             for batch in self.batches:
                 batch.num_closed.update({g: closed.get(g, 0) for g in batch.group_ids.values()})
+
+    def _replace(self, batch: _Batch, group: FinishedGroup, reason: str) -> None:
+        """Drops a group from its step (its index consumed) and launches another."""
+        batch.group_ids.pop(group.index)
+        self.state.consumed.append(group.index)
+        index = self._launch_next(batch)
+        self._record({"event": "GroupDropped", "step": batch.step, "index": group.index,
+                      "group_id": group.tree.group_id, "reason": reason,
+                      "replacement": index})
 
     def _stream(self) -> None:
         """Opens the step the pool has started, adds its newly finished groups, and
@@ -262,16 +327,25 @@ class PoolLoop:
             batch.opened_s = time.perf_counter()
             self.learner.open_step()
             self._record({"event": "StepOpened", "step": batch.step, "cells": self._roles()})
-        for index, group in batch.finished.items():
+        for index, group in list(batch.finished.items()):
             if index not in batch.added:
-                batch.added.add(index)
                 num_micro_batches = self.learner.add_group(group.tree)
+                if not num_micro_batches:   # nothing trainable: no term, replaced
+                    self._drop_empty(batch, group)
+                    continue
+                batch.added.add(index)
                 self._record({"event": "GroupAdded", "step": batch.step, "index": index,
                               "num_micro_batches": num_micro_batches,
                               "num_groups_left": len(batch.group_ids) - len(batch.added),
                               "num_groups_running": len(batch.group_ids) - len(batch.finished)})
         if batch.complete:
             self._train(self.batches.pop(0))
+
+    def _drop_empty(self, batch: _Batch, group: PendingGroup) -> None:
+        del batch.finished[group.index]
+        note_drop(batch.counts, batch.step + 1, "empty", f"group {group.tree.group_id}: "
+                  "not trained: no trainable token in its sessions")
+        self._replace(batch, FinishedGroup(group.index, group.tree), "empty")
 
     def _train(self, batch: _Batch) -> None:
         groups = [batch.finished[index] for index in sorted(batch.finished)]
@@ -291,8 +365,8 @@ class PoolLoop:
                       sync_s=time.perf_counter() - sync_started_s,
                       step_s=time.perf_counter() - batch.dispatched_s,
                       staleness_mean=sum(staleness) / len(staleness),
-                      staleness_max=max(staleness), num_dropped_groups=0)
-        self.learner.metrics.append(self.state.step, self.state.step, values)
+                      staleness_max=max(staleness), **batch.counts.metrics())
+        self.on_step(self.learner.metrics.append(self.state.step, self.state.step, values))
         result = self.learner.last_result
         self._record({"event": "published", "step": batch.step,
                       "weight_version": self.state.step, "num_members": values["num_members"],

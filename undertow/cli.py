@@ -25,7 +25,8 @@ def _add_model(commands) -> None:
         dest="action", required=True)
     init = model.add_parser("init", help="write a Hugging Face model directory, offline")
     init.add_argument("--out", type=Path, required=True, help="directory to write")
-    init.add_argument("--size", choices=("tiny", "small", "qwen3-0.6b"), default="tiny")
+    init.add_argument("--size", choices=("tiny", "small", "qwen3-0.6b", "tiny-untied",
+                                                 "qwen2.5-7b"), default="tiny")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(handler=_model_init)
 

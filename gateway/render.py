@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -100,6 +101,9 @@ class Renderer:
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._template = environment.from_string(template)
+        # The names the template reads besides its own (a request's template argument
+        # that none of them takes would change nothing: see `reads`).
+        self._variables = frozenset(meta.find_undeclared_variables(environment.parse(template)))
         self._special = {name: config.get(name) for name in ("bos_token", "eos_token")}
         self._kwargs: dict = {}
         self.max_length = int(config.get("model_max_length") or 0)
@@ -216,6 +220,10 @@ class Renderer:
     def template_kwargs(self) -> dict:
         """The arguments this renderer passes to the template besides the messages."""
         return self._kwargs
+
+    def reads(self, name: str) -> bool:
+        """Whether the template reads the variable `name` (e.g. `reasoning_effort`)."""
+        return name in self._variables
 
     def with_kwargs(self, kwargs: Mapping | None) -> Renderer:
         """This renderer, passing `kwargs` to the template as well (a request's

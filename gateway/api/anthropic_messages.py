@@ -32,18 +32,27 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import anthropic_error
 from undertow.gateway.api.openai_chat import parse_sampling
-from undertow.gateway.api.output_options import force_tools, json_output, single_call
+from undertow.gateway.api.output_options import (
+    check_value,
+    force_tools,
+    json_output,
+    known_keys,
+    single_call,
+)
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
-# Fields that do not change what the model sees (metadata, serving hints such as Claude
-# Code's `output_config`) are accepted and ignored; anything else is refused by name.
+# Every accepted field, and how each is honoured (or why refused), is in the README's
+# "Request fields" table; anything else is refused by name. `metadata` labels a call for
+# the provider and changes no output.
 ACCEPTED = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
             "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "metadata",
             "service_tier", "context_management", "container", "mcp_servers", "output_config",
             "output_format"}
 SIGNATURE = "undertow"
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+KEEP_ALL_THINKING = {"type": "clear_thinking_20251015", "keep": "all"}
 
 
 def _blocks(content: Any, where: str) -> list[dict]:
@@ -142,27 +151,84 @@ def to_chat_tools(tools: Any) -> list[dict] | None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) and "name" in t for t in tools):
         raise BadRequest("tools: each tool needs a name and an input_schema", param="tools")
+    for index, tool in enumerate(tools):
+        if tool.get("type") not in (None, "custom"):  # e.g. web_search_20250305, bash_...
+            raise UnsupportedParameter(f"tools.{index}.type: {tool['type']!r} is a tool the "
+                                       "API provider runs; this gateway runs none (send it "
+                                       "as a custom tool with an input_schema)", param="tools")
     return [{"type": "function", "function": {"name": t["name"],
                                               "description": t.get("description", ""),
                                               "parameters": t.get("input_schema") or {}}}
             for t in tools]
 
 
-def thinking_kwargs(thinking: Any) -> dict | None:
-    """`thinking` as the template's `enable_thinking` (Qwen3's and GLM-4.5's name).
-    `budget_tokens` is not enforced: the reasoning is bounded by `max_tokens` only."""
-    if thinking is None:
+def template_kwargs_of(body: dict[str, Any]) -> dict | None:
+    """`thinking` as the template's `enable_thinking` (Qwen3's and GLM-4.5's name), and
+    `output_config.effort` as its `reasoning_effort` (gpt-oss's name; passed as chat's
+    `reasoning_effort` is, also to templates that do not read it: Claude Code sends it
+    on every call). `budget_tokens` is not enforced: the reasoning is bounded by
+    `max_tokens` only (see the README's "Request fields")."""
+    kwargs = {}
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise BadRequest("thinking.type must be 'enabled', 'disabled' or 'adaptive'",
+                             param="thinking")
+        known_keys(thinking, {"type", "budget_tokens", "display"}, "thinking")
+        check_value(thinking.get("display"), ("summarized",), "thinking.display",
+                    "the gateway always returns the thinking it sampled")
+        kwargs["enable_thinking"] = kind != "disabled"
+    effort = known_keys(body.get("output_config"), {"effort", "format"},
+                        "output_config").get("effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise BadRequest(f"output_config.effort must be one of {list(EFFORTS)}, got "
+                             f"{effort!r}", param="output_config")
+        kwargs["reasoning_effort"] = effort
+    return kwargs or None
+
+
+def check_context_management(value: Any) -> None:
+    """Context editing: the gateway keeps every earlier thinking block (token truth
+    reuses the sampled IDs, reasoning included), which is what `clear_thinking` with
+    `keep: "all"` (Claude Code's edit) asks. It applies no other edit: clearing earlier
+    thinking or tool results would change a history token truth reuses verbatim, so
+    every call past the edit would render in full as a `rewrite`; a scaffold that needs
+    it clears its own history (as context condensation does)."""
+    edits = known_keys(value, {"edits"}, "context_management").get("edits") or []
+    if not isinstance(edits, list):
+        raise BadRequest("context_management.edits must be a list", param="context_management")
+    for index, edit in enumerate(edits):
+        if edit != KEEP_ALL_THINKING:
+            raise UnsupportedParameter(
+                f"context_management.edits.{index}: {edit!r} cannot be honoured: the gateway "
+                "keeps its history as sampled and applies no context edit other than "
+                f"{KEEP_ALL_THINKING}; clear old tool results or thinking in the scaffold",
+                param="context_management")
+
+
+def output_schema(body: dict[str, Any]) -> tuple[str, Any] | None:
+    """The field and JSON schema of `output_config.format` (or the older
+    `output_format`), or None."""
+    formats = [(name, fmt) for name, fmt in (
+        ("output_config.format", (body.get("output_config") or {}).get("format")),
+        ("output_format", body.get("output_format"))) if fmt is not None]
+    if not formats:
         return None
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if kind not in ("enabled", "disabled", "adaptive"):
-        raise BadRequest("thinking.type must be 'enabled', 'disabled' or 'adaptive'",
-                         param="thinking")
-    return {"enable_thinking": kind != "disabled"}
+    if len(formats) > 1:
+        raise BadRequest("send output_config.format or output_format, not both",
+                         param="output_format")
+    name, fmt = formats[0]
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise UnsupportedParameter(f"{name}.type must be 'json_schema'", param=name)
+    return name, fmt.get("schema")
 
 
 def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
                       ) -> CallRequest:
-    """`tool_choice` (auto, none, any, tool) and `output_format` (see `output_options`)."""
+    """`tool_choice` (auto, none, any, tool) and `output_config.format` or
+    `output_format` (see `output_options`)."""
     choice = body.get("tool_choice") or {}
     kind = choice.get("type", "auto") if isinstance(choice, dict) else None
     if kind not in ("auto", "none", "any", "tool"):
@@ -174,12 +240,9 @@ def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
         if kind == "tool" and not isinstance(name, str):
             raise BadRequest("tool_choice.name: Field required", param="tool_choice")
         call = force_tools(call, name, parallel)
-    fmt = body.get("output_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-            raise UnsupportedParameter("output_format.type must be 'json_schema'",
-                                       param="output_format")
-        call = json_output(call, fmt.get("schema"), "output_format")
+    schema = output_schema(body)
+    if schema is not None:
+        call = json_output(call, schema[1], schema[0])
     if not parallel and kind == "auto":
         call = single_call(call, tool_parser)
     return call
@@ -195,6 +258,9 @@ def parse_request(body: dict[str, Any], count_only: bool = False,
         if body.get(name):
             raise UnsupportedParameter(f"{name}: not supported by this gateway (it runs no "
                                        "server-side tools); omit it", param=name)
+    check_value(body.get("service_tier"), ("auto", "standard_only"), "service_tier",
+                "the gateway has one service tier")
+    check_context_management(body.get("context_management"))
     if not isinstance(body.get("model"), str):
         raise BadRequest("model: Field required", param="model")
     if not count_only and not isinstance(body.get("max_tokens"), int):
@@ -204,7 +270,7 @@ def parse_request(body: dict[str, Any], count_only: bool = False,
                        sampling=parse_sampling(body, ("max_tokens",)),
                        messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
                        parse_tools=not isinstance(choice, dict) or choice.get("type") != "none",
-                       template_kwargs=thinking_kwargs(body.get("thinking")))
+                       template_kwargs=template_kwargs_of(body))
     return apply_tool_choice(call, body, tool_parser)
 
 

@@ -9,6 +9,7 @@ handle), and the `Outcome` becomes the finish chunks, usage and `[DONE]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,13 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.output_options import (
+    check_value,
     force_tools,
     output_format,
     single_call,
+    stream_options,
     template_kwargs,
+    template_variable,
 )
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
@@ -36,7 +40,10 @@ ACCEPTED = {"model", "messages", "tools", "tool_choice", "n", "stop", "logprobs"
             "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
             "stream", "stream_options", "user", "metadata", "store", "parallel_tool_calls",
             "frequency_penalty", "presence_penalty", "response_format", "reasoning_effort",
-            "service_tier", "logit_bias", "extra_body", "chat_template_kwargs"}
+            "service_tier", "logit_bias", "extra_body", "chat_template_kwargs", "verbosity"}
+# Every accepted field, and how each is honoured (or why refused), is in the README's
+# "Request fields" table; `user`, `metadata` and `store` label a call for the provider and
+# change no output (every call is recorded in the tree whatever `store` says).
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -147,14 +154,34 @@ def parse_tools(tools: Any) -> list[dict] | None:
     return tools or None
 
 
+def reads_nothing(name: str) -> bool:
+    """A template that reads no optional argument (`Renderer.reads` of such a one)."""
+    return False
+
+
+def check_request_options(body: dict[str, Any]) -> None:
+    """The request-level fields that change nothing the model sees, where only some
+    values can be honoured."""
+    if "extra_body" in body:
+        raise UnsupportedParameter("extra_body is an argument of the OpenAI SDKs, not a "
+                                   "request field: put its fields at the top level of the "
+                                   "body", param="extra_body")
+    check_value(body.get("service_tier"), ("auto", "default"), "service_tier",
+                "the gateway has one service tier")
+    stream_options(body.get("stream_options"), {"include_usage", "include_obfuscation"})
+
+
 def parse_request(body: dict[str, Any], max_n: int, known: KnownMessages | None = None,
-                  tool_parser: str = "hermes") -> CallRequest:
+                  tool_parser: str = "hermes",
+                  reads: Callable[[str], bool] = reads_nothing) -> CallRequest:
     """The call a chat request asks for; `tool_parser` is the gateway's (its format's
-    end of a call stops a request that allows one call at most)."""
+    end of a call stops a request that allows one call at most); `reads` says which
+    optional arguments the model's template takes (`Renderer.reads`)."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
                                    param=unknown[0])
+    check_request_options(body)
     if not isinstance(body.get("model"), str):
         raise BadRequest("model must be a string", param="model")
     n = body.get("n") or 1
@@ -163,13 +190,14 @@ def parse_request(body: dict[str, Any], max_n: int, known: KnownMessages | None 
     if body.get("top_logprobs"):
         raise UnsupportedParameter("top_logprobs is not supported; use logprobs=true",
                                    param="top_logprobs")
+    kwargs = template_kwargs(body.get("chat_template_kwargs"), body.get("reasoning_effort"))
     call = CallRequest(api="chat", model=body["model"],
                        sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
                        messages=parse_messages(body.get("messages"), known),
                        tools=parse_tools(body.get("tools")),
                        parse_tools=body.get("tool_choice") != "none", n=n,
-                       template_kwargs=template_kwargs(body.get("chat_template_kwargs"),
-                                                      body.get("reasoning_effort")))
+                       template_kwargs=template_variable(kwargs, reads, "verbosity",
+                                                         body.get("verbosity"), "verbosity"))
     return apply_output_options(call, body, tool_parser)
 
 
@@ -303,7 +331,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
         call = parse_request(body, config.max_n, session.known_messages.get("chat"),
-                             runner.tool_parser)
+                             runner.tool_parser, runner.renderer.reads)
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
         call = mark_retry(call, request, raw)
         want_logprobs = bool(body.get("logprobs"))

@@ -14,12 +14,20 @@ engine's constrained decoding), one tool call at most, and template arguments.
 - Template arguments (`chat_template_kwargs`, `reasoning_effort`, Anthropic's
   `thinking`) are passed to the chat template, as vLLM and SGLang pass them.
 
-Anything else that would change the output and cannot be honoured is a 400 naming it.
+- Template arguments that only some templates take (`text.verbosity`): passed when the
+  model's template reads them (`Renderer.reads`), a 400 naming the field otherwise.
+- Fields with values the gateway cannot honour (`service_tier` other than the one tier,
+  `truncation: "auto"`, `include_obfuscation: true`, unknown sub-fields): `check_value`
+  and `known_keys` refuse them by name.
+
+Anything else that would change the output and cannot be honoured is a 400 naming it
+(the README's "Request fields" table lists every accepted field).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +35,7 @@ from undertow.gateway.calls import CallRequest
 from undertow.gateway.errors import BadRequest, UnsupportedParameter
 from undertow.gateway.toolparsers import FORCED, PARSERS, forced_calls_schema
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 
 
@@ -48,6 +56,51 @@ def template_kwargs(kwargs: Any, reasoning_effort: Any = None,
                              f"{reasoning_effort!r}", param=effort_param)
         result["reasoning_effort"] = reasoning_effort
     return result or None
+
+
+def template_variable(kwargs: dict | None, reads: Callable[[str], bool], name: str,
+                      value: Any, param: str) -> dict | None:
+    """`kwargs` with `name=value` for the template when it reads `name`; a 400 naming
+    `param` when it does not (the value would change nothing: silence)."""
+    if value is None:
+        return kwargs
+    if not isinstance(value, str):
+        raise BadRequest(f"{param} must be a string, got {value!r}", param=param)
+    if not reads(name):
+        raise UnsupportedParameter(f"{param} cannot be honoured: this model's chat template "
+                                   f"has no {name!r} argument; omit {param}", param=param)
+    return {**(kwargs or {}), name: value}
+
+
+def check_value(value: Any, allowed: tuple, param: str, why: str) -> None:
+    """A field of which the gateway honours only the values `allowed` (absent is fine)."""
+    if value is not None and value not in allowed:
+        raise UnsupportedParameter(f"{param}={value!r} cannot be honoured: {why}; use one of "
+                                   f"{list(allowed)} or omit it", param=param)
+
+
+def known_keys(value: Any, known: set[str], param: str) -> dict:
+    """An object field (absent: `{}`) whose sub-fields are all among `known`."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{param} must be an object", param=param)
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise UnsupportedParameter(f"{param}.{unknown[0]} is not supported by this gateway; "
+                                   f"omit it (supported: {sorted(known)})",
+                                   param=f"{param}.{unknown[0]}")
+    return value
+
+
+def stream_options(value: Any, known: set[str]) -> dict:
+    """`stream_options`: `include_usage` (where `known`) is honoured; the gateway never
+    pads stream events, so `include_obfuscation` may only be false."""
+    options = known_keys(value, known, "stream_options")
+    check_value(options.get("include_obfuscation"), (False,),
+                "stream_options.include_obfuscation",
+                "the gateway does not pad stream events with obfuscation")
+    return options
 
 
 def tool_names(tools: list[dict] | None) -> list[str]:

@@ -1,7 +1,10 @@
 """`POST /v1/responses` (OpenAI Responses API, which Codex speaks), streaming and not.
 
 Stateless: the scaffold sends its whole input each time (`store: false`, as Codex
-does); `previous_response_id` is refused with a 400. Hand-written translation for
+does); `previous_response_id` is refused with a 400. With `include:
+["reasoning.encrypted_content"]` (Codex asks for it) each reasoning item carries its
+reasoning sealed (`sealed_reasoning.py`), and a re-sent item's sealed reasoning is
+read back as the assistant turn's reasoning, summary or not. Hand-written translation for
 the same reasons as `anthropic_messages.py` (litellm's responses bridge costs an
 import of seconds and per-call work that grows with the history). Input items:
 messages (`input_text`/`output_text` parts) -> chat messages; consecutive
@@ -15,6 +18,7 @@ function-call-argument deltas, and finally `response.completed`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -27,13 +31,18 @@ from undertow.gateway.api.common import (
     sse,
 )
 from undertow.gateway.api.errors import openai_error
-from undertow.gateway.api.openai_chat import parse_sampling
+from undertow.gateway.api.openai_chat import parse_sampling, reads_nothing
 from undertow.gateway.api.output_options import (
+    check_value,
     force_tools,
+    known_keys,
     output_format,
     single_call,
+    stream_options,
     template_kwargs,
+    template_variable,
 )
+from undertow.gateway.api.sealed_reasoning import seal, unseal
 from undertow.gateway.calls import CallRequest, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -42,6 +51,11 @@ ACCEPTED = {"model", "input", "instructions", "tools", "tool_choice", "max_outpu
             "temperature", "top_p", "stream", "store", "reasoning", "include",
             "parallel_tool_calls", "metadata", "text", "truncation", "user", "prompt_cache_key",
             "service_tier", "previous_response_id", "stream_options", "client_metadata"}
+# Every accepted field, and how each is honoured (or why refused), is in the README's
+# "Request fields" table. `user`, `metadata`, `client_metadata` and `prompt_cache_key`
+# label a call for the provider and change no output; every call is recorded in the tree
+# whatever `store` says.
+SEALED = "reasoning.encrypted_content"
 
 
 def _text(content: Any, where: str) -> str:
@@ -96,7 +110,9 @@ def _add_to_assistant(messages: list[dict], item: dict, kind: str, where: str) -
     if kind == "message":
         message["content"] += _text(item.get("content"), where)
     elif kind == "reasoning":
-        text = _text(item.get("summary") or [], where) or _text(item.get("content") or [], where)
+        text = (unseal(item["encrypted_content"], f"{where}.encrypted_content")
+                if item.get("encrypted_content") else
+                _text(item.get("summary") or [], where) or _text(item.get("content") or [], where))
         message["reasoning_content"] = message.get("reasoning_content", "") + text
     else:
         message.setdefault("tool_calls", []).append({
@@ -120,24 +136,55 @@ def to_chat_tools(tools: Any) -> list[dict] | None:
     return result or None
 
 
-def parse_request(body: dict[str, Any], tool_parser: str = "hermes") -> CallRequest:
-    unknown = sorted(set(body) - ACCEPTED)
-    if unknown:
-        raise UnsupportedParameter(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
+def wants_sealed(body: dict[str, Any]) -> bool:
+    """Whether reasoning items are to carry `encrypted_content` (`include`)."""
+    return SEALED in (body.get("include") or ())
+
+
+def check_request_options(body: dict[str, Any]) -> None:
+    """The request-level fields that change nothing the model sees, where only some
+    values can be honoured."""
     if body.get("previous_response_id"):
         raise UnsupportedParameter("previous_response_id is not supported: send the whole "
                                    "input with store=false", param="previous_response_id")
+    include = body.get("include") or []
+    if not isinstance(include, list):
+        raise BadRequest("include must be a list", param="include")
+    for value in include:
+        check_value(value, (SEALED,), "include", "the gateway runs no server-side tools and "
+                    "returns no images or top logprobs")
+    check_value(body.get("truncation"), ("disabled",), "truncation",
+                "the gateway never drops input items (a prompt over the context is a 400)")
+    check_value(body.get("service_tier"), ("auto", "default"), "service_tier",
+                "the gateway has one service tier")
+    stream_options(body.get("stream_options"), {"include_obfuscation"})
+
+
+def parse_request(body: dict[str, Any], tool_parser: str = "hermes",
+                  reads: Callable[[str], bool] = reads_nothing) -> CallRequest:
+    """The call a Responses request asks for; `reads` says which optional arguments
+    the model's template takes (`Renderer.reads`)."""
+    unknown = sorted(set(body) - ACCEPTED)
+    if unknown:
+        raise UnsupportedParameter(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
+    check_request_options(body)
     if not isinstance(body.get("model"), str):
         raise BadRequest("model must be a string", param="model")
-    reasoning = body.get("reasoning") or {}
-    if not isinstance(reasoning, dict):
-        raise BadRequest("reasoning must be an object", param="reasoning")
+    # The summary is the reasoning itself, whichever detail is asked for.
+    reasoning = known_keys(body.get("reasoning"), {"effort", "summary", "generate_summary"},
+                           "reasoning")
+    for name in ("summary", "generate_summary"):
+        check_value(reasoning.get(name), ("auto", "concise", "detailed"), f"reasoning.{name}",
+                    "the summary is the reasoning itself")
+    text = known_keys(body.get("text"), {"format", "verbosity"}, "text")
+    kwargs = template_kwargs(None, reasoning.get("effort"), effort_param="reasoning.effort")
     call = CallRequest(api="responses", model=body["model"],
                        sampling=parse_sampling(body, ("max_output_tokens",)),
                        messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
                        parse_tools=body.get("tool_choice") != "none",
-                       template_kwargs=template_kwargs(None, reasoning.get("effort"),
-                                                       effort_param="reasoning.effort"))
+                       template_kwargs=template_variable(kwargs, reads, "verbosity",
+                                                         text.get("verbosity"),
+                                                         "text.verbosity"))
     return apply_output_options(call, body, tool_parser)
 
 
@@ -156,10 +203,7 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
     elif choice not in (None, "auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
                          "or a named function", param="tool_choice")
-    text = body.get("text") or {}
-    if not isinstance(text, dict):
-        raise BadRequest("text must be an object", param="text")
-    call = output_format(call, text.get("format"), "text.format")
+    call = output_format(call, (body.get("text") or {}).get("format"), "text.format")
     if parallel is False and call.tool_parser is None and call.parse_tools:
         call = single_call(call, tool_parser)
     return call
@@ -169,19 +213,26 @@ def _ids(call_id: str) -> str:
     return call_id.removeprefix("call-")
 
 
-def output_items(outcome: Outcome) -> list[dict]:
+def output_items(outcome: Outcome, sealed: bool) -> list[dict]:
     choice = outcome.choices[0]
     key = _ids(choice.call_id)
     items: list[dict] = []
     if choice.message.get("reasoning_content"):
-        items.append({"type": "reasoning", "id": f"rs_{key}", "summary": [
-            {"type": "summary_text", "text": choice.message["reasoning_content"]}]})
+        items.append(_reasoning_item(key, choice.message["reasoning_content"], sealed))
     if choice.message.get("content"):
         items.append(_message_item(key, choice.message["content"], "completed"))
     for number, tool in enumerate(choice.tool_calls):
         items.append(_call_item(key, number, tool["function"]["name"],
                                 tool["function"]["arguments"], "completed"))
     return items
+
+
+def _reasoning_item(key: str, text: str, sealed: bool) -> dict:
+    item = {"type": "reasoning", "id": f"rs_{key}",
+            "summary": [{"type": "summary_text", "text": text}]}
+    if sealed:
+        item["encrypted_content"] = seal(text)
+    return item
 
 
 def _message_item(key: str, text: str, status: str) -> dict:
@@ -200,7 +251,8 @@ def response_body(call: CallRequest, body: dict, outcome: Outcome | None, call_i
     incomplete = done and (outcome.choices[0].finish_reason or {}).get("type") == "length"
     result = {"id": f"resp_{_ids(call_id)}", "object": "response", "created_at": 0,
               "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
-              "model": call.model, "output": output_items(outcome) if done else [],
+              "model": call.model,
+              "output": output_items(outcome, wants_sealed(body)) if done else [],
               "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
               "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
               "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -282,7 +334,7 @@ class ResponseStream:
                                text=self.text),
                     self.event("response.reasoning_summary_part.done", **at, summary_index=0,
                                part=part)]
-            item = {**item, "summary": [part]}
+            item = _reasoning_item(item["id"][3:], self.text, wants_sealed(self.body))
         else:
             out.append(self.event("response.function_call_arguments.done", **at,
                                   arguments=item["arguments"]))
@@ -329,7 +381,8 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def create_response(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body, runner.tool_parser), request, raw)
+        call = mark_retry(parse_request(body, runner.tool_parser, runner.renderer.reads),
+                          request, raw)
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: response_body(call, body, outcome, outcome.choices[0].call_id),

@@ -4,7 +4,9 @@ at most `concurrency` sessions at once, against a gateway reached over HTTP.
 One session, top to bottom (`Rollout._session`):
 1. open a session at the gateway (group = the task's group of this run);
 2. start a sandbox from the task's image (linked to the gateway when the scaffold runs
-   inside it);
+   inside it), run the task's start commands in it (SWE-smith: check out the instance's
+   branch) and take HEAD as the base of its diff (`sandboxes/task_setup.py`; what ran is
+   in the session's `sandbox.log`);
 3. launch the scaffold against (task, sandbox, endpoint) and wait up to `timeout_s`;
    a scaffold past its limit, or flooding its output, is killed;
 4. stop whatever it left running in the sandbox, take the diff, grade it in a fresh
@@ -12,7 +14,7 @@ One session, top to bottom (`Rollout._session`):
 5. attach reward and details to the session at the gateway, which closes it; remove
    the sandbox.
 A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
-error of the run; an error of Undertow's own (image, sandbox, grading) closes the
+error of the run; an error of Undertow's own (image, sandbox, setup, grading) closes the
 session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its meta
 (the learner leaves it out), and the slot is run again as a new session of the same
 group (same `index`, next `attempt`; the task's image is built again if that failed),
@@ -55,6 +57,7 @@ from undertow.sandboxes.hosts import DockerHost, DockerHosts
 from undertow.sandboxes.link import GatewayLink, start_linked_sandbox
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.task import Task
+from undertow.sandboxes.task_setup import prepare_session_sandbox
 
 TIMEOUT_VALUES = ("partial_credit", "tree_estimate")
 # Task images are built once each; more builds at once only compete for the CPUs.
@@ -231,6 +234,9 @@ class Rollout:
             image = await self._image(task, host)
             stage = "sandbox"
             sandbox = await self._start_sandbox(task, host, image, result.session_id)
+            stage = "setup"
+            await prepare_session_sandbox(sandbox, task, image, self._session_dir(result)
+                                          / "sandbox.log")
             endpoint = Endpoint(opened["session_id"], opened["base_url"], opened["api_key"],
                                 self.config.model_name, sandbox.gateway_url and
                                 f"{sandbox.gateway_url}/s/{opened['session_id']}/v1")
@@ -256,9 +262,12 @@ class Rollout:
             return await start_linked_sandbox(host.connection, image, self._link, **options)
         return await Sandbox.start(host.connection, image, **options)
 
+    def _session_dir(self, result: SessionResult) -> Path:
+        return self.out_dir / "sessions" / result.session_id
+
     async def _run_scaffold(self, task: Task, sandbox: Sandbox, endpoint: Endpoint,
                             result: SessionResult) -> ScaffoldExit:
-        workdir = self.out_dir / "sessions" / result.session_id
+        workdir = self._session_dir(result)
         workdir.mkdir(parents=True, exist_ok=True)
         process = await self.scaffold.launch(task, sandbox, endpoint, workdir)
         try:

@@ -6,6 +6,7 @@
     ├── ContainerDied       the container stopped under a running session
     ├── HostUnavailable     no Docker host of the run answers (`hosts.py`)
     ├── CommandTimeout      a set-up or grading step outlived its time limit
+    ├── SetupFailed         a task's start command failed in its container (names both)
     ├── SwebenchMissing     a task is graded by the official harness; `swebench` is not installed
     └── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
 
@@ -37,6 +38,11 @@ class HostUnavailable(SandboxError):
 
 class CommandTimeout(SandboxError):
     """A step that must finish (applying a patch, setting up grading) ran past its limit."""
+
+
+class SetupFailed(SandboxError):
+    """One of a task's `start_commands` failed (or ran past its limit) in a container: the
+    task cannot be run there; a failure of the task set or the image, not of the agent."""
 
 
 class SwebenchMissing(SandboxError):

@@ -1,7 +1,9 @@
 """Grading: a session's diff judged by the task's tests, in a fresh container.
 
 The flow of `grade`: start a new container from the task's image (the session's
-own container may have been tampered with); apply the session's diff (one that
+own container may have been tampered with); run the task's start commands in it
+(`task_setup.py`: SWE-smith's harness checks out the instance's branch in its grading
+container too; one that fails is a SetupFailed, never a reward); apply the session's diff (one that
 does not apply scores 0 with the reason); restore every file the held-back
 `test_patch` touches to its base-commit state, then apply `test_patch` (so tests
 the agent edited cannot change the verdict); run the task's `eval_commands` and
@@ -48,6 +50,7 @@ from undertow.sandboxes.swebench_harness import (
 )
 from undertow.sandboxes.task import Task
 from undertow.sandboxes.task_image import ensure_task_image
+from undertow.sandboxes.task_setup import run_start_commands
 
 MISSING = "missing"
 _PATCH_DIR = "/tmp/undertow-grading"
@@ -265,6 +268,7 @@ async def grade(connection: Connection, task: Task, diff: str, *, run: str,
     async with await Sandbox.start(connection, image, run=run, session=session,
                                    workdir=task.workdir, base_commit=task.base_commit,
                                    config=config.sandbox) as sandbox:
+        await run_start_commands(sandbox, task)
         problem = await _apply(sandbox, diff, "session", config.apply_timeout_s)
         if problem is not None:
             log = f"{APPLY_FAILED_MARKER}\n{problem}\n"

@@ -8,9 +8,12 @@ Undertow adds how to run it: `image`, `test_cmd`, `log_parser`, `timeout_s`,
 and, for task sets that ship their sources instead of images, `source_dir`.
 SWE-bench's `version` and `environment_setup_commit` load too, with the set-up of the
 official harness: `pre_install` (image set-up) and `eval_commands` (run before
-`test_cmd`). A record of a repository and version that the `swebench` package knows,
-and that names no `log_parser` or `test_cmd` of its own, takes all of these from
-`swebench` (`swebench_harness.py`): its verdicts then agree with the official harness.
+`test_cmd`). `start_commands` run in every container of the task when it starts, before
+the scaffold or the tests (SWE-smith's `git checkout <instance_id>`); `task_setup.py`
+says where each kind of set-up runs, and why there. A record of a repository and
+version that the `swebench` package knows, and that names no `log_parser` or `test_cmd`
+of its own, takes all of these from `swebench` (`swebench_harness.py`): its verdicts
+then agree with the official harness.
 
 `load_tasks(path)` reads a JSONL file, a folder holding `tasks.jsonl`, or a local
 Hugging Face dataset (saved with `save_to_disk`, or parquet/JSON files; this
@@ -58,11 +61,13 @@ class Task:
     environment_setup_commit: str = ""
     pre_install: tuple[str, ...] = ()
     eval_commands: tuple[str, ...] = ()
+    start_commands: tuple[str, ...] = ()
 
 
 _TEXT_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
 _LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 _COMMAND_FIELDS = ("pre_install", "eval_commands")
+_RECORD_COMMAND_FIELDS = (*_COMMAND_FIELDS, "start_commands")
 
 
 def _fail(field: str, message: str, where: str) -> TaskFormatError:
@@ -117,6 +122,7 @@ def parse_task(record: Mapping[str, Any], where: str, base_dir: Path | None = No
     values["environment_setup_commit"] = _optional_text(
         record, "environment_setup_commit", "", where)
     values.update(_how_to_test(record, values, where))
+    values["start_commands"] = _commands(record, "start_commands", where) or ()
     timeout_s = record.get("timeout_s", 300.0)
     if timeout_s is None:
         timeout_s = 300.0
@@ -258,7 +264,7 @@ def with_base_commit(task: Task, base_commit: str) -> Task:
 def task_record(task: Task, base_dir: Path | None = None) -> dict[str, Any]:
     """The task as a JSON-ready dict (source_dir relative to `base_dir` when possible)."""
     record: dict[str, Any] = {field.name: getattr(task, field.name) for field in fields(Task)}
-    for field in (*_LIST_FIELDS, *_COMMAND_FIELDS):
+    for field in (*_LIST_FIELDS, *_RECORD_COMMAND_FIELDS):
         record[field] = list(getattr(task, field))
     source = task.source_dir
     if source is not None and base_dir is not None and source.is_relative_to(base_dir):

@@ -8,10 +8,20 @@ date and config, so its hash - the task's `base_commit` - is the same on every
 machine and the fix cannot be read from history), and copied, owned by the
 non-root user, to `/testbed` in an image derived from the base image. The build
 runs with `--network=none`.
+
+A task's `pre_install` commands run here, where the official harness runs them (its
+instance image's `setup_repo.sh`, after the reset to the base commit; `task_setup.py`):
+as root in the testbed, one build step each, and what they change in the repository is
+committed (fixed author and date), so that the session's diff, taken against HEAD,
+holds only the agent's work. One that fails is an ImageError naming the task and the
+command. A published image is used as it is: its pre_install ran when it was built.
 """
 
+import hashlib
 import io
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -27,6 +37,8 @@ from undertow.sandboxes.errors import ImageError
 from undertow.sandboxes.task import Task
 
 BASE_COMMIT_LABEL = "undertow.base_commit"
+PRE_INSTALL_LABEL = "undertow.pre_install"
+_STEP_MARKER = ">>>>> pre_install"
 _IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
 _FIXED_DATE = "2000-01-01T00:00:00+0000"
 _GIT_ENV = {
@@ -74,11 +86,35 @@ def task_image_tag(task: Task) -> str:
     return f"undertow/task-{name}:{task.base_commit[:12] or 'unstamped'}"
 
 
+def _pre_install_key(task: Task) -> str:
+    """What the image's pre_install steps were made from (an image label)."""
+    return hashlib.sha256(json.dumps(list(task.pre_install)).encode()).hexdigest()[:16]
+
+
+def _pre_install_steps(task: Task) -> str:
+    """Dockerfile lines: each pre_install command as root, then its changes committed."""
+    if not task.pre_install:
+        return ""
+    lines = ["USER 0"]
+    for number, command in enumerate(task.pre_install, start=1):
+        # `set -euo pipefail`, as the harness's setup_repo.sh runs them.
+        marked = f"set -euo pipefail\necho '{_STEP_MARKER} {number}'\n{command}"
+        lines.append(f"RUN {json.dumps(['bash', '-c', marked])}")
+    commit = ("git add -A && if ! git diff --cached --quiet; then git commit -q --no-gpg-sign "
+              f"-m {shlex.quote(task.instance_id + ' pre_install')}; fi && "
+              f"chown -R {AGENT_UID}:{AGENT_UID} .")
+    identity = " ".join(f"{key}={shlex.quote(value)}" for key, value in _GIT_ENV.items()
+                        if key.startswith(("GIT_AUTHOR", "GIT_COMMITTER")))
+    lines.append(f"RUN {json.dumps(['bash', '-c', f'export {identity}; {commit}'])}")
+    return "\n".join(lines) + "\n"
+
+
 def _context(testbed: Path, task: Task, base_tag: str, base_commit: str) -> io.BytesIO:
     dockerfile = (
         f"FROM {base_tag}\n"
         f"COPY --chown={AGENT_UID}:{AGENT_UID} testbed {task.workdir}\n"
         f"WORKDIR {task.workdir}\n"
+        f"{_pre_install_steps(task)}"
         f"USER {AGENT_UID}\n"
     )
     buffer = io.BytesIO()
@@ -91,10 +127,24 @@ def _context(testbed: Path, task: Task, base_tag: str, base_commit: str) -> io.B
     return buffer
 
 
+def _build_failure(task: Task, error: docker.errors.BuildError) -> ImageError:
+    """The build's error, naming the pre_install command that failed, if one did."""
+    log = "".join(str(line.get("stream", line)) for line in error.build_log)
+    step = re.findall(rf"^{re.escape(_STEP_MARKER)} (\d+)$", log, re.MULTILINE)
+    if step and task.pre_install:
+        command = task.pre_install[int(step[-1]) - 1]
+        return ImageError(
+            f"task {task.instance_id}: pre_install command {command!r} failed while its image "
+            f"was built ({error}; the build runs as root, without network):\n{log[-2000:]}")
+    return ImageError(f"task {task.instance_id}: image build failed: {error}\n{log[-2000:]}")
+
+
 def _build_sync(client: docker.DockerClient, task: Task, base_tag: str) -> str:
     tag = task_image_tag(task)
+    wanted = {BASE_COMMIT_LABEL: task.base_commit, PRE_INSTALL_LABEL: _pre_install_key(task)}
     try:
-        if client.images.get(tag).labels.get(BASE_COMMIT_LABEL) == task.base_commit:
+        labels = client.images.get(tag).labels or {}
+        if all(labels.get(key) == value for key, value in wanted.items()):
             return tag
     except docker.errors.ImageNotFound:
         pass
@@ -106,14 +156,14 @@ def _build_sync(client: docker.DockerClient, task: Task, base_tag: str) -> str:
                 f"task {task.instance_id}: its source gives base commit {base_commit}, the task "
                 f"says {task.base_commit}; run `undertow tasks stamp` on the task set")
         context = _context(testbed, task, base_tag, base_commit)
-        labels = {BASE_COMMIT_LABEL: base_commit, "undertow.task": task.instance_id}
+        labels = {BASE_COMMIT_LABEL: base_commit, PRE_INSTALL_LABEL: _pre_install_key(task),
+                  "undertow.task": task.instance_id,
+                  "undertow.environment_setup_commit": task.environment_setup_commit}
         try:
             client.images.build(fileobj=context, custom_context=True, tag=tag, labels=labels,
                                 network_mode="none", rm=True, forcerm=True)
         except docker.errors.BuildError as error:
-            log = "".join(str(line.get("stream", line)) for line in error.build_log)[-2000:]
-            raise ImageError(
-                f"task {task.instance_id}: image build failed: {error}\n{log}") from None
+            raise _build_failure(task, error) from None
     return tag
 
 

@@ -8,7 +8,8 @@ fields of `task.Task`), or raises `DroppedRow` saying why the row cannot be a ta
     swe-bench, swe-bench-lite, swe-bench-verified    princeton-nlp / SWE-bench rows
     swe-bench-multilingual                            same shape, nine languages
     swe-gym                                           SWE-Gym (SWE-bench shape, real lists)
-    swe-smith                                         SWE-smith (bug branches in shared images)
+    swe-smith                                         SWE-smith (bug branches in shared images,
+                                                      checked out when a container starts)
     r2e-gym                                           R2E-Gym (expected outputs per test)
     swe-rebench                                       SWE-rebench (install_config per row)
 
@@ -19,11 +20,13 @@ own harness runs.
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from undertow.sandboxes import swebench_harness
+from undertow.sandboxes.datasets.patches import reverse_patch
 from undertow.sandboxes.errors import DroppedRow
 
 _NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml",
@@ -145,17 +148,26 @@ def convert_swe_rebench(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def convert_swe_smith(row: Mapping[str, Any]) -> dict[str, Any]:
-    """SWE-smith: the bug lives on a branch named after the instance in a per-repository
-    image (`image_name`); its tests are already in the repository (no test_patch)."""
+    """SWE-smith: one image per repository (`image_name`), at its main branch; each
+    instance's bug is the one commit of a branch named after the instance, which SWE-smith's
+    harness checks out in each container before the agent or the tests run: the task's
+    `start_commands` (`task_setup.py`). Its `patch` creates the bug (its gold evaluation
+    applies it in reverse), so the task's fix is its reverse (`patches.py`). Its tests are
+    already in the repository (no test_patch)."""
     _require(row, "instance_id", "repo", "problem_statement")
-    record = {"instance_id": row["instance_id"], "repo": row["repo"],
-              "base_commit": row.get("base_commit") or row["instance_id"],
-              "problem_statement": row["problem_statement"], "patch": row.get("patch") or "",
+    instance_id = str(row["instance_id"])
+    try:
+        fix = reverse_patch(row.get("patch") or "")
+    except ValueError:
+        raise DroppedRow("its bug patch cannot be reversed (binary or copied files)") from None
+    record = {"instance_id": instance_id, "repo": row["repo"],
+              "base_commit": row.get("base_commit") or instance_id,
+              "problem_statement": row["problem_statement"], "patch": fix,
               "test_patch": "", "version": "",
               "FAIL_TO_PASS": _tests(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS"),
               "PASS_TO_PASS": _tests(row.get("PASS_TO_PASS"), "PASS_TO_PASS"),
               "image": row.get("image_name") or None,
-              "pre_install": [f"git checkout {row['instance_id']}"],
+              "start_commands": [f"git checkout -q {shlex.quote(instance_id)}"],
               "test_cmd": PYTEST_SUMMARY, "log_parser": "pytest", "eval_commands": list(_CONDA)}
     if not record["FAIL_TO_PASS"]:
         raise DroppedRow("no FAIL_TO_PASS tests")

@@ -1,0 +1,136 @@
+"""A task's set-up commands, each run where the official harnesses run it.
+
+The task fields, and where each runs (swebench 4.1's `test_spec/python.py` and
+`dockerfiles/`; SWE-smith's `harness/utils.py` and `harness/gather.py`):
+
+    environment_setup_commit  SWE-bench: the commit whose dependency files (requirements.txt,
+                              environment.yml) the harness's *environment image* installs. The
+                              harness reads those files at that commit; it never checks the
+                              commit out in a container. A published instance image holds that
+                              environment already; Undertow's own images have no per-task
+                              environment layer (the base image is the environment), so the
+                              field is recorded (image label, sandbox log), not run.
+    pre_install               SWE-bench spec: part of the *instance image*'s `setup_repo.sh`,
+                              after the repository is reset to `base_commit`, before `install`,
+                              as root; its changes are then committed ("SWE-bench"), so an
+                              agent's diff holds only its own work. Undertow runs them where it
+                              builds the image (`task_image.py`, tasks that ship their source):
+                              as root, each its own step, their changes committed. A published
+                              image (SWE-bench, SWE-Gym, SWE-rebench instance images) was built
+                              with them; running them again would repeat them (and their
+                              `apt-get`s have no network here), so they are not run.
+    start_commands            SWE-smith: its images hold one repository per image and every
+                              instance's bug on a branch named after the instance; its harness
+                              runs `git checkout <instance>` in each container after it starts,
+                              before the agent or the tests. Undertow runs them in the session's
+                              sandbox (`adapters/rollout.py`) and in each grading container
+                              (`grading.py`), by `run_start_commands`.
+    eval_commands             run before `test_cmd` in the grading script (`grading.py`).
+
+After the start commands, a session's diff is taken against the commit its work starts
+from (`use_head_as_diff_base`): HEAD, which is the task's `base_commit` in images built
+here, the instance branch's commit for SWE-smith, and the harness's set-up commit (the
+base commit plus the pre_install changes) in SWE-bench's images, so that a diff applies
+in a fresh container of the same image. What ran is written to the session's sandbox
+log (`sessions/<session>/sandbox.log`).
+"""
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from undertow.sandboxes.errors import SetupFailed
+from undertow.sandboxes.sandbox import Sandbox
+from undertow.sandboxes.task import Task
+
+START_COMMAND_TIMEOUT_S = 600.0
+_OUTPUT_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class SetupStep:
+    """One start command as it ran: exit code (124 when it ran past its limit), seconds,
+    and the tail of its merged output."""
+
+    command: str
+    exit_code: int
+    duration_s: float
+    output: str
+
+
+def _log(log_path: Path | None, lines: list[str]) -> None:
+    if log_path is None:
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write("".join(line + "\n" for line in lines))
+
+
+def _step_lines(step: SetupStep) -> list[str]:
+    lines = [f"$ {step.command}",
+             f"# exit code {step.exit_code}, {step.duration_s:.2f} s"]
+    return lines + [f"  {line}" for line in step.output.splitlines()]
+
+
+def describe(task: Task, image: str) -> list[str]:
+    """The sandbox log's header: the image and where each set-up field ran (module doc)."""
+    lines = [f"# task {task.instance_id}, image {image}"]
+    if task.environment_setup_commit:
+        lines.append(f"# environment_setup_commit {task.environment_setup_commit}: the "
+                     "environment the image was built with (not checked out in a container)")
+    if task.pre_install:
+        where = ("ran when Undertow built the image" if task.image is None
+                 else "already part of the published image; not run again")
+        lines.append(f"# pre_install ({len(task.pre_install)} commands): {where}")
+    if not task.start_commands:
+        lines.append("# no start commands")
+    return lines
+
+
+async def run_start_commands(sandbox: Sandbox, task: Task, *, log_path: Path | None = None,
+                             timeout_s: float = START_COMMAND_TIMEOUT_S) -> list[SetupStep]:
+    """Runs the task's start commands in order, as the image's user, in its workdir; each
+    is logged to `log_path`. Raises SetupFailed naming the task and the command at the
+    first that fails."""
+    steps = []
+    for command in task.start_commands:
+        result = await sandbox.exec(command, timeout_s)
+        step = SetupStep(command, result.exit_code, result.duration_s,
+                         result.output[-_OUTPUT_TAIL_CHARS:])
+        steps.append(step)
+        _log(log_path, _step_lines(step))
+        if result.exit_code != 0:
+            why = (f"ran past {timeout_s:g} s" if result.timed_out
+                   else f"exited with code {result.exit_code}")
+            raise SetupFailed(
+                f"task {task.instance_id}: start command {command!r} {why} in sandbox "
+                f"{sandbox.container.short_id}: {step.output.strip()[-500:] or '(no output)'}; "
+                "the task cannot run in its image: check the task's start_commands and image")
+    return steps
+
+
+async def use_head_as_diff_base(sandbox: Sandbox, log_path: Path | None = None) -> str:
+    """Makes the commit the sandbox's work starts from (HEAD) its diff base; returns it.
+    A workdir without a git history keeps the base it had."""
+    result = await sandbox.exec(
+        f"git -C {shlex.quote(sandbox.workdir)} rev-parse --verify -q HEAD", timeout_s=60)
+    head = result.output.strip()
+    if result.exit_code == 0 and head:
+        if head != sandbox.base_commit:
+            _log(log_path, [f"# diff base: HEAD {head} (the task's base commit is "
+                            f"{sandbox.base_commit or 'not set'})"])
+        sandbox.base_commit = head
+    return sandbox.base_commit
+
+
+async def prepare_session_sandbox(sandbox: Sandbox, task: Task, image: str,
+                                  log_path: Path | None = None) -> list[SetupStep]:
+    """Everything a session's sandbox needs before its scaffold starts: the start commands,
+    then HEAD as its diff base; the sandbox log records both."""
+    started = time.monotonic()
+    _log(log_path, describe(task, image))
+    steps = await run_start_commands(sandbox, task, log_path=log_path)
+    await use_head_as_diff_base(sandbox, log_path)
+    _log(log_path, [f"# set-up done in {time.monotonic() - started:.2f} s"])
+    return steps

@@ -175,3 +175,32 @@ async def test_failures_of_undertow_are_rerun_closed_as_such_and_counted(
         assert session["group"] == rollout.group_name(
             no_image if result.instance_id == first else bad_grader)
     assert run_containers(rollout.run_id) == []
+
+
+@pytest.mark.docker
+async def test_start_commands_run_before_the_scaffold_and_a_failing_one_is_undertows(
+        scripted_gateway, bundled_tasks, connection, tmp_path):
+    """Start commands (SWE-smith's checkout of the instance branch) run in the session's
+    sandbox before the scaffold, recorded in its sandbox.log; one that fails ends the
+    session as a failure of Undertow's (`error:setup`), naming the task and the command."""
+    first, second = sorted(bundled_tasks)[:2]
+    prepared = dataclasses.replace(bundled_tasks[first],
+                                   start_commands=("echo ready > /tmp/start-marker",))
+    broken = dataclasses.replace(bundled_tasks[second], start_commands=("exit 7",))
+    config = RolloutConfig(group_size=1, concurrency=2, timeout_s=60, out_dir=tmp_path,
+                           progress_interval_s=0, max_attempts=1)
+    rollout = Rollout([prepared, broken], CommandScaffold("docker exec {container} cat "
+                                                          "/tmp/start-marker"),
+                      scripted_gateway.admin, connection, config)
+    summary = await rollout.run()
+
+    by_task = {r.instance_id: r for r in summary.sessions}
+    assert by_task[first].cause == "exited" and "ready" in by_task[first].log_tail
+    assert by_task[second].cause == "error:setup" and by_task[second].infra_failure
+    assert f"task {second}: start command 'exit 7' exited with code 7" in by_task[second].error
+    sessions = tmp_path / rollout.run_id / "sessions"
+    ok_log = (sessions / by_task[first].session_id / "sandbox.log").read_text()
+    assert "$ echo ready > /tmp/start-marker\n# exit code 0" in ok_log
+    assert "$ exit 7\n# exit code 7" in (
+        sessions / by_task[second].session_id / "sandbox.log").read_text()
+    assert run_containers(rollout.run_id) == []

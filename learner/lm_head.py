@@ -16,35 +16,75 @@ and entropy H = -sum_j p_j log p_j:
 
 The logits are taken in the model's dtype and the softmax in float32 for half and
 bfloat16 models, as `head_scores` (the unchunked reference) does.
+
+A sharded model's own LM head (one not tied to the embedding, as in Qwen2.5-7B) is a
+`ScoringHead`: FSDP2 gathers a unit's weight before the unit's forward and reduce-scatters
+its gradient after that forward's backward, and the scores never call `nn.Linear.forward`,
+so the head's forward computes the scores themselves; `chunked_scores` and `head_scores`
+go through it when they are handed one.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def head_scores(head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
+class ScoringHead(nn.Module):
+    """An LM head whose forward returns (N,) logprobs and entropies (or None), not logits.
+
+    It takes over an `nn.Linear` head's weight (and bias) as its own parameters, under the
+    same names, so a model's `named_parameters` do not change when its head is replaced.
+    `chunk_tokens` 0 applies the head to all rows at once (`head_scores`).
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight                                     # (V, H)
+        self.bias = linear.bias                                         # (V,) or None
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
+                chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if chunk_tokens:
+            return _chunked(self.weight, self.bias, hidden, targets, with_entropy, chunk_tokens)
+        return _unchunked(self.weight, self.bias, hidden, targets, with_entropy)
+
+
+def head_scores(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The unchunked reference: (N,) logprobs and entropies from the full (N, V) logits."""
-    logits = head(hidden)                                               # (N, V)
+    if isinstance(head, ScoringHead):
+        return head(hidden, targets, with_entropy, 0)
+    return _unchunked(head.weight, head.bias, hidden, targets, with_entropy)
+
+
+def _unchunked(weight, bias, hidden, targets, with_entropy):
+    logits = torch.nn.functional.linear(hidden, weight, bias)           # (N, V)
     log_probs = torch.log_softmax(logits.to(_compute_dtype(logits.dtype)), dim=-1)
     logprobs = log_probs.gather(-1, targets[:, None])[:, 0]
     entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None
     return logprobs, entropy
 
 
-def chunked_scores(head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
+def chunked_scores(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                    with_entropy: bool, chunk_tokens: int
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) logprobs of `targets` and (N,) entropies (or None) at the rows of `hidden`
-    (N, H), the head applied `chunk_tokens` rows at a time (module docstring)."""
+    (N, H), the head (an `nn.Linear` or a `ScoringHead`) applied `chunk_tokens` rows at
+    a time (module docstring)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    logprobs, entropy = _ChunkedHead.apply(hidden, head.weight, head.bias, targets,
+    if isinstance(head, ScoringHead):
+        return head(hidden, targets, with_entropy, chunk_tokens)
+    return _chunked(head.weight, head.bias, hidden, targets, with_entropy, chunk_tokens)
+
+
+def _chunked(weight, bias, hidden, targets, with_entropy, chunk_tokens):
+    logprobs, entropy = _ChunkedHead.apply(hidden, weight, bias, targets,
                                            chunk_tokens, with_entropy)
     return logprobs, entropy if with_entropy else None
 

@@ -3,9 +3,16 @@
 A training **cell** is a group of devices (GPUs, or CPU processes in tests) that trains
 as one member of an elastic step (`elastic.py`). Inside a cell the model is sharded
 with PyTorch's FSDP2 (`fully_shard`) over a `DeviceMesh` of the cell's processes: each
-decoder layer is one FSDP unit, and the decoder with the embedding (whose weight the
-LM head shares in Qwen3) is the root unit. Each process keeps 1/W of the parameters,
-gradients and optimizer state; a layer's full parameters exist only while it runs.
+decoder layer is one FSDP unit, and the decoder with the embedding and the final norm is
+the root unit. A head tied to the embedding (Qwen3 up to 4B) reads the root's gathered
+embedding weight; a head of its own (Qwen2.5-7B, Qwen3-8B and larger) is a unit of its
+own, a `lm_head.ScoringHead` whose forward computes the chunked scores, so that FSDP2
+gathers its weight for the scores and reduce-scatters its gradient after their backward.
+It is a second root (the decoder's forward never calls it), so it is not resharded
+between its forward and backward: its whole weight (V x H in the compute dtype, 1.1 GB
+in bf16 for Qwen2.5-7B) lives from the scores to the end of their backward. Each
+process keeps 1/W of the parameters, gradients and optimizer state; a layer's full
+parameters exist only while it runs.
 
 The cell's step (`sharded_backward_step`) hands the step's micro-batches round-robin
 to its W processes and runs them in rounds: every process runs a forward and backward
@@ -47,6 +54,7 @@ from torch import nn
 
 from undertow.learner.config import DEVICES, MIXED_PRECISIONS, TrainConfig
 from undertow.learner.errors import LearnerError
+from undertow.learner.lm_head import ScoringHead
 from undertow.learner.losses import LossConfig, step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
@@ -193,7 +201,8 @@ def device_token_budget(policy: PolicyModel, device: torch.device, num_shards: i
 
 def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> None:
     """Shards the policy's causal LM over `mesh` in place: each decoder layer, then the
-    root (decoder, embedding, final norm; the LM head shares the embedding's weight).
+    root (decoder, embedding, final norm), then the LM head unless it shares the
+    embedding's weight (module docstring); parameter names do not change.
     FSDP2 averages the gradients over the mesh; `sharded_backward_step` scales them back
     to the sum (a divide factor of 1 would need a PREMUL_SUM reduction, which gloo lacks)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -206,15 +215,16 @@ def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> No
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)
     model = policy.model
-    if not model.config.tie_word_embeddings:
-        raise DeviceError("sharding needs a model whose LM head shares the embedding "
-                          "(tie_word_embeddings, as Qwen3 up to 4B); this one has its own head")
     for layer in model.model.layers:
         fully_shard(layer, **options)
     # The root unit is the decoder, not the causal LM: `PolicyModel.score` calls the
     # decoder and applies the head itself, so the causal LM's forward hook never runs.
     fully_shard(model.model, **options)
-    model.lm_head = _TiedHead(model.model.embed_tokens)
+    if model.config.tie_word_embeddings:
+        model.lm_head = _TiedHead(model.model.embed_tokens)
+    else:
+        model.lm_head = ScoringHead(model.lm_head)
+        fully_shard(model.lm_head, **options)
 
 
 def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
@@ -259,11 +269,13 @@ def full_parameters(policy: PolicyModel) -> dict[str, torch.Tensor]:
 
 
 def idle_pass(policy: PolicyModel, device: torch.device) -> None:
-    """A forward and backward on one token with a zero loss, so that a process with no
-    micro-batch left joins its mesh's all-gathers and reduce-scatters."""
-    token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-    output = policy.model(input_ids=token_ids, use_cache=False)
-    (output.logits.sum() * 0.0).backward()
+    """A forward and backward on one token with a zero loss, through the decoder and the
+    head's scores as a micro-batch goes, so that a process with no micro-batch left joins
+    every unit's all-gathers and reduce-scatters."""
+    token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)              # (1, 1)
+    hidden = policy.model.model(input_ids=token_ids, use_cache=False).last_hidden_state[0]
+    logprobs, _ = policy.score_hidden(hidden, token_ids[0], False)
+    (logprobs.sum() * 0.0).backward()
 
 
 def _device_of(policy: PolicyModel) -> torch.device:

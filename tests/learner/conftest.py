@@ -26,6 +26,25 @@ def random_trees() -> list:
 
 
 @pytest.fixture(scope="session")
+def tiny_untied_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model's tokenizer and shape with an LM head of its own (`tiny-untied`),
+    its weights drawn by `write_weights`; without training the tokenizer again."""
+    import json
+    import shutil
+
+    from undertow.learner.modeldir.weights import write_weights
+
+    out = tmp_path_factory.mktemp("models") / "tiny-untied"
+    shutil.copytree(tiny_model_dir, out)
+    (out / "model.safetensors").unlink()
+    config = json.loads((out / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_weights(out, seed=1)
+    return out
+
+
+@pytest.fixture(scope="session")
 def policy32(tiny_model_dir):
     from undertow.learner.model import PolicyModel
 

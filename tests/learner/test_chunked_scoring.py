@@ -10,7 +10,7 @@ import torch
 
 from tests.learner.random_trees import build_random_tree
 from undertow.learner.attention import attention_blocks, split_blocks
-from undertow.learner.lm_head import chunked_scores, head_scores
+from undertow.learner.lm_head import ScoringHead, chunked_scores, head_scores
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
@@ -55,6 +55,30 @@ def test_chunked_head_equals_the_full_head_and_its_gradients(chunk_tokens, with_
         assert chunked_entropy is None and full_entropy is None
     for got, expected in zip(chunked_grads, full_grads, strict=True):
         assert expected.abs().max() > 0
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 4])
+def test_a_scoring_head_scores_through_its_forward_as_the_linear_head(chunk_tokens):
+    """The head a sharded model's own LM head becomes: same parameters (by name), same
+    scores and gradients; its forward runs (where FSDP2 gathers a unit's weight)."""
+    (full, full_entropy), full_grads = _head_run(head_scores, torch.float64)
+    calls = []
+
+    def through_scoring_head(head, *args):
+        scoring = ScoringHead(head)
+        assert [n for n, _ in scoring.named_parameters()] == ["weight", "bias"]
+        assert scoring.weight is head.weight
+        scoring.register_forward_hook(lambda *_: calls.append(chunk_tokens))
+        if chunk_tokens:
+            return chunked_scores(scoring, *args, chunk_tokens=chunk_tokens)
+        return head_scores(scoring, *args)
+
+    (scored, entropy), grads = _head_run(through_scoring_head, torch.float64)
+    assert calls == [chunk_tokens]
+    torch.testing.assert_close(scored, full, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(entropy, full_entropy, rtol=1e-12, atol=1e-12)
+    for got, expected in zip(grads, full_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 

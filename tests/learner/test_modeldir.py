@@ -16,6 +16,7 @@ from undertow.learner.modeldir import (
     SIZES,
     init_model_dir,
     train_tokenizer,
+    write_model_config,
     write_tokenizer_files,
 )
 from undertow.learner.modeldir.corpus import (
@@ -113,6 +114,40 @@ def test_small_has_30_to_60_million_parameters(tmp_path, offline):
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
     assert num_parameters == SIZES["small"].num_parameters(model.config.vocab_size)
     assert 30_000_000 <= num_parameters <= 60_000_000
+
+
+def test_the_qwen2_5_7b_shape_has_its_own_head_and_7_6_billion_parameters(tiny_model_dir,
+                                                                            tmp_path):
+    """The config `undertow model init --size qwen2.5-7b` writes (the weights are not
+    drawn here: the model is built on the meta device to count its parameters)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    write_model_config(tmp_path, SIZES["qwen2.5-7b"], tokenizer)
+    config = Qwen3Config.from_pretrained(tmp_path)
+    assert not config.tie_word_embeddings
+    assert (config.vocab_size, config.hidden_size, config.num_key_value_heads) == (152064, 3584, 4)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+    assert num_parameters == SIZES["qwen2.5-7b"].num_parameters(config.vocab_size)
+    assert 7_500_000_000 <= num_parameters <= 7_700_000_000
+
+
+def test_tiny_untied_stores_its_own_head(tmp_path, tiny_model_dir):
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    write_model_config(tmp_path, SIZES["tiny-untied"], tokenizer)
+    write_weights(tmp_path, seed=0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as stored:
+        assert "lm_head.weight" in set(stored.keys())
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+    assert num_parameters == SIZES["tiny-untied"].num_parameters(model.config.vocab_size)
+    assert num_parameters > SIZES["tiny"].num_parameters(model.config.vocab_size)
 
 
 def test_unknown_size_is_refused(tmp_path):

@@ -1,6 +1,7 @@
 """FSDP2 in a training cell (`sharding.py`), on CPU with gloo, and the device helpers.
 
-- Two processes shard the tiny model with `fully_shard` over a 2-process `DeviceMesh`,
+- Two processes shard the tiny model (tied head, and `tiny-untied` with an LM head of
+  its own, a unit of its own) with `fully_shard` over a 2-process `DeviceMesh`,
   train one tree-packed step (four groups with branches, micro-batches of at most 48
   tokens, so there are many, an odd number, and one process runs an idle round) with
   gradient clipping and AdamW, and gather the gradients and parameters: each gradient
@@ -43,6 +44,7 @@ WORLD_SIZE = 2
 CONFIG = LossConfig(name="grpo", correction="decoupled_ppo", entropy_coef=0.01,
                     max_importance_weight=1.5)
 LR = 1e-3
+HEAD_CHUNK_TOKENS = 16   # the LM head in several chunks per micro-batch
 
 
 def _packed_step():
@@ -73,9 +75,13 @@ def _cell_member(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        policy = PolicyModel.load(model_dir, max_query_tokens=8)
+        policy = PolicyModel.load(model_dir, max_query_tokens=8,
+                                  head_chunk_tokens=HEAD_CHUNK_TOKENS)
         policy.model.train()
         shard_policy(policy, mesh)
+        head = policy.model.get_output_embeddings().weight
+        if not policy.model.config.tie_word_embeddings:   # the head is sharded too
+            assert head.to_local().shape[0] == head.shape[0] // WORLD_SIZE
         step = _packed_step()
         stats, grads = _train_one_step(policy, lambda: sharded_backward_step(
             policy, step, CONFIG, rank, WORLD_SIZE))
@@ -91,7 +97,11 @@ def _cell_member(rank: int, port: int, model_dir: str, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("model_dir_fixture", ["tiny_model_dir", "tiny_untied_model_dir"])
+def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(model_dir_fixture, request,
+                                                                   tmp_path):
+    tiny_model_dir = request.getfixturevalue(model_dir_fixture)
+    untied = model_dir_fixture == "tiny_untied_model_dir"
     store = dist.TCPStore("127.0.0.1", 0, world_size=WORLD_SIZE + 1, is_master=True,
                           wait_for_workers=False)
     context = mp.get_context("spawn")
@@ -101,8 +111,10 @@ def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(tiny_model_dir
     for process in processes:
         process.start()
 
-    policy = PolicyModel.load(tiny_model_dir, max_query_tokens=8)
+    policy = PolicyModel.load(tiny_model_dir, max_query_tokens=8,
+                              head_chunk_tokens=HEAD_CHUNK_TOKENS)
     policy.model.train()
+    assert policy.model.config.tie_word_embeddings is not untied
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
     step = _packed_step()
     assert len(step.micro_batches) % WORLD_SIZE == 1   # one process runs an idle round
@@ -116,6 +128,7 @@ def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(tiny_model_dir
     _assert_gradients_close(load_file(str(tmp_path / "gradients.safetensors")), expected_grads)
     sharded = load_file(str(tmp_path / "parameters.safetensors"))
     assert sorted(sharded) == sorted(before)
+    assert ("lm_head.weight" in sharded) is untied
     for name, parameter in policy.model.named_parameters():
         assert not torch.equal(parameter, before[name]) or name.endswith("norm.weight")
         assert torch.allclose(sharded[name], parameter.detach(), rtol=0, atol=1e-5), name

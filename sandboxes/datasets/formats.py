@@ -147,6 +147,16 @@ def convert_swe_rebench(row: Mapping[str, Any]) -> dict[str, Any]:
     return record
 
 
+def swe_smith_start_commands(instance_id: str) -> list[str]:
+    """Check out the instance's branch. SWE-smith's images are built before their bugs'
+    branches exist, so its harness runs `git fetch` first; here the fetch runs only when
+    the image lacks the branch (it then needs `sandbox.network`; without network it fails,
+    naming itself)."""
+    branch = shlex.quote(instance_id)
+    return [f"git show-ref -q {branch} || git fetch -q origin {branch}",
+            f"git checkout -q {branch}"]
+
+
 def convert_swe_smith(row: Mapping[str, Any]) -> dict[str, Any]:
     """SWE-smith: one image per repository (`image_name`), at its main branch; each
     instance's bug is the one commit of a branch named after the instance, which SWE-smith's
@@ -167,7 +177,7 @@ def convert_swe_smith(row: Mapping[str, Any]) -> dict[str, Any]:
               "FAIL_TO_PASS": _tests(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS"),
               "PASS_TO_PASS": _tests(row.get("PASS_TO_PASS"), "PASS_TO_PASS"),
               "image": row.get("image_name") or None,
-              "start_commands": [f"git checkout -q {shlex.quote(instance_id)}"],
+              "start_commands": swe_smith_start_commands(instance_id),
               "test_cmd": PYTEST_SUMMARY, "log_parser": "pytest", "eval_commands": list(_CONDA)}
     if not record["FAIL_TO_PASS"]:
         raise DroppedRow("no FAIL_TO_PASS tests")

@@ -63,7 +63,7 @@ def test_each_dataset_names_its_images(tmp_path):
         "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-2696:latest")
     smith = load_tasks(tmp_path / "swe-smith")[1]
     assert smith.image == "jyangballin/swesmith.x86_64.pallets_1776_flask.bc098406"
-    assert smith.start_commands == ("git checkout -q pallets__flask.bc098406.lm_rewrite__xyz",)
+    assert smith.start_commands[-1] == "git checkout -q pallets__flask.bc098406.lm_rewrite__xyz"
     assert (smith.pre_install, smith.base_commit) == ((), "pallets__flask.bc098406.lm_rewrite__xyz")
     rebench = load_tasks(tmp_path / "swe-rebench")
     assert rebench[0].log_parser == "swebench:parse_log_pytest"

@@ -65,5 +65,7 @@ def test_swe_smith_rows_store_the_fix():
     record = convert_swe_smith(row)
     assert record["patch"] == (
         "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n+good\n-bad\n")
-    assert record["start_commands"] == [f"git checkout -q {row['instance_id']}"]
+    assert record["start_commands"] == [
+        f"git show-ref -q {row['instance_id']} || git fetch -q origin {row['instance_id']}",
+        f"git checkout -q {row['instance_id']}"]
     assert record["base_commit"] == row["base_commit"]

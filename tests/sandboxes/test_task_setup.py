@@ -22,6 +22,7 @@ import pytest
 
 from undertow.cli import main
 from undertow.sandboxes.base_image import AGENT_UID
+from undertow.sandboxes.datasets.formats import swe_smith_start_commands
 from undertow.sandboxes.errors import ImageError, SetupFailed
 from undertow.sandboxes.grading import grade
 from undertow.sandboxes.sandbox import Sandbox
@@ -111,7 +112,7 @@ async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection
                                                                smith_task, tmp_path):
     task, bug_commit = smith_task
     assert task.image == f"{REGISTRY}/jyangballin/swesmith.x86_64.undertow_1776_minimath.0123abcd"
-    assert task.start_commands == (f"git checkout -q {INSTANCE}",)
+    assert task.start_commands[-1] == f"git checkout -q {INSTANCE}"
     log = tmp_path / "sandbox.log"
     async with await Sandbox.start(docker_connection, task.image, run=docker_run,
                                    session="smith", base_commit=task.base_commit) as sandbox:
@@ -140,17 +141,21 @@ async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection
 async def test_a_failing_start_command_is_an_infrastructure_failure(docker_connection,
                                                                     docker_run, smith_task,
                                                                     tmp_path):
+    """An instance whose branch the image lacks: the fetch SWE-smith's harness runs first
+    fails (no remote, no network), and the error names the task and that command."""
     task, _ = smith_task
-    broken = dataclasses.replace(task, start_commands=("git checkout -q no-such-branch",))
+    missing = f"{INSTANCE}.missing"
+    broken = dataclasses.replace(task, start_commands=tuple(swe_smith_start_commands(missing)))
     log = tmp_path / "sandbox.log"
     async with await Sandbox.start(docker_connection, task.image, run=docker_run,
                                    session="smith-broken") as sandbox:
         with pytest.raises(SetupFailed) as failed:
             await prepare_session_sandbox(sandbox, broken, task.image, log)
-    message = str(failed.value)
-    assert f"task {INSTANCE}: start command 'git checkout -q no-such-branch' exited" in message
-    assert "no-such-branch" in log.read_text() and "# exit code 1" in log.read_text()
-    with pytest.raises(SetupFailed, match="no-such-branch"):
+    assert (f"task {INSTANCE}: start command 'git show-ref -q {missing} || git fetch -q origin "
+            f"{missing}' exited with code 128") in str(failed.value)
+    assert f"$ git show-ref -q {missing}" in log.read_text()
+    assert f"git checkout -q {missing}" not in log.read_text()  # nothing after the failure
+    with pytest.raises(SetupFailed, match="git fetch -q origin"):
         await grade(docker_connection, broken, task.patch, run=docker_run)
 
 

@@ -27,6 +27,10 @@ class PoolConfig:
     `resident_members` keeps a cell's learner member process (and its copy of the model)
     alive while the cell serves, so that moving to training skips a process start and
     a model load; off, the member ends when its cell leaves training.
+    `processes_per_cell` > 1 makes a training cell's learner member that many processes
+    sharding one copy of the model (FSDP2 over gloo, one mesh per cell, each process
+    with `threads_per_cell` threads; `learner/cell.py`); 1 is one process holding a
+    whole replica. A sharded cell scores no KL reference: loss.kl_coef must be 0.
     """
 
     policy: str = "elastic"
@@ -37,12 +41,14 @@ class PoolConfig:
     num_session_slots: int = 2
     timeout_s: float = 3600.0
     resident_members: bool = False
+    processes_per_cell: int = 1
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"pool.policy must be one of {sorted(POLICIES)}, "
                              f"got {self.policy!r}")
-        for name in ("num_cells", "threads_per_cell", "num_session_slots"):
+        for name in ("num_cells", "threads_per_cell", "num_session_slots",
+                     "processes_per_cell"):
             if getattr(self, name) < 1:
                 raise ValueError(f"pool.{name} must be >= 1, got {getattr(self, name)}")
         if self.policy == "split" and not 1 <= self.num_training_cells < self.num_cells:

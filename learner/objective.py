@@ -40,9 +40,9 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
                          backward: bool = True) -> dict[str, float]:
     """Scores micro-batch `index` of `step`, backpropagates its share of the loss with
     the terms weighted by `weights` (`losses.step_weights`, or `losses.chunk_weights`
-    for a streamed step) and returns its stats."""
+    for a streamed step) and returns its stats, with `metric_sums` whatever the loss."""
     micro_batch = step.micro_batches[index]
-    scores = policy.score(micro_batch, with_entropy=bool(config.entropy_coef))
+    scores = policy.score(micro_batch, with_entropy=True)
     ref_logprobs = None
     if config.kl_coef:
         if reference is None:
@@ -53,4 +53,17 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
                                    scores.entropy, ref_logprobs)
     if backward:
         loss.backward()
+    stats.update(metric_sums(scores.logprobs, scores.entropy,
+                             step.behaviour_logprobs[micro_batch.term_ids]))
     return stats
+
+
+def metric_sums(logprobs: torch.Tensor, entropy: torch.Tensor,
+                behaviour: torch.Tensor) -> dict[str, float]:
+    """The sums behind a step's `kl` and `entropy` metrics over (N,) terms, whatever
+    the loss: the k3 estimate of KL(behaviour || policy) (how far the weights trained
+    have moved from those that sampled) and the policy's entropy."""
+    with torch.no_grad():
+        log_ratio = behaviour.to(logprobs) - logprobs
+        return {"behaviour_kl_sum": float((torch.exp(log_ratio) - log_ratio - 1).sum()),
+                "entropy_sum": float(entropy.sum())}

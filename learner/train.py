@@ -71,6 +71,7 @@ from undertow.learner.errors import EmptyStepError
 from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
+from undertow.learner.objective import metric_sums
 from undertow.learner.packing import PackedStep, pack_step
 from undertow.learner.sharding import place
 from undertow.learner.trees import group_staleness
@@ -218,11 +219,10 @@ class Learner:
             loss, stats = micro_batch_loss(self.loss, step, micro_batch, weights,
                                            scores.logprobs, entropy, ref_logprobs)
             loss.backward()
-            with torch.no_grad():
-                behaviour = step.behaviour_logprobs[micro_batch.term_ids].to(scores.logprobs)
-                log_ratio = behaviour - scores.logprobs
-                totals["kl_sum"] += float((torch.exp(log_ratio) - log_ratio - 1).sum())
-                totals["entropy_sum"] += float(scores.entropy.sum())
+            sums = metric_sums(scores.logprobs, scores.entropy,
+                               step.behaviour_logprobs[micro_batch.term_ids])
+            totals["kl_sum"] += sums["behaviour_kl_sum"]
+            totals["entropy_sum"] += sums["entropy_sum"]
             for name in ("loss", "num_terms", "num_clipped"):
                 totals[name] += stats[name]
             totals["kl_ref_sum"] += stats.get("kl_sum", 0.0)

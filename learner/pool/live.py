@@ -107,8 +107,8 @@ class ElasticLearner(Learner):
     closed), and `train_step` finishes it: the members on the training cells computed
     the gradient (however many joined, whenever the groups came), the coordinator
     summed and normalised it into this process's `.grad`; clipping, the optimizer and
-    the weights stay here. Members do not compute the behaviour-KL and entropy sums
-    that the plain learner logs, so `train_step` reports those as None.
+    the weights stay here. The members' stats include the behaviour-KL and entropy sums
+    (`objective.metric_sums`), so the step's metrics are the plain learner's.
     """
 
     coordinator: Coordinator
@@ -139,9 +139,10 @@ class ElasticLearner(Learner):
         stats = self.last_result.stats
         values = self.apply_gradient(trees, {
             "loss": stats.get("loss", 0.0), "num_terms": stats.get("num_terms", 0.0),
-            "num_clipped": stats.get("num_clipped", 0.0), "kl_sum": 0.0, "entropy_sum": 0.0,
-            "kl_ref_sum": stats.get("kl_sum", 0.0)})
-        values.update(kl=None, entropy=None, num_members=len(self.last_result.ranks) - 1)
+            "num_clipped": stats.get("num_clipped", 0.0),
+            "kl_sum": stats.get("behaviour_kl_sum", 0.0),
+            "entropy_sum": stats.get("entropy_sum", 0.0), "kl_ref_sum": stats.get("kl_sum", 0.0)})
+        values.update(num_members=len(self.last_result.ranks) - 1)
         return values
 
 

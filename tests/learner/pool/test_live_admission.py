@@ -1,0 +1,193 @@
+"""Which finished groups a pool run trains (`learner/pool/live.py` with `admission.py`):
+the plain loop's rules, carried out inside the pool's steps.
+
+Real parts: the elastic policy, `LocalPool` with learner members as threads
+(`ThreadMembers`), the elastic `Coordinator` and `ElasticLearner` on the tiny model.
+Fakes at the edges only: a recording engine side and a planned group source (each
+launch finishes at once with the group its plan gives, as in the plain loop's tests).
+
+- A uniform group is dropped (up to `max_extra_groups` per step, then trained as it
+  is), a group with one valid session and one with nothing trainable are dropped, and
+  each is replaced in its step by the next launch; every step's metrics line counts
+  them like the plain loop's, reaches `on_step`, and its loss, KL and entropy are the
+  plain learner's on the same groups.
+- Groups whose every session Undertow failed stop the run with one RunFailedError
+  naming the cause after `max_failed_groups` in a row; the open elastic step is
+  aborted, so the member in it returns instead of waiting.
+"""
+
+import threading
+
+import pytest
+
+from tests.learner.random_trees import build_random_tree
+from tests.learner.test_pool_local import RecordingEngines
+from undertow.gateway.tree import Tree
+from undertow.learner.advantages import AdvantageConfig
+from undertow.learner.config import TrainConfig
+from undertow.learner.elastic import Coordinator
+from undertow.learner.errors import RunFailedError
+from undertow.learner.losses import LossConfig
+from undertow.learner.metrics_log import read_metrics
+from undertow.learner.pool import Cell, make_policy
+from undertow.learner.pool.live import ElasticLearner, PoolLoop, read_timeline
+from undertow.learner.pool.local import LocalPool, ThreadMembers
+from undertow.learner.train import FinishedGroup, Learner
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 120.0
+CONFIG = TrainConfig(num_steps=2, groups_per_step=2, group_size=3, max_staleness=0,
+                     lr=1e-3, max_tokens=40, max_failed_groups=3)
+UNIFORM = AdvantageConfig(filter_uniform_groups=True, max_extra_groups=1)
+
+
+class PlannedSource:
+    """Launch `index` finishes at once with `plan(index, group_id)`, its trainable
+    tokens sampled by the launch's weight version."""
+
+    def __init__(self, plan):
+        self.plan, self.ready, self.launches = plan, [], []
+
+    def launch(self, request):
+        self.launches.append(request.index)
+        self.ready.append(_sampled_by(self.plan(request.index, request.group_id),
+                                      request.weight_version))
+
+    def wait(self, timeout_s):
+        ready, self.ready = self.ready, []
+        return ready
+
+
+class IdleRollout:
+    """The gateway's view: no live sessions, no closed ones outside finished groups."""
+
+    def num_sessions(self):
+        return {}
+
+    def num_closed(self, group_ids):
+        return {}
+
+    def prepare(self, cell_ids):
+        return None
+
+
+class NullSink:
+    def push(self, model_dir, weight_version):
+        return None
+
+
+def _sampled_by(group, weight_version):
+    for node in group.tree.nodes.values():
+        if node.trainable:
+            node.weight_versions = [weight_version] * len(node.token_ids)
+    return group
+
+
+def _normal(index, group_id):
+    tree = build_random_tree(index, group_id)
+    for number, session_id in enumerate(tree.sessions):   # mixed rewards
+        tree.close_session(session_id, float(number == 0))
+    return FinishedGroup(index, tree)
+
+
+def _uniform(index, group_id):
+    group = _normal(index, group_id)
+    for session_id in group.tree.sessions:
+        group.tree.close_session(session_id, 1.0)
+    return group
+
+
+def _failed(index, group_id, num_valid=0):
+    group = _normal(index, group_id)
+    for number, session_id in enumerate(group.tree.sessions):
+        if number >= num_valid:
+            group.tree.close_session(session_id, 0.0, {"cause": "error:sandbox",
+                                                       "infra_failure": True})
+    group.error = "SandboxError: the daemon refused the container"
+    return group
+
+
+def _no_calls(index, group_id):
+    tree = Tree(group_id)
+    for number in range(3):
+        tree.close_session(f"s{number}", float(number == 0), {"cause": "exited"})
+    return FinishedGroup(index, tree)
+
+
+def _pool_run(tiny_model_dir, run_dir, plan, advantages):
+    """One pool run on three cells; returns (outcome or the error, learner, source,
+    the records `on_step` got, the member threads)."""
+    learner = ElasticLearner(CONFIG, LossConfig(), advantages, tiny_model_dir, run_dir, {})
+    learner.coordinator = Coordinator(learner.policy, run_dir / "elastic", timeout_s=TIMEOUT_S)
+    members = ThreadMembers(learner.coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
+    source, records, threads = PlannedSource(plan), [], []
+    pool = LocalPool([Cell(i, num_session_slots=2) for i in range(3)], RecordingEngines(range(3)),
+                     members, weight_version=0)
+    loop = PoolLoop(learner, pool, make_policy("elastic"), source, NullSink(), IdleRollout(),
+                    threading.Event(), on_step=records.append)
+    try:
+        outcome = loop.run()
+    except RunFailedError as error:
+        outcome = error
+    finally:
+        threads = [thread for thread, _inbox in members.running.values()]
+        members.close()
+        learner.coordinator.close()
+    return outcome, learner, source, records, threads
+
+
+def _dropped(run_dir):
+    return [(e["step"], e["index"], e["reason"], e["replacement"])
+            for e in read_timeline(run_dir) if e["event"] == "GroupDropped"]
+
+
+def test_dropped_groups_are_replaced_in_their_step_and_counted(tiny_model_dir, tmp_path,
+                                                               capsys):
+    plan = {0: _uniform, 2: lambda i, g: _failed(i, g, num_valid=1), 3: _no_calls,
+            5: _uniform, 7: _uniform}
+    run_dir = tmp_path / "pool"
+    outcome, learner, source, records, _threads = _pool_run(
+        tiny_model_dir, run_dir, lambda i, g: plan.get(i, _normal)(i, g), UNIFORM)
+
+    assert outcome == "done" and source.launches == list(range(8))
+    assert _dropped(run_dir) == [(0, 0, "uniform", 2), (0, 2, "invalid", 3),
+                                 (0, 3, "empty", 4), (1, 5, "uniform", 7)]
+    assert learner.state.consumed == [0, 2, 3, 1, 4, 5, 6, 7]
+    first, second = read_metrics(run_dir)
+    assert records == [first, second]
+    assert (first["num_dropped_uniform"], first["num_dropped_invalid"]) == (1, 2)
+    assert first["infra_failures"] == {"error:sandbox": 2} and first["num_infra_failures"] == 2
+    assert first["num_sessions"] == 6 and first["num_groups"] == 2
+    # Past the bound of one extra group, step 2's second uniform group trains as it is.
+    assert (second["num_dropped_uniform"], second["num_dropped_invalid"]) == (1, 0)
+    assert second["reward_mean"] == pytest.approx(4 / 6)
+    printed = capsys.readouterr().out
+    assert "step 1: dropped group g000000-r0: every valid session got reward 1.0" in printed
+    assert "step 1: dropped group g000002-r0: 1 valid session(s) left" in printed
+    assert "step 1: dropped group g000003-r0: not trained: no trainable token" in printed
+
+    # The first step's record is the plain learner's on the same two groups.
+    plain = Learner(CONFIG, LossConfig(), UNIFORM, tiny_model_dir, tmp_path / "plain")
+    expected = plain.train_step([_sampled_by(_normal(i, f"g{i:06d}-r0"), 0).tree
+                                 for i in (1, 4)])
+    for name in ("loss", "grad_norm", "kl", "entropy", "reward_mean", "num_trained_tokens"):
+        assert first[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+    assert first["entropy"] > 0
+
+
+def test_groups_whose_every_session_failed_stop_the_pool_run(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "pool"
+    error, learner, source, records, threads = _pool_run(
+        tiny_model_dir, run_dir, lambda i, g: _normal(i, g) if i == 0 else _failed(i, g),
+        AdvantageConfig())
+
+    assert isinstance(error, RunFailedError)
+    assert "the last 3 groups had no session the policy could be trained on: every " \
+        "session failed with error:sandbox" in str(error)
+    assert "last error: SandboxError: the daemon refused the container" in str(error)
+    assert source.launches == [0, 1, 2, 3] and records == [] and read_metrics(run_dir) == []
+    events = [e["event"] for e in read_timeline(run_dir)]
+    assert "StepOpened" in events   # group 0 was training when the run stopped
+    assert not learner.coordinator.step_open
+    assert threads and not any(thread.is_alive() for thread in threads)

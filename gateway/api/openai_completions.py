@@ -20,6 +20,7 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling, usage
+from undertow.gateway.api.output_options import stream_options
 from undertow.gateway.calls import CallRequest, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content
@@ -53,6 +54,7 @@ def parse_request(runner, body: dict[str, Any], max_n: int) -> CallRequest:
             raise UnsupportedParameter(f"{name} is not supported; omit it", param=name)
     if body.get("best_of") not in (None, 1):
         raise UnsupportedParameter("best_of is not supported; use n", param="best_of")
+    stream_options(body.get("stream_options"), {"include_usage", "include_obfuscation"})
     if not isinstance(body.get("model"), str):
         raise BadRequest("model must be a string", param="model")
     n = body.get("n") or 1

@@ -246,6 +246,10 @@ async def test_chat_fields_it_cannot_honour_are_400s_naming_them(gateway, client
         with pytest.raises(openai.BadRequestError) as error:
             await client.chat.completions.create(model="m", messages=ASK, **extra)
         assert error.value.body["param"] == param, extra
+    with pytest.raises(openai.BadRequestError) as error:  # legacy completions alike
+        await client.completions.create(model="m", prompt="Once", stream=True,
+                                        stream_options={"include_obfuscation": True})
+    assert error.value.body["param"] == "stream_options.include_obfuscation"
 
 
 MESSAGES_REFUSED = [

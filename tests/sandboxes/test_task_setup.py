@@ -11,15 +11,18 @@ swe-smith`; the import's image name (with `--registry`) is given to the image bu
 import asyncio
 import contextlib
 import dataclasses
-import io
 import json
-import subprocess
-import tarfile
 from pathlib import Path
 
 import docker.errors
 import pytest
 
+from tests.sandboxes.swe_smith_images import (
+    add_instance_branch,
+    build_repository_image,
+    git,
+    init_main,
+)
 from undertow.cli import main
 from undertow.sandboxes.base_image import AGENT_UID
 from undertow.sandboxes.datasets.formats import swe_smith_start_commands
@@ -42,15 +45,8 @@ BUGGY_OPS = FIXED_OPS.replace("max(low, min(value, high))", "min(low, max(value,
 TESTS = ("from minimath.ops import add, clamp\n\n\n"
          "def test_add():\n    assert add(2, 3) == 5\n\n\n"
          "def test_clamp():\n    assert clamp(5, 0, 3) == 3\n")
-GIT = ["git", "-c", "user.name=swesmith", "-c", "user.email=swesmith@localhost",
-       "-c", "commit.gpgsign=false"]
 
 pytestmark = pytest.mark.docker
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def _swe_smith_repo(root: Path) -> tuple[Path, str]:
@@ -62,30 +58,10 @@ def _swe_smith_repo(root: Path) -> tuple[Path, str]:
     (repo / "conftest.py").write_text("")  # `pytest` (not `python -m`) then finds minimath
     (repo / "minimath" / "ops.py").write_text(FIXED_OPS)
     (repo / "tests" / "test_ops.py").write_text(TESTS)
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "Initial commit")
-    _git(repo, "checkout", "-qb", INSTANCE)
-    (repo / "minimath" / "ops.py").write_text(BUGGY_OPS)
-    bug_patch = subprocess.run(["git", "diff"], cwd=repo, check=True, capture_output=True,
-                               text=True).stdout
-    _git(repo, "commit", "-qam", "Bug Patch")
-    _git(repo, "checkout", "-q", "main")
+    init_main(repo)
+    bug_patch = add_instance_branch(
+        repo, INSTANCE, lambda repo: (repo / "minimath" / "ops.py").write_text(BUGGY_OPS))
     return repo, bug_patch
-
-
-def _build_image(client, base_image: str, repo: Path, tag: str) -> None:
-    dockerfile = (f"FROM {base_image}\nCOPY --chown={AGENT_UID}:{AGENT_UID} testbed /testbed\n"
-                  f"WORKDIR /testbed\nUSER {AGENT_UID}\n").encode()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        archive.addfile(info, io.BytesIO(dockerfile))
-        archive.add(repo, arcname="testbed")
-    buffer.seek(0)
-    client.images.build(fileobj=buffer, custom_context=True, tag=tag, network_mode="none",
-                        rm=True, forcerm=True)
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +79,8 @@ def smith_task(docker_connection, base_image, tmp_path_factory):
                  "--out", str(root / "set"), "--registry", REGISTRY]) == 0
     [task] = load_tasks(root / "set")
     client = docker_connection.client
-    _build_image(client, base_image, repo, task.image)
-    yield task, _git(repo, "rev-parse", INSTANCE)
+    build_repository_image(client, base_image, repo, task.image)
+    yield task, git(repo, "rev-parse", INSTANCE).strip()
     client.images.remove(task.image, force=True)
 
 

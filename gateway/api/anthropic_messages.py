@@ -33,6 +33,7 @@ from undertow.gateway.api.common import (
 from undertow.gateway.api.errors import anthropic_error
 from undertow.gateway.api.openai_chat import parse_sampling
 from undertow.gateway.api.output_options import (
+    check_strict,
     check_value,
     force_tools,
     json_output,
@@ -245,6 +246,8 @@ def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
         call = json_output(call, schema[1], schema[0])
     if not parallel and kind == "auto":
         call = single_call(call, tool_parser)
+    check_strict(call, [f"tools.{index}.strict" for index, tool in enumerate(
+        body.get("tools") or ()) if tool.get("strict")])
     return call
 
 

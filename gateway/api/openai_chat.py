@@ -24,6 +24,7 @@ from undertow.gateway.api.common import (
 )
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.output_options import (
+    check_strict,
     check_value,
     force_tools,
     output_format,
@@ -222,6 +223,9 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
     call = output_format(call, body.get("response_format"), "response_format")
     if parallel is False and call.tool_parser is None and call.parse_tools:
         call = single_call(call, tool_parser)
+    check_strict(call, [f"tools[{index}].function.strict"
+                        for index, tool in enumerate(call.tools or ())
+                        if tool["function"].get("strict")])
     return call
 
 

@@ -121,6 +121,17 @@ def force_tools(call: CallRequest, name: str | None, parallel: bool,
     return replace(call, sampling=sampling, tool_parser=FORCED)
 
 
+def check_strict(call: CallRequest, strict_params: list[str]) -> None:
+    """Tools marked `strict` (arguments that must follow their schema): honoured when the
+    call is forced, since the call list is then sampled under the tools' schemas; free tool
+    use cannot promise it, so a strict tool is then a 400 naming it."""
+    if strict_params and call.tool_parser != FORCED:
+        raise UnsupportedParameter(
+            f"{strict_params[0]}: strict arguments are honoured only for a forced call "
+            "(tool_choice required or a named function, sampled under the schema); set "
+            "strict to false or force the call", param=strict_params[0])
+
+
 def single_call(call: CallRequest, tool_parser: str) -> CallRequest:
     """The call, stopped at the end of its first tool call (free tool use)."""
     stop = PARSERS[tool_parser].single_call_stop

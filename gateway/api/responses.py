@@ -33,6 +33,7 @@ from undertow.gateway.api.common import (
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling, reads_nothing
 from undertow.gateway.api.output_options import (
+    check_strict,
     check_value,
     force_tools,
     known_keys,
@@ -206,6 +207,8 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
     call = output_format(call, (body.get("text") or {}).get("format"), "text.format")
     if parallel is False and call.tool_parser is None and call.parse_tools:
         call = single_call(call, tool_parser)
+    check_strict(call, [f"tools[{index}].strict" for index, tool in enumerate(
+        body.get("tools") or ()) if tool.get("type") == "function" and tool.get("strict")])
     return call
 
 

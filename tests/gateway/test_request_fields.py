@@ -30,6 +30,7 @@ COMPLETION = (f"{REASONING}\n</think>\n\nListing.\n<tool_call>\n<function=bash>\
               "<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>")
 TOOL = {"type": "function", "name": "bash", "description": "Run a shell command",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
 ASK = [{"role": "user", "content": "list files"}]
 ANSWER = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
 
@@ -189,7 +190,16 @@ async def test_claude_codes_context_edit_and_the_one_tier_are_accepted(
         model="m", messages=ASK, stream=True, service_tier="auto",
         stream_options={"include_usage": True, "include_obfuscation": False})]
     assert chunks[-1].usage.completion_tokens == len(scripted.default)  # usage: honoured
-    assert len(calls_of(gateway.tree(), session["session_id"])) == 3
+    # A strict tool in a forced call: sampled under its schema, so strict is honoured.
+    script(scripted, renderer, '[{"name": "bash", "parameters": {"cmd": "ls"}}]')
+    reply = await client.chat.completions.create(
+        model="m", messages=ASK, tool_choice="required",
+        tools=[{"type": "function", "function": {**CHAT_TOOL["function"], "strict": True}}])
+    _, _, params = last_call(gateway, scripted, renderer, session)
+    assert json.loads(params["json_schema"])["items"]["properties"]["parameters"] == (
+        TOOL["parameters"])
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {"cmd": "ls"}
+    assert len(calls_of(gateway.tree(), session["session_id"])) == 4
 
 
 RESPONSES_REFUSED = [
@@ -203,6 +213,7 @@ RESPONSES_REFUSED = [
     ({"service_tier": "priority"}, "service_tier"),
     ({"extra_body": {"stream_options": {"include_obfuscation": True}}},
      "stream_options.include_obfuscation"),
+    ({"tools": [{**TOOL, "strict": True}]}, "tools[0].strict"),  # free tool use
 ]
 
 
@@ -236,6 +247,9 @@ CHAT_REFUSED = [
      "stream_options.include_obfuscation"),
     ({"stream_options": {"include_usage": True, "chunk_size": 4}, "stream": True},
      "stream_options.chunk_size"),
+    ({"tools": [CHAT_TOOL, {"type": "function", "function": {**CHAT_TOOL["function"],
+                                                             "name": "sh", "strict": True}}]},
+     "tools[1].function.strict"),
 ]
 
 
@@ -268,6 +282,8 @@ MESSAGES_REFUSED = [
      "thinking.display"),
     ({"service_tier": "priority"}, "service_tier"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"name": "bash", "input_schema": TOOL["parameters"], "strict": True}]},
+     "tools.0.strict"),
 ]
 
 

@@ -4,8 +4,17 @@ engines (one per rollout cell) behind the real gateway, the paced scripted rollo
 processes. Cells move to training while the slow session runs and come back with the new
 weights; each step's gradient is computed by the members; two steps, two versions. Then
 `undertow train --resume` continues the run for a third step: every cell's engine starts
-on the checkpoint's weights, so the new group samples with version 2."""
+on the checkpoint's weights, so the new group samples with version 2.
 
+Reward integrity and records in a pool run: real chat sessions (`ChatRollout`, the real
+gateway and engines) whose rewards come from this module's reward functions
+(`planned_chat_rollouts`): a uniform group and a group whose grader crashes on all but
+one session are dropped and replaced, counted in `metrics.jsonl`, the progress lines,
+`steps.jsonl` and TensorBoard's event files as a plain run counts them; a run whose
+every grading crashes stops with one line naming the cause, exit code 1."""
+
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -26,8 +35,9 @@ TIMEOUT_S = 600
 NUM_TURNS = 2
 
 
-def _train(arguments, log):
-    """Runs `undertow train ARGUMENTS` to its end; fails the test with its log if not 0."""
+def _train(arguments, log, expected_code=0):
+    """Runs `undertow train ARGUMENTS` to its end; fails the test with its log if it
+    does not exit with `expected_code`."""
     command = [sys.executable, "-m", "undertow.cli", "train", *arguments]
     with open(log, "wb") as handle:
         process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
@@ -39,7 +49,7 @@ def _train(arguments, log):
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
-    assert code == 0, log.read_text()[-3000:]
+    assert code == expected_code, log.read_text()[-3000:]
 
 
 def test_elastic_pool_run_moves_cells_trains_and_resumes(tiny_model_dir, tmp_path):
@@ -91,3 +101,120 @@ def test_elastic_pool_run_moves_cells_trains_and_resumes(tiny_model_dir, tmp_pat
     tree = {t.group_id: t for t in load_store_trees(run_dir / "store")}["g000002-r1"]
     assert all(p.closed for p in tree.sessions.values()) and len(tree.sessions) == 4
     assert {v for n in tree.nodes.values() if n.trainable for v in n.weight_versions} == {2}
+
+
+PROMPT = ({"role": "user", "content": "Name one direction: up, down, left or right."},)
+# A group of each kind: the reward function of each of its sessions (the rest repeat
+# the last). "crashing": the grader raises on all but one session, on every attempt.
+KINDS = {"normal": ("reward_one", "reward_zero"), "uniform": ("reward_one",),
+         "crashing": ("reward_one", "reward_crash"), "dead": ("reward_crash",)}
+
+
+def reward_one(messages, task):
+    return 1.0
+
+
+def reward_zero(messages, task):
+    return 0.0
+
+
+def reward_crash(messages, task):
+    raise RuntimeError("the grader crashed")
+
+
+def planned_chat_rollouts(context):
+    """`rollout.source`: launch i runs `scaffold_options.plan[i]` (else `default`) of
+    `KINDS`, each session one real chat call (`ChatRollout`, which re-runs the sessions
+    Undertow failed up to `rollout.max_attempts`) rewarded by its function."""
+    from undertow.adapters.chat_rollout import ChatRollout, ChatRolloutConfig, PromptTask
+    from undertow.adapters.gateway_client import GatewayAdmin
+    from undertow.rollout_source import outcome_of
+
+    options = dict(context.rollout.scaffold_options)
+    plan = {int(index): kind for index, kind in options.get("plan", {}).items()}
+
+    async def run_group(request):
+        functions = KINDS[plan.get(request.index, options.get("default", "normal"))]
+        slots = [functions[min(i, len(functions) - 1)] for i in range(request.group_size)]
+        async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
+            results = await asyncio.gather(*(
+                ChatRollout(admin, ChatRolloutConfig(
+                    group_size=slots.count(name), max_tokens=4,
+                    max_attempts=context.rollout.max_attempts)).run_group(
+                        PromptTask(name, PROMPT, f"{__name__}:{name}"), request.group_id)
+                for name in sorted(set(slots))))
+        return outcome_of(request.group_id, [r for part in results for r in part])
+    return run_group
+
+
+def _planned_run(tiny_model_dir, run_dir, plan):
+    return ["--run-dir", str(run_dir), f"run.model_dir={tiny_model_dir}", "learner.lr=0.001",
+            "learner.group_size=3", "learner.groups_per_step=2", "rollout.max_attempts=2",
+            f"rollout.source={__name__}:planned_chat_rollouts",
+            f"rollout.scaffold_options={plan}", "pool.policy=elastic", "pool.num_cells=2",
+            "pool.num_session_slots=2"]
+
+
+def test_pool_run_drops_and_replaces_groups_and_records_steps_as_a_plain_run(
+        tiny_model_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from undertow.ui.runs import RunFolder
+
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    _train([*_planned_run(tiny_model_dir, run_dir, "{plan: {0: uniform, 1: crashing}}"),
+            "learner.num_steps=2", "advantages.filter_uniform_groups=true",
+            "advantages.max_extra_groups=1", "logging.trackers=[tensorboard]"], log)
+
+    first, second = records = read_metrics(run_dir)
+    assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2)]
+    assert (first["num_dropped_uniform"], first["num_dropped_invalid"]) == (1, 1)
+    # Two crashing slots, each tried twice (one re-run each), in a group left with one.
+    assert first["infra_failures"] == {"error:reward": 4} and first["num_rerun_sessions"] == 2
+    assert (second["num_dropped_uniform"], second["num_dropped_invalid"]) == (0, 0)
+    for record in records:   # two normal groups trained: one session of three rewarded
+        assert record["num_groups"] == 2 and record["num_sessions"] == 6
+        assert record["reward_mean"] == pytest.approx(1 / 3)
+        assert record["kl"] > -1e-6 and record["entropy"] > 0 and record["num_members"] >= 1
+
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert sorted(steps[0]["indices"]) == [0, 1, 2, 3] and sorted(steps[1]["indices"]) == [4, 5]
+    assert {g.split(".")[0] for g in steps[0]["group_ids"]} == \
+        {"g000000-r0", "g000001-r0", "g000002-r0", "g000003-r0"}
+    # `undertow ui` names a step's groups from it (the launch order no longer says).
+    groups, where = RunFolder("run", run_dir).step_groups(2)
+    assert (sorted(groups), where) == (["g000004-r0", "g000005-r0"], "recorded")
+
+    accumulator = EventAccumulator(str(run_dir / "trackers" / "tensorboard"))
+    accumulator.Reload()
+    for key in ("reward_mean", "num_dropped_uniform", "num_dropped_invalid",
+                "num_rerun_sessions", "kl", "entropy", "num_trained_tokens"):
+        got = [(e.step, e.value) for e in accumulator.Scalars(f"train/{key}")]
+        assert got == [(r["step"], pytest.approx(r[key])) for r in records], key
+
+    printed = log.read_text()
+    assert "undertow train: step 1: dropped group g000000-r0: every valid session got " \
+        "reward 1.0 (no signal)" in printed
+    assert "undertow train: step 1: dropped group g000001-r0: 1 valid session(s) left; " \
+        "Undertow failed {'error:reward': 4}" in printed
+    assert "undertow train: step 1/2 · reward 0.333 ± 0.471 · pass 33% · dropped uniform 1, " \
+        "invalid 1, stale 0 · re-run 2 (failed: error:reward 4)" in printed
+    assert "undertow train: step 2/2 · reward 0.333" in printed
+    assert f"undertow train: reward curve {run_dir / 'plots' / 'reward.png'}" in printed
+
+
+def test_pool_run_whose_every_grading_crashes_stops_with_one_line(tiny_model_dir, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    _train([*_planned_run(tiny_model_dir, run_dir, "{default: dead}"), "learner.num_steps=1",
+            "learner.max_failed_groups=3"], log, expected_code=1)
+
+    printed = log.read_text()
+    errors = [line for line in printed.splitlines() if line.startswith("undertow train: error")]
+    assert errors == ["undertow train: error: the last 3 groups had no session the policy "
+                      "could be trained on: every session failed with error:reward (a failure "
+                      "of Undertow, not of the policy, after each slot's configured attempts); "
+                      "last error: RewardError: task reward_crash: reward function "
+                      f"{__name__}:reward_crash raised RuntimeError: the grader crashed. Fix "
+                      "that cause and rerun."], printed[-3000:]
+    assert "Traceback" not in printed and read_metrics(run_dir) == []

@@ -36,6 +36,7 @@ from undertow.learner.elastic import (
     reduce_to_coordinator,
     step_store,
     tensors_digest,
+    use_scoring_options,
 )
 from undertow.learner.losses import LossConfig, chunk_weights
 from undertow.learner.model import PolicyModel
@@ -79,6 +80,7 @@ class CellMember:
         if not self._broadcast_json({"rank": rank_in_step})["rank"]:
             return False
         spec = self._broadcast_json(json.loads(store.get("spec")) if store else None)
+        use_scoring_options(spec["scoring"], self.policy)
         self._load_weights(get_blob(store, "weights") if store else b"")
         digest = weights_digest_of(self.policy)
         report = self._train(store, LossConfig(**spec["loss"]))

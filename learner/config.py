@@ -15,6 +15,7 @@ DTYPES = ("float32", "float64", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("none", "bf16")
 ATTENTIONS = ("auto", "blocks", "flex", "dense")
+LONG_PATHS = ("split", "whole")     # packing.LONG_PATHS, without importing torch here
 
 
 def _check_positive(owner: str, **values: float) -> None:
@@ -49,6 +50,15 @@ class TrainConfig:
     `attention`: how the packed tree's mask is applied (`model.py`; "auto" is block
     tree attention, "flex" is flex_attention, for CUDA).
 
+    Long paths (`packing.pack_step`, `model.py`): `long_paths` "split" packs a subtree
+    unit by unit, each micro-batch with its units' whole context, and stops the run
+    with an error naming this field when a path with its context is longer than the
+    micro-batch bound; "whole" packs such a path once, whole, in a micro-batch of its
+    own, which the policy scores in segments of `max_segment_tokens` positions (None:
+    the micro-batch bound; 0: never in segments) reusing the earlier segments' keys and
+    values, exactly (`segments.py`). `head_chunk_tokens`: the LM head's rows per chunk
+    (`lm_head.py`; 0: every scored position at once, an (N, V) float32 tensor).
+
     Checkpoints are written every
     `checkpoint_every` steps and after the last one; the last `keep_checkpoints`
     are kept (the weights of every step are written anyway, to push them).
@@ -78,6 +88,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     micro_batch_tokens: int | str | None = None
     attention: str = "auto"
+    long_paths: str = "split"
+    max_segment_tokens: int | None = None
+    head_chunk_tokens: int = 1024
 
     def __post_init__(self) -> None:
         owner = "learner"
@@ -105,9 +118,26 @@ class TrainConfig:
         if not (tokens is None or tokens == "auto" or (type(tokens) is int and tokens >= 1)):
             raise ValueError(f"{owner}.micro_batch_tokens must be a number >= 1 or 'auto', "
                              f"got {tokens!r}")
+        self._check_long_paths(owner)
         if self.push_mode not in ("drain", "abort_resume"):
             raise ValueError(f"{owner}.push_mode must be 'drain' or 'abort_resume', "
                              f"got {self.push_mode!r}")
+
+    def _check_long_paths(self, owner: str) -> None:
+        if self.long_paths not in LONG_PATHS:
+            raise ValueError(f"{owner}.long_paths must be one of {LONG_PATHS}, "
+                             f"got {self.long_paths!r}")
+        segment = self.max_segment_tokens
+        if not (segment is None or (type(segment) is int and segment >= 0)):
+            raise ValueError(f"{owner}.max_segment_tokens must be a number >= 0 (0: never in "
+                             f"segments) or null (the micro-batch bound), got {segment!r}")
+        if type(self.head_chunk_tokens) is not int or self.head_chunk_tokens < 0:
+            raise ValueError(f"{owner}.head_chunk_tokens must be a number >= 0 (0: unchunked), "
+                             f"got {self.head_chunk_tokens!r}")
+
+    def segment_tokens(self, max_tokens: int) -> int:
+        """The policy's `max_segment_tokens` under a micro-batch bound of `max_tokens`."""
+        return max_tokens if self.max_segment_tokens is None else self.max_segment_tokens
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,21 @@ def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
+def scoring_options(policy: PolicyModel) -> dict[str, int]:
+    """How the coordinator's policy scores a micro-batch (the learner config's LM-head
+    chunk and segment size), which every member of its steps scores with too."""
+    return {"head_chunk_tokens": policy.head_chunk_tokens,
+            "max_segment_tokens": policy.max_segment_tokens}
+
+
+def use_scoring_options(options: dict[str, int], *policies: PolicyModel | None) -> None:
+    """Makes a member's policies score as `scoring_options` of the coordinator's."""
+    for policy in policies:
+        if policy is not None:
+            policy.head_chunk_tokens = options["head_chunk_tokens"]
+            policy.max_segment_tokens = options["max_segment_tokens"]
+
+
 def step_store(store: dist.Store, step: int) -> dist.PrefixStore:
     return dist.PrefixStore(f"step/{step}/", store)
 
@@ -226,7 +241,8 @@ class Coordinator:
         put_blob(store, "weights", encode_weights(self.policy.model))
         store.set("membership", OPEN)
         store.set("spec", json.dumps({"weights_digest": digest,
-                                      "loss": dataclasses.asdict(config)}))
+                                      "loss": dataclasses.asdict(config),
+                                      "scoring": scoring_options(self.policy)}))
         self._step, self._config = step, config
         self._num_micro_batches = self._num_chunks = self._count = 0
         return digest
@@ -407,6 +423,7 @@ class Member:
         digest = weights_digest(self.policy.model)
         self.policy.model.zero_grad(set_to_none=True)
         config = LossConfig(**spec["loss"])
+        use_scoring_options(spec["scoring"], self.policy, self.reference)
         chunks: dict[int, tuple[PackedStep, torch.Tensor]] = {}
         claimed, stats = [], {}
         while True:

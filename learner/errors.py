@@ -3,6 +3,7 @@
     LearnerError             base of everything the training path raises
     ├── EmptyStepError       a step (or a session set) has no trainable token
     ├── RunFailedError       groups in a row lost every session to failures of Undertow
+    ├── MicroBatchTooLongError  (also a ValueError) a path longer than the micro-batch bound
     └── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
 """
 
@@ -20,6 +21,12 @@ class RunFailedError(LearnerError):
     """A training run cannot go on: `learner.max_failed_groups` groups in a row had
     every session failed by Undertow itself (image, sandbox, grading, gateway); the
     message names the cause and the last error."""
+
+
+class MicroBatchTooLongError(LearnerError, ValueError):
+    """Packing with `learner.long_paths: split` left a micro-batch longer than the
+    micro-batch bound (a path with its context that does not fit); the message names
+    `learner.long_paths: whole`, which trains such a path in segments."""
 
 
 class LossConfigError(LearnerError, ValueError):

@@ -67,7 +67,7 @@ from undertow.learner.checkpoint import (
     save_weights,
 )
 from undertow.learner.config import TrainConfig, torch_dtype
-from undertow.learner.errors import EmptyStepError
+from undertow.learner.errors import EmptyStepError, MicroBatchTooLongError
 from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
@@ -131,11 +131,15 @@ class Learner:
         self.base_model_dir, self.run_dir = Path(base_model_dir), Path(run_dir)
         self.resolved_config = resolved_config or {}
         torch.manual_seed(config.seed)
-        self.policy = PolicyModel.load(model_dir or base_model_dir, dtype=torch_dtype(config.dtype))
+        options = {"dtype": torch_dtype(config.dtype),
+                   "head_chunk_tokens": config.head_chunk_tokens}
+        self.policy = PolicyModel.load(model_dir or base_model_dir, **options)
         self.policy.model.train()
-        self.reference = (PolicyModel.load(base_model_dir, dtype=torch_dtype(config.dtype))
-                          if loss.kl_coef else None)
+        self.reference = PolicyModel.load(base_model_dir, **options) if loss.kl_coef else None
         self.placement = place(config, self.policy, self.reference)   # before the optimizer
+        for policy in (self.policy, self.reference):
+            if policy is not None:
+                policy.max_segment_tokens = config.segment_tokens(self.placement.max_tokens)
         self.optimizer = torch.optim.AdamW(
             self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay)
@@ -169,12 +173,26 @@ class Learner:
         for tree in trees:
             for session_id, value in group_advantages(tree, self.advantage_config).items():
                 advantages[(tree.group_id, session_id)] = value
-        step = self.placement.prepare(pack_step(trees, advantages, self.placement.max_tokens,
-                                                self.loss.paths_per_session))
+        step = self.placement.prepare(self.pack(trees, advantages, self.placement.max_tokens))
         self.optimizer.zero_grad(set_to_none=True)
         with self.placement.compute():
             totals = self._backward(step)
         return self.apply_gradient(trees, totals)
+
+    def pack(self, trees: list[Tree], advantages: dict[tuple[str, str], float],
+             max_tokens: int) -> PackedStep:
+        """The trees packed in micro-batches of at most `max_tokens`, long paths as
+        `learner.long_paths` says; MicroBatchTooLongError where "split" cannot keep that."""
+        step = pack_step(trees, advantages, max_tokens, self.loss.paths_per_session,
+                         long_paths=self.config.long_paths)
+        longest = max(mb.num_tokens for mb in step.micro_batches)
+        if self.config.long_paths == "split" and longest > max_tokens:
+            raise MicroBatchTooLongError(
+                f"a path with its context needs a micro-batch of {longest} tokens, over the "
+                f"micro-batch bound of {max_tokens} (learner.max_tokens or "
+                "learner.micro_batch_tokens); set learner.long_paths: whole to train it "
+                "whole, scored in segments of learner.max_segment_tokens, or raise the bound")
+        return step
 
     def apply_gradient(self, trees: list[Tree], totals: dict[str, float]) -> dict[str, float]:
         """Clips the gradient in `.grad`, steps the optimizer and returns the metrics of

@@ -66,7 +66,6 @@ from undertow.learner.advantages import group_advantages
 from undertow.learner.checkpoint import PendingGroup
 from undertow.learner.elastic import Coordinator, ElasticStepResult
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.packing import pack_step
 from undertow.learner.pool.local import LocalPool
 from undertow.learner.pool.policy import Policy
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
@@ -125,8 +124,7 @@ class ElasticLearner(Learner):
         advantages = {(tree.group_id, session_id): value for session_id, value in
                       group_advantages(tree, self.advantage_config).items()}
         try:
-            chunk = pack_step([tree], advantages, self.config.max_tokens,
-                              self.loss.paths_per_session)
+            chunk = self.pack([tree], advantages, self.config.max_tokens)
         except EmptyStepError:
             return 0
         self.coordinator.append(chunk)

@@ -213,3 +213,29 @@ def weights_digest_of(policy: PolicyModel) -> str:
 def _wait_get(store, key: str) -> bytes:
     store.wait([key])
     return store.get(key)
+
+
+def cell_main(rank: int, size: int, cell_address: tuple[str, int], address: tuple[str, int],
+              name: str, model_dir: str, inbox: Any, backend: str = "gloo",
+              timeout_s: float = 300.0, num_threads: int = 1) -> None:
+    """One process of a training cell of `size` processes (start each with the "spawn"
+    context): joins the cell's process group at `cell_address` (a TCPStore its starter
+    serves), shards the model over the cell's mesh, and joins each step number it reads
+    from `inbox` (every process of the cell reads the same numbers) until it reads None.
+    Rank 0 is the cell's leader on the coordinator's store at `address`."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(num_threads)
+    store = dist.TCPStore(cell_address[0], cell_address[1], is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        # `CellMember` shards the model where `PolicyModel.load` puts it, the CPU; a cell
+        # of GPUs would first move it to each process's device (not built yet).
+        member = CellMember(address if rank == 0 else None, name, model_dir,
+                            init_device_mesh("cpu", (size,)), backend, timeout_s)
+        while (step := inbox.get()) is not None:
+            member.join(step)
+    finally:
+        dist.destroy_process_group()

@@ -12,8 +12,10 @@ cells' roles with the transition table of `cell.py` and, for each decision of th
   `join(cell_id, step)` sends it into an elastic step (it waits there until the learner
   opens the step through its `elastic.Coordinator`), `stop(cell_id)` ends it once it has
   finished its step. `ProcessMembers` runs each member in its own spawned process (a
-  cell as a process); `ThreadMembers` runs them as threads of this process (a cell as a
-  thread, cheap enough for tests and tiny models).
+  cell as a process), or, with `processes_per_cell` > 1, as that many processes that
+  shard one copy of the model (FSDP2 over one mesh per cell, `learner/cell.py`) and
+  take part in the step as one member; `ThreadMembers` runs them as threads of this
+  process (a cell as a thread, cheap enough for tests and tiny models).
 
 Carrying out a decision:
     MoveToTraining(c)  rollout -> switching: drain c's engine; switching -> training:
@@ -32,6 +34,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -144,19 +147,46 @@ class LocalPool:
         self.cells[cell.cell_id] = cell
 
 
+@dataclass
+class _RunningMember:
+    """A cell's member processes (one, or the cell's sharded processes in rank order),
+    one inbox each, and the store of the cell's rendezvous (None for one process),
+    served here for as long as the member runs."""
+
+    processes: list[Any]
+    inboxes: list[Any]
+    cell_store: Any = None
+
+
 class ProcessMembers:
-    """Each cell's member in its own process ("spawn"), fed step numbers by a queue."""
+    """Each cell's member in its own process ("spawn"), fed step numbers by a queue; with
+    `processes_per_cell` > 1, a cell's member is that many processes, one FSDP2 mesh
+    over gloo (`cell.cell_main`), each fed the same step numbers.
+
+    Invariants: a running cell has all its processes started and one inbox per process;
+    a sharded cell's processes leave together (each ends on None, or on its step's
+    timeout when another of them failed)."""
 
     def __init__(self, address: tuple[str, int], model_dir: str | Path,
-                 timeout_s: float = 300.0, **member_options: Any):
+                 timeout_s: float = 300.0, processes_per_cell: int = 1, **member_options: Any):
         import torch.multiprocessing
 
+        if processes_per_cell < 1:
+            raise PoolError(f"processes_per_cell must be >= 1, got {processes_per_cell}")
+        if processes_per_cell > 1 and member_options.get("reference_dir"):
+            raise PoolError("a sharded cell (processes_per_cell > 1) does not score a KL "
+                            "reference model; set loss.kl_coef to 0 or "
+                            "pool.processes_per_cell to 1")
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
+        self.processes_per_cell = processes_per_cell
         self.member_options = member_options
         self.context = torch.multiprocessing.get_context("spawn")
-        self.running: dict[int, tuple[Any, Any]] = {}
+        self.running: dict[int, _RunningMember] = {}
 
     def start(self, cell_id: int) -> None:
+        if self.processes_per_cell > 1:
+            self.running[cell_id] = self._start_cell(cell_id)
+            return
         from undertow.learner.elastic import member_main
 
         inbox = self.context.Queue()
@@ -165,35 +195,70 @@ class ProcessMembers:
             args=(self.address, member_name(cell_id), self.model_dir, inbox),
             kwargs={"timeout_s": self.timeout_s, **self.member_options})
         process.start()
-        self.running[cell_id] = (process, inbox)
+        self.running[cell_id] = _RunningMember([process], [inbox])
+
+    def _start_cell(self, cell_id: int) -> _RunningMember:
+        """The cell's processes, rank 0 its leader, meeting at a store served here."""
+        import datetime
+
+        import torch.distributed as dist
+
+        from undertow.learner.cell import cell_main
+        from undertow.learner.elastic import HOST
+
+        size = self.processes_per_cell
+        cell_store = dist.TCPStore(HOST, 0, world_size=size + 1, is_master=True,
+                                   wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+        running = _RunningMember([], [], cell_store)
+        for rank in range(size):
+            inbox = self.context.Queue()
+            process = self.context.Process(
+                target=cell_main, name=f"{member_name(cell_id)}-{rank}", daemon=True,
+                args=(rank, size, (HOST, cell_store.port), self.address,
+                      member_name(cell_id), self.model_dir, inbox),
+                kwargs={"timeout_s": self.timeout_s, **self.member_options})
+            process.start()
+            running.processes.append(process)
+            running.inboxes.append(inbox)
+        return running
 
     def join(self, cell_id: int, step: int) -> None:
-        self.running[cell_id][1].put(step)
+        for inbox in self.running[cell_id].inboxes:
+            inbox.put(step)
 
     def stop(self, cell_id: int) -> None:
-        """Waits for the member to finish its step and exit; kills it after timeout_s."""
-        process, inbox = self.running.pop(cell_id)
-        inbox.put(None)
-        process.join(timeout=self.timeout_s)
-        if process.is_alive():
+        """Waits for the member's processes to finish their step and exit; kills them
+        after timeout_s."""
+        running = self.running.pop(cell_id)
+        for inbox in running.inboxes:
+            inbox.put(None)
+        for process in running.processes:
+            process.join(timeout=self.timeout_s)
+        stuck = [process for process in running.processes if process.is_alive()]
+        for process in stuck:
             process.terminate()
             process.join(timeout=10)
+        if stuck:
             raise PoolError(f"the member of cell {cell_id} did not exit within "
                             f"{self.timeout_s} s and was terminated")
-        if process.exitcode != 0:
-            raise PoolError(f"the member of cell {cell_id} exited with {process.exitcode}; "
+        failed = [p.exitcode for p in running.processes if p.exitcode != 0]
+        if failed:
+            raise PoolError(f"the member of cell {cell_id} exited with {failed[0]}; "
                             "see its output above")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Ends every member without raising: asks, waits up to `timeout_s`, terminates."""
         running, self.running = self.running, {}
-        for _process, inbox in running.values():
-            inbox.put(None)
-        for process, _inbox in running.values():
-            process.join(timeout=timeout_s)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10)
+        for member in running.values():
+            for inbox in member.inboxes:
+                inbox.put(None)
+        for member in running.values():
+            for process in member.processes:
+                process.join(timeout=timeout_s)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(timeout=10)
 
 
 class ThreadMembers:

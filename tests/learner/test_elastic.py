@@ -141,8 +141,9 @@ class Cluster:
         """Waits until `num_tickets` tickets are drawn (members hold the last ones)."""
         deadline = time.monotonic() + TIMEOUT_S
         while self.coordinator.num_claimed() < num_tickets:
-            for process, _inbox in self.members.running.values():
-                assert process.is_alive(), f"{process.name} died while waiting until {what}"
+            for member in self.members.running.values():
+                for process in member.processes:
+                    assert process.is_alive(), f"{process.name} died while waiting until {what}"
             assert time.monotonic() < deadline, f"timed out waiting until {what}"
             time.sleep(0.02)
         assert self.coordinator.num_claimed() == num_tickets, what

@@ -9,6 +9,15 @@ is outside the learner) and sends their real learner members (threads,
 group arrives. The step's gradient equals the single-process one over both groups;
 after the step is published both cells serve the new weights and the next batch is
 dispatched.
+
+A sharded cell (`ProcessMembers` with `processes_per_cell=2`): the pool moves a cell to
+training, which starts its two processes as one FSDP2 mesh over gloo (the tiny model
+with an LM head of its own, so every unit is sharded); the step streams in group by
+group; its gradient equals one process's `backward_step` within 1e-5 of each
+parameter's scale (AdamW's first step is not compared: it divides each gradient by its
+own magnitude, so elements near zero amplify float-order differences); the cell is one
+member on the roster and claims every micro-batch; moving it back to rollout ends both
+processes cleanly.
 """
 
 import time
@@ -33,7 +42,7 @@ from undertow.learner.pool import (
     StartTraining,
     make_policy,
 )
-from undertow.learner.pool.local import LocalPool, ThreadMembers, member_name
+from undertow.learner.pool.local import LocalPool, ProcessMembers, ThreadMembers, member_name
 
 TIMEOUT_S = 120.0
 
@@ -144,3 +153,50 @@ def test_the_pool_refuses_what_the_table_forbids(pool_parts):
     with pytest.raises(PoolError, match="starts in training"):
         LocalPool([Cell(0, Role.TRAINING)], engines, pool.members)
     assert engines.log == [] and pool.cells[0].role is Role.ROLLOUT
+
+
+@pytest.mark.slow
+def test_a_sharded_cell_trains_the_pool_step_one_process_trains(tiny_untied_model_dir,
+                                                               random_trees):
+    policy = PolicyModel.load(tiny_untied_model_dir, dtype=torch.float32)
+    config = LossConfig()
+    packed = pack_step(random_trees, _advantages(random_trees), 36)
+    chunks = [pack_step([tree], _advantages([tree]), 36) for tree in random_trees]
+    num_micro_batches = sum(len(chunk.micro_batches) for chunk in chunks)
+    assert num_micro_batches % 2 == 1   # one process runs an idle round
+    policy.model.zero_grad(set_to_none=True)
+    expected_stats = backward_step(policy, packed, config)
+    expected = _gradients(policy)
+
+    coordinator = Coordinator(policy, timeout_s=TIMEOUT_S)
+    members = ProcessMembers(coordinator.address, tiny_untied_model_dir, timeout_s=TIMEOUT_S,
+                             processes_per_cell=2)
+    engines = RecordingEngines(range(2))
+    pool = LocalPool([Cell(i, Role.ROLLOUT, 2) for i in range(2)], engines, members)
+    try:
+        pool.carry_out([MoveToTraining(1), StartTraining(0)])
+        assert len(members.running[1].processes) == 2
+        coordinator.open_step(0, config)
+        for chunk in chunks:
+            coordinator.append(chunk)
+        result = coordinator.finish_step()
+        got = _gradients(coordinator.policy)
+        pool.step_published(0)
+        pool.carry_out([MoveToRollout(1)])   # waits for both processes to exit cleanly
+    finally:
+        members.close()
+        coordinator.close()
+    _assert_gradients_close(got, expected)
+    assert "lm_head.weight" in got
+    assert result.stats["loss"] == pytest.approx(expected_stats["loss"], rel=1e-5)
+    assert result.ranks == ["coordinator", member_name(1)]
+    assert sorted(result.claims[member_name(1)]) == list(range(num_micro_batches))
+    assert engines.log == [("drain", 1), ("serve", 1, 1)] and not members.running
+
+
+def test_a_sharded_cell_refuses_a_kl_reference(tiny_model_dir):
+    with pytest.raises(PoolError, match="kl_coef"):
+        ProcessMembers(("127.0.0.1", 1), tiny_model_dir, processes_per_cell=2,
+                       reference_dir=str(tiny_model_dir))
+    with pytest.raises(PoolError, match="processes_per_cell"):
+        ProcessMembers(("127.0.0.1", 1), tiny_model_dir, processes_per_cell=0)

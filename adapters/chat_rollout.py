@@ -34,15 +34,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from undertow.adapters.errors import RolloutError
+from undertow.adapters.errors import RewardError, RolloutError
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.summary import SessionResult, is_infra_failure
 
 RewardFunction = Callable[[list[dict[str, Any]], dict[str, Any]], float]
-
-
-class RewardError(Exception):
-    """A reward function failed on one session (the session's cause: `error:reward`)."""
 
 
 @dataclass(frozen=True)

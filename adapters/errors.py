@@ -3,7 +3,8 @@
     AdapterError
     ├── ScaffoldLaunchError   a scaffold could not be started (program missing, bad template)
     ├── GatewayAdminError     the gateway's admin API refused or failed a call
-    └── RolloutError          a rollout cannot run as configured (no tasks, bad scaffold name)
+    ├── RolloutError          a rollout cannot run as configured (no tasks, bad scaffold name)
+    └── RewardError           a prompt task's reward function failed on one session
 
 A scaffold that crashes, hangs or floods its output is not an error here: it is an
 ordinary outcome of a session, recorded as the session's cause (see `rollout.py`).
@@ -24,3 +25,8 @@ class GatewayAdminError(AdapterError):
 
 class RolloutError(AdapterError, ValueError):
     """The rollout's configuration or inputs are unusable."""
+
+
+class RewardError(AdapterError):
+    """A reward function failed on one session (the session's cause: `error:reward`,
+    `chat_rollout.py`)."""

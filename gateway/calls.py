@@ -25,8 +25,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from undertow.gateway.engines.protocol import random_seed
-from undertow.gateway.errors import BadRequest, Busy, ContextTooLong, Unavailable
+from undertow.gateway.engines.protocol import EngineRejected, random_seed
+from undertow.gateway.errors import (
+    BadRequest,
+    Busy,
+    ContextTooLong,
+    PoolBusy,
+    PoolUnavailable,
+    Unavailable,
+)
 from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
@@ -241,7 +248,7 @@ class CallRunner:
                     replay.append(item)
                     yield item
             except Exception as error:
-                raise _translate_pool_error(error) from None
+                raise api_error_of(error) from None
         outcome = await self._record(session, request, prompt, results, started_s)
         replay.append(outcome)
         if request.fingerprint:
@@ -436,14 +443,14 @@ class StopTrimmer:
         return out
 
 
-def _translate_pool_error(error: BaseException) -> BaseException:
-    """Pool errors as gateway errors (429 with Retry-After, 503); others unchanged."""
-    name = type(error).__name__
-    if name == "EngineRejected":
+def api_error_of(error: BaseException) -> BaseException:
+    """Pool and engine errors as the API errors a scaffold gets (400, 429 with
+    Retry-After, 503); others unchanged. The one place a call's errors cross from the
+    engine pool to the API (`errors.py` draws both)."""
+    if isinstance(error, EngineRejected):
         return BadRequest(f"the engine refused the request: {error}")
-    if name == "PoolBusy":
-        return Busy(str(error) or "all engines are at their admission limit; retry later",
-                    retry_after_s=float(getattr(error, "retry_after_s", 1.0)))
-    if name == "PoolUnavailable":
+    if isinstance(error, PoolBusy):
+        return Busy(str(error), retry_after_s=error.retry_after_s)
+    if isinstance(error, PoolUnavailable):
         return Unavailable(str(error) or "no engine is available; retry later")
     return error

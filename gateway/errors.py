@@ -1,5 +1,7 @@
-"""The gateway's exceptions. Each API formats them in its own SDKs' error shape
-(`api/errors.py`); the status code is fixed here.
+"""The gateway package's exceptions, one tree with one root (`tests/test_layering.py`
+checks it). The API errors' status codes are fixed here, and each API formats them in its
+own SDKs' error shape (`api/errors.py`); the others are translated into API errors where
+they reach a scaffold's call, once, with `isinstance` (`calls.py`).
 
     GatewayError                 500  (anything unexpected)
     ├── BadRequest               400  malformed JSON, bad fields, template refusal
@@ -9,7 +11,26 @@
     ├── NotFound                 404  unknown session, group or route
     ├── PayloadTooLarge          413  body over `max_body_bytes`
     ├── Busy                     429  engine pool at its admission limit (Retry-After)
-    └── Unavailable              503  no engine alive
+    ├── Unavailable              503  no engine alive
+    ├── PoolError                     the engine pool (`pool.py`), below
+    │   ├── PoolBusy             429  every engine at its admission limit -> Busy
+    │   ├── PoolUnavailable      503  no healthy engine -> Unavailable
+    │   └── UnknownEngine        404  (also a KeyError) no engine with this ID
+    ├── EngineError              502  an engine driver or launcher (`engines/protocol.py`)
+    │   ├── EngineUnavailable         no answer, a dropped stream, a 5xx, an unreadable reply
+    │   ├── EngineRejected            the engine refused (4xx; `status` is its own) -> BadRequest
+    │   │   └── WeightsNotUpdated     a weight update did not complete
+    │   ├── EngineLaunchError         a launcher could not start an engine
+    │   └── HttpError                 the connection failed or broke HTTP/1.1 (`engines/http1.py`)
+    ├── TreeError                     (also a ValueError) a call that does not fit (`tree.py`)
+    ├── StoreDamaged                  (also a ValueError) a damaged line (`store.py`)
+    └── BuiltinEngineError            the built-in engine's server (`engines/builtin/errors.py`)
+        ├── BadRequest                its HTTP 400
+        ├── WeightLoadError           weights that do not fit the served model
+        ├── StagingConflict           a KV staging in another state (`builtin/staging.py`)
+        └── TransferConflict          KV not where a transfer assumes (`builtin/undertow_kv.py`)
+
+`status` is the HTTP status the gateway answers with when such an error reaches a client.
 """
 
 from __future__ import annotations
@@ -21,7 +42,7 @@ class GatewayError(Exception):
     status = 500
     kind = "server_error"
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str = "", param: str | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -67,3 +88,32 @@ class Busy(GatewayError):
 class Unavailable(GatewayError):
     status = 503
     kind = "overloaded"
+
+
+class PoolError(GatewayError):
+    """Base of the engine pool's errors (`pool.py`)."""
+
+
+class PoolBusy(PoolError):
+    """Every engine is at its admission limit; retry after `retry_after_s`."""
+
+    status = 429
+    kind = "rate_limit"
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"all engines are at their admission limit; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class PoolUnavailable(PoolError):
+    """No healthy engine; add one (POST /admin/engines) or wait for one to recover."""
+
+    status = 503
+    kind = "overloaded"
+
+
+class UnknownEngine(PoolError, KeyError):
+    """No engine with this ID is in the pool; list them with GET /admin/engines."""
+
+    status = 404
+    kind = "not_found"

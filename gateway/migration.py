@@ -68,11 +68,6 @@ class StagedResume:
     kv: StagedKV
 
 
-async def supports_kv_transfer(engine: Engine) -> bool:
-    probe = getattr(engine.client, "supports_kv_transfer", None)
-    return probe is not None and await probe()
-
-
 async def migrate_attempt(attempt: Attempt, target: Engine | None, config: MigrationConfig,
                           interrupt: Callable[[list[Attempt]], Awaitable[None]]) -> int:
     """Move `attempt` to `target` as in the module doc; `interrupt` aborts it on its engine
@@ -80,7 +75,8 @@ async def migrate_attempt(attempt: Attempt, target: Engine | None, config: Migra
     the target for the resume (0 when it was not copied)."""
     source = attempt.engine
     if (not config.kv_transfer or target is None
-            or not await supports_kv_transfer(source) or not await supports_kv_transfer(target)):
+            or not await source.client.supports_kv_transfer()
+            or not await target.client.supports_kv_transfer()):
         await interrupt([attempt])
         return 0
     attempt.handover = asyncio.Event()

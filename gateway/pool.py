@@ -46,7 +46,8 @@ weights live in `fleet.Fleet`; engines are driven through the `Engine`
 protocol of `engines/protocol.py` (`SGLangClient` by default; pass
 `driver_factory` for another driver, e.g. vLLM's).
 
-Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`.
+Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`, defined in
+`errors.py` under the gateway's root (imported here, where they are raised).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from undertow.gateway.engines.protocol import (
     WeightsNotUpdated,
 )
 from undertow.gateway.engines.protocol import Engine as EngineDriver
+from undertow.gateway.errors import PoolBusy, PoolError, PoolUnavailable, UnknownEngine
 from undertow.gateway.fleet import Attempt, Engine, Fleet
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.migration import (
@@ -90,26 +92,6 @@ __all__ = ["PAUSE_MODES", "EnginePool", "GenerationChunk", "PoolBusy", "PoolConf
 
 UNKNOWN_WEIGHT_VERSION = -1
 PAUSE_MODES = ("drain", "abort_resume")
-
-
-class PoolError(Exception):
-    """Base of the engine pool's errors."""
-
-
-class PoolBusy(PoolError):
-    """Every engine is at its admission limit; retry after `retry_after_s`."""
-
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"all engines are at their admission limit; retry in {retry_after_s} s")
-        self.retry_after_s = retry_after_s
-
-
-class PoolUnavailable(PoolError):
-    """No healthy engine; add one (POST /admin/engines) or wait for one to recover."""
-
-
-class UnknownEngine(PoolError, KeyError):
-    """No engine with this ID is in the pool; list them with GET /admin/engines."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from undertow.gateway.errors import BadRequest, Unavailable
+from undertow.gateway.errors import BadRequest, GatewayError, Unavailable
 from undertow.gateway.tree import CallRecord, Tree, TreeError
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class StoreUnavailable(Unavailable):
     kept, and the scaffold gets a retryable 503 (529 from the Anthropic API)."""
 
 
-class StoreDamaged(ValueError):
+class StoreDamaged(GatewayError, ValueError):
     """A log line, not the last, is damaged: the store cannot be replayed past it.
     `path` and `line` (1-based) name it; `undertow trees repair STORE` mends the store."""
 

@@ -1,4 +1,5 @@
-"""Prefix trees of token IDs: the training record of one task group (DESIGN.md, "Tree data model").
+"""Prefix trees of token IDs: the training record of one task group (docs/design.md,
+"Tree data model").
 
 The gateway records every call of every session of a group into one `Tree`; the
 learner packs the tree into one sequence. This module is plain data and imports
@@ -33,10 +34,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from undertow.gateway.errors import GatewayError
+
 ROOT = 0
 
 
-class TreeError(ValueError):
+class TreeError(GatewayError, ValueError):
     """A call or record does not fit the tree (bad lengths, unknown anchor or session)."""
 
 

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 
+from undertow.sandboxes.errors import SandboxError
+
 DOCKERD_LOG = "/var/log/undertow-dockerd.log"
 
 
-class DaemonError(RuntimeError):
+class DaemonError(SandboxError, RuntimeError):
     """No Docker daemon can be reached and none could be started."""
 
 

@@ -1,4 +1,4 @@
-"""The import edges of DESIGN.md ("Layout"), checked in fresh processes; no import cycle
+"""The import edges of docs/design.md ("Layout"), checked in fresh processes; no import cycle
 among modules; one exception root per package, drawn in its `errors.py`."""
 
 import ast
@@ -57,14 +57,16 @@ def test_package_import_edges(package):
             if package == "undertow.learner" and prefix == "undertow.gateway":
                 continue
             bad = [m for m in imported if m == prefix or m.startswith(prefix + ".")]
-            assert not bad, f"{module} imports {bad[:3]}, which DESIGN.md forbids"
+            assert not bad, f"{module} imports {bad[:3]}, which docs/design.md forbids"
 
 
 def test_learner_uses_only_the_gateway_tree_model():
+    """The tree data model, and the exception root its `TreeError` hangs from."""
+    allowed = ("undertow.gateway.tree", "undertow.gateway.errors")
     for module in _all_modules("undertow.learner"):
         imported = _imported_by(module)
         gateway = [m for m in imported if m.startswith("undertow.gateway.")
-                   and m not in ("undertow.gateway.tree",)]
+                   and m not in allowed]
         assert not gateway, f"{module} imports gateway internals {gateway[:3]}"
 
 
@@ -85,11 +87,10 @@ PACKAGES = ("undertow.gateway", "undertow.adapters", "undertow.learner", "undert
 def _sources() -> dict[str, Path]:
     """Every Undertow module (dotted name) -> its file. A folder without `__init__.py`
     (the bundled task repositories under sandboxes/tasks) holds no Undertow module."""
-    import undertow
+    import importlib.util
 
-    roots = {"undertow": Path(undertow.__path__[0])}
-    for package in PACKAGES:
-        roots[package] = Path(__import__(package, fromlist=["_"]).__path__[0])
+    roots = {package: Path(importlib.util.find_spec(package).submodule_search_locations[0])
+             for package in ("undertow", *PACKAGES)}   # found, not imported
     found = {}
     for prefix, root in roots.items():
         for path in sorted(root.rglob("*.py")):
@@ -198,3 +199,102 @@ def test_no_import_cycle_among_modules():
         f"{m} imports {sorted(graph[m] & set(component))}" for m in component) + ")"
         for component in _cycles(graph)]
     assert not cycles, "import cycles; move the shared piece lower down:\n" + "\n".join(cycles)
+
+
+def _bindings(module: str) -> dict[str, str]:
+    """Module-level names bound by imports -> what they name, as a dotted path."""
+    bound = {}
+    for node in _syntax(module).body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.partition(".")[0]] = \
+                    alias.name if alias.asname else alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            target = _from_target(module, node)
+            bound.update({alias.asname or alias.name: f"{target}.{alias.name}"
+                          for alias in node.names})
+    return bound
+
+
+@functools.cache
+def _classes(module: str) -> dict[str, tuple[str, ...]]:
+    """The module's classes (at any depth) -> their bases, as written."""
+    return {node.name: tuple(ast.unparse(base) for base in node.bases)
+            for node in _runtime_nodes(module) if isinstance(node, ast.ClassDef)}
+
+
+def _resolve(module: str, dotted: str, depth: int = 0) -> str:
+    """`dotted` as written in `module`, as `undertow.x.y:Class` for an Undertow class, or
+    the dotted name of an outside one (builtins have no dots). Re-exports are followed."""
+    first, _, rest = dotted.partition(".")
+    if not rest and first in _classes(module):
+        return f"{module}:{first}"
+    if first not in _bindings(module) or depth > 20:
+        return dotted
+    path = _bindings(module)[first] + ("." + rest if rest else "")
+    owner, _, name = path.rpartition(".")
+    if owner in _sources() and path not in _sources():
+        return _resolve(owner, name, depth + 1)
+    return path
+
+
+def _is_outside_exception(dotted: str) -> bool:
+    """Whether an outside class is an exception; a module is imported only for a name
+    that reads as one (not for `torch.nn.Module`, so that no test process pays torch)."""
+    import builtins
+    import importlib
+
+    owner, _, name = dotted.rpartition(".")
+    if owner and not name.endswith(("Error", "Exception", "Exit", "Interrupt", "Warning")):
+        return False
+    try:
+        found = getattr(importlib.import_module(owner) if owner else builtins, name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(found, type) and issubclass(found, BaseException)
+
+
+@functools.cache
+def _exception_bases(qualified: str) -> tuple[str, ...] | None:
+    """The resolved bases of an Undertow class, if it is an exception, else None."""
+    module, _, name = qualified.partition(":")
+    bases = tuple(_resolve(module, base) for base in _classes(module).get(name, ()))
+    is_exception = any(_exception_bases(base) is not None if ":" in base
+                       else _is_outside_exception(base) for base in bases)
+    return bases if is_exception else None
+
+
+def _package_of(module: str) -> str:
+    return next((p for p in PACKAGES if module == p or module.startswith(p + ".")),
+                "undertow")
+
+
+def _exception_roots() -> dict[str, list[str]]:
+    """package -> its exception classes that subclass no exception of the package."""
+    roots: dict[str, list[str]] = {}
+    for module in _sources():
+        for name in _classes(module):
+            bases = _exception_bases(f"{module}:{name}")
+            if bases is None:
+                continue
+            inside = [b for b in bases if ":" in b and _package_of(b) == _package_of(module)
+                      and _exception_bases(b) is not None]
+            if not inside:
+                roots.setdefault(_package_of(module), []).append(f"{module}:{name}")
+    return roots
+
+
+def test_exception_roots_are_found_through_imports_and_re_exports():
+    roots = _exception_roots()
+    assert _exception_bases("undertow.gateway.errors:BadRequest") == (
+        "undertow.gateway.errors:GatewayError",)
+    assert _exception_bases("undertow.learner.train:Learner") is None
+    assert "undertow.sandboxes.errors:SandboxError" in roots["undertow.sandboxes"]
+
+
+@pytest.mark.parametrize("package", ["undertow", *PACKAGES])
+def test_one_exception_root_per_package_in_its_errors_module(package):
+    roots = _exception_roots().get(package, [])
+    assert len(roots) == 1 and roots[0].startswith(f"{package}.errors:"), (
+        f"{package} has exception roots {roots}; it should have one, in {package}.errors, "
+        "and every other exception of the package under it")

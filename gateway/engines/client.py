@@ -49,8 +49,9 @@ Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumula
 
 Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `import_kv`,
 `stage_kv`, `release_kv`, `generate_staged_stream`, `KVPayload`, `StagedKV`, `PrefixDigest`;
-`supports_kv_transfer()` asks the engine), is optional: a real SGLang server reports it
-unsupported, and the vLLM driver does not have these methods at all.
+`supports_kv_transfer()`, declared on the `Engine` protocol, asks the engine), is optional:
+a real SGLang server reports it unsupported, and the vLLM driver answers False and has none
+of the other methods.
 
 `transport.py` holds what it shares with the vLLM driver in `vllm.py` (requests, SSE, errors).
 

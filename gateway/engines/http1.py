@@ -25,13 +25,15 @@ import ssl
 from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
+from undertow.gateway.engines.protocol import EngineError
+
 __all__ = ["MAX_HEAD_BYTES", "Http1Client", "HttpError", "Response"]
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE_CONNECTIONS = 64
 
 
-class HttpError(Exception):
+class HttpError(EngineError):
     """The connection failed, or the server broke HTTP/1.1 (`Http1Client.stream`)."""
 
 

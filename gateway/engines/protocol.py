@@ -1,12 +1,13 @@
 """The engine protocol: what the gateway needs from any inference engine.
 
 The gateway drives every engine through `Engine`, a small `typing.Protocol` whose methods
-mirror SGLang's native HTTP API (see DESIGN.md, "The seams"). Two drivers implement it:
+mirror SGLang's native HTTP API (see docs/design.md, "The seams"). Two drivers implement it:
 `client.SGLangClient` (a real SGLang server, or Undertow's built-in engine, which speaks the
 same API) and `vllm.VLLMClient` (a real vLLM server, adapted). The records here are plain,
 typed and engine-neutral; each driver converts them to and from its wire format.
 
-Errors, one hierarchy for all drivers and launchers:
+Errors, one hierarchy for all drivers and launchers, under the gateway's root
+(`errors.py` draws the whole tree):
 
     EngineError                  anything an engine driver or launcher raises
     ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx,
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 import orjson
+
+from undertow.gateway.errors import GatewayError
 
 __all__ = [
     "CAPABILITIES",
@@ -59,8 +62,11 @@ CAPABILITIES = frozenset({
 })
 
 
-class EngineError(Exception):
-    """Base of every error an engine driver or launcher raises."""
+class EngineError(GatewayError):
+    """Base of every error an engine driver or launcher raises. Where one reaches a
+    client untranslated, the gateway answers 502 (the engine, not the gateway, failed)."""
+
+    status = 502
 
 
 class EngineUnavailable(EngineError):
@@ -75,11 +81,12 @@ class EngineRejected(EngineError):
     """The engine refused the request (a 4xx reply); `message` is the engine's own reason."""
 
     def __init__(self, message: str, *, status: int | None = None, url: str | None = None):
-        self.message = message
-        self.status = status
-        self.url = url
         where = f" ({status} from {url})" if status is not None else ""
         super().__init__(f"engine rejected the request{where}: {message}")
+        self.message = message
+        if status is not None:   # else the class's 502
+            self.status = status
+        self.url = url
 
 
 class EngineLaunchError(EngineError):
@@ -391,5 +398,11 @@ class Engine(Protocol):
     async def server_info(self) -> dict: ...
 
     async def model_info(self) -> ModelInfo: ...
+
+    async def supports_kv_transfer(self) -> bool:
+        """Whether the engine has Undertow's KV-transfer extension (`client.py`: export a
+        running request's KV, stage it on another engine, generate from it there), which
+        migration uses to move a generation without prefilling it again. An optional
+        capability: False on engines without it (SGLang, vLLM); never raises."""
 
     async def close(self) -> None: ...

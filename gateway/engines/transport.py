@@ -182,6 +182,10 @@ class HttpEngine:
         self._http = HttpTransport(url, session)
         self.url = self._http.url
 
+    async def supports_kv_transfer(self) -> bool:
+        """No KV transfer, unless a driver says otherwise (`SGLangClient` asks the engine)."""
+        return False
+
     async def __aenter__(self):
         return self
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from undertow.learner.errors import LearnerError
+
 CHAT_TEMPLATE = """\
 {%- macro render_content(content) -%}
     {%- if content is string -%}
@@ -97,7 +99,7 @@ CHAT_TEMPLATE = """\
 """
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(LearnerError, ValueError):
     """The messages cannot be rendered; the message says which part to fix."""
 
 

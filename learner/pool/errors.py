@@ -1,12 +1,15 @@
-"""Errors of the cell pool.
+"""Errors of the cell pool, under the learner's root (`learner/errors.py`).
 
-    PoolError                  base of everything the pool raises
-    ├── IllegalTransition      a cell was asked to change role along an edge the table lacks
-    └── PolicyConfigError      (also a ValueError) an unknown policy name or a bad parameter
+    LearnerError
+    └── PoolError              base of everything the pool raises
+        ├── IllegalTransition  a cell was asked to change role along an edge the table lacks
+        └── PolicyConfigError  (also a ValueError) an unknown policy name or a bad parameter
 """
 
+from undertow.learner.errors import LearnerError
 
-class PoolError(Exception):
+
+class PoolError(LearnerError):
     """Base of the pool's errors."""
 
 

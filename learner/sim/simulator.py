@@ -17,6 +17,7 @@ import heapq
 import itertools
 import math
 
+from undertow.learner.errors import LearnerError
 from undertow.learner.pool import (
     BatchProgress,
     Cell,
@@ -40,7 +41,7 @@ MAX_DECISION_ROUNDS = 1000
 TOKEN_EPSILON = 1e-6
 
 
-class SimulationError(RuntimeError):
+class SimulationError(LearnerError, RuntimeError):
     """The policy stalled the run or asked for something the simulated pool cannot do."""
 
 

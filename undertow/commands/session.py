@@ -21,12 +21,14 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from undertow.errors import CommandError
+
 ADMIN_TOKEN_VARIABLE = "UNDERTOW_ADMIN_TOKEN"
 GATEWAY_VARIABLE = "UNDERTOW_GATEWAY"
 TIMEOUT_S = 30.0
 
 
-class SessionCommandError(ValueError):
+class SessionCommandError(CommandError, ValueError):
     """The admin call could not be made or was refused; the message says what to do."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from undertow.errors import CommandError
 from undertow.gateway.tree import Tree
 from undertow.learner.metrics_log import METRICS_FILE
 from undertow.learner.trackers import STEPS_FILE, newest_groups
@@ -39,7 +40,7 @@ STORE_RUN = "store"
 POOL_TIMELINE_FILE = "pool_timeline.jsonl"
 
 
-class NotFoundError(LookupError):
+class NotFoundError(CommandError, LookupError):
     """A run, step, group or session the viewer was asked for does not exist."""
 
 

@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from undertow.gateway.engines.builtin.errors import BuiltinEngineError
 from undertow.gateway.engines.builtin.model import SlotKV
 from undertow.gateway.engines.client import PrefixDigest
 
 DEFAULT_TTL_S = 120.0
 
 
-class StagingConflict(Exception):
+class StagingConflict(BuiltinEngineError):
     """A staging is not in the state a call assumes (HTTP `status`: 404 unknown, 409 other)."""
 
     def __init__(self, message: str, status: int = 409):

@@ -57,7 +57,7 @@ from aiohttp import web
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from undertow.gateway.engines.builtin.errors import BadRequest
+from undertow.gateway.engines.builtin.errors import BadRequest, BuiltinEngineError
 from undertow.gateway.engines.builtin.native_api import read_json, sglang_reply, stream_reply
 from undertow.gateway.engines.builtin.request import Request, parse_generate
 from undertow.gateway.engines.builtin.staging import StagingConflict
@@ -76,7 +76,7 @@ RELEASE_DELAY_S = 1.0
 EXTENSION = "kv_transfer"
 
 
-class TransferConflict(Exception):
+class TransferConflict(BuiltinEngineError):
     """The KV asked for is not where the request assumes it is (HTTP `status`)."""
 
     def __init__(self, message: str, status: int = 409):

@@ -8,8 +8,9 @@ Started by `train_run.train` when the run config has a `pool` section
   gateway, drained with migration and stopped when its cell moves to training, started on
   the newest weights when it comes back;
 - `elastic.Coordinator` in the learner's process and one learner member process per
-  training cell (`local.ProcessMembers`, gloo on CPUs), so the step's gradient is computed
-  by whichever cells are training;
+  training cell (`local.ProcessMembers`, gloo on CPUs; Ray actors on their cells' nodes
+  with `pool.backend: ray`, `pool_backends.py`), so the step's gradient is computed by
+  whichever cells are training;
 - `local.LocalPool` carrying out the policy's decisions, and `live.PoolLoop` driving it:
   rollout groups are launched when the policy dispatches a batch, and a step streams
   its groups to the training cells as they finish.
@@ -75,11 +76,12 @@ class ResidentMembers:
 
 @contextlib.contextmanager
 def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
-                       store_dir: Path) -> Iterator[Any]:
-    """The gateway, started on `loop` with no engine (the cells add theirs)."""
+                       store_dir: Path, host: str = "127.0.0.1") -> Iterator[Any]:
+    """The gateway, started on `loop` with no engine (the cells add theirs), bound to
+    `host`."""
     from undertow.embedded import serve_gateway
 
-    manager = serve_gateway(model_dir, store_dir, ())
+    manager = serve_gateway(model_dir, store_dir, (), host=host)
     gateway = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
     try:
         yield gateway
@@ -91,12 +93,20 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
                     resolved: dict[str, Any], stop, resume: bool = False) -> str:
     """Runs (or, with `resume`, continues from the latest checkpoint) the training run
     of `sections` (run, rollout, learner, loss, advantages: built dataclasses) on
-    `pool.num_cells` cells; returns "done" or "stopped"."""
+    `pool.num_cells` cells, on the backend `pool.backend` names (`pool_backends.py`);
+    returns "done" or "stopped"."""
+    from undertow.pool_backends import pool_backend
+
+    with pool_backend(pool, sections["run"].run_dir) as backend:
+        return _train_on(backend, pool, sections, model_dir, resolved, stop, resume)
+
+
+def _train_on(backend, pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
+              resolved: dict[str, Any], stop, resume: bool) -> str:
     from undertow.learner.checkpoint import latest_checkpoint
     from undertow.learner.elastic import Coordinator
     from undertow.learner.pool import Cell, make_policy
     from undertow.learner.pool.live import ElasticLearner
-    from undertow.learner.pool.local import ProcessMembers
 
     run, config, loss = sections["run"], sections["learner"], sections["loss"]
     if config.dtype != "float32":
@@ -112,16 +122,16 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
         weights = (latest_checkpoint(run.run_dir) / "model", learner.state.step)
     learner.coordinator = Coordinator(learner.policy, run.run_dir / "elastic",
                                       timeout_s=pool.timeout_s)
-    members = ProcessMembers(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
-                             num_threads=pool.threads_per_cell,
-                             reference_dir=str(model_dir) if loss.kl_coef else None)
+    members = backend.members(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
+                              num_threads=pool.threads_per_cell,
+                              reference_dir=str(model_dir) if loss.kl_coef else None)
     if pool.resident_members:
         members = ResidentMembers(members)
     cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
     trackers = track(learner, resolved, model_dir)
     try:
         outcome = _run_cells(pool, sections, weights, learner, members, cells,
-                             make_policy(pool.policy_spec()), stop)
+                             make_policy(pool.policy_spec()), stop, backend)
         print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     finally:
         members.close()
@@ -142,8 +152,7 @@ def track(learner, resolved: dict[str, Any], model_dir: Path):
 
 
 def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
-               learner, members, cells, policy, stop) -> str:
-    from undertow.cells import GatewayEngineSlots
+               learner, members, cells, policy, stop, backend) -> str:
     from undertow.learner.gateway_link import GatewayAdmin
     from undertow.learner.pool.live import PoolLoop
     from undertow.learner.pool.local import LocalPool
@@ -151,17 +160,19 @@ def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, 
     run, config = sections["run"], sections["learner"]
     model_dir, weight_version = weights
     with background_loop() as loop, \
-            engineless_gateway(loop, model_dir, run.run_dir / "store") as gateway:
+            engineless_gateway(loop, model_dir, run.run_dir / "store",
+                               backend.gateway_host) as gateway:
         admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
-        slots = GatewayEngineSlots(loop, admin, model_dir, run.run_dir / "engines",
-                                   pool.threads_per_cell, config.push_mode)
+        gateway_url = backend.advertised_url(gateway.url)
+        slots = backend.engine_slots(loop, admin, model_dir, run.run_dir / "engines",
+                                     pool.threads_per_cell, config.push_mode)
         slots.weights = (model_dir, weight_version)
         try:
             slots.start_all([cell.cell_id for cell in cells])
-            print(f"undertow train: gateway {gateway.url}, {pool.num_cells} cells "
-                  f"({pool.policy}), run {run.run_dir}, from step {weight_version}",
-                  flush=True)
-            context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
+            print(f"undertow train: gateway {gateway_url}, {pool.num_cells} cells "
+                  f"({pool.policy}, {pool.backend}), run {run.run_dir}, from step "
+                  f"{weight_version}", flush=True)
+            context = RolloutContext(gateway_url, gateway.admin_token, run.run_dir,
                                      sections["rollout"], run.docker_url,
                                      sections.get("sandbox"))
             source = ThreadedGroupSource(loop, load_source(context), admin,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from undertow.learner.pool.policy import POLICIES
 
+BACKENDS = ("local", "ray")
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -31,6 +33,15 @@ class PoolConfig:
     sharding one copy of the model (FSDP2 over gloo, one mesh per cell, each process
     with `threads_per_cell` threads; `learner/cell.py`); 1 is one process holding a
     whole replica. A sharded cell scores no KL reference: loss.kl_coef must be 0.
+
+    `backend` says where the cells run: `local`, this machine's processes; `ray`, a Ray
+    cluster (`undertow/pool_backends.py`): members as Ray actors in a placement group per
+    cell, engines started by an actor on the cell's node. `ray_address` is the cluster to
+    join ("" starts a Ray instance on this machine for the run; "auto" or "HOST:PORT",
+    as `ray.init(address=...)` takes it). `gateway_host` is the address the gateway binds
+    ("0.0.0.0" for every interface) and `advertise_host` the one handed to rollouts and
+    to the other nodes ("": the bound address, or this node's IP as Ray sees it when
+    bound to every interface).
     """
 
     policy: str = "elastic"
@@ -42,8 +53,18 @@ class PoolConfig:
     timeout_s: float = 3600.0
     resident_members: bool = False
     processes_per_cell: int = 1
+    backend: str = "local"
+    ray_address: str = ""
+    gateway_host: str = "127.0.0.1"
+    advertise_host: str = ""
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"pool.backend must be one of {list(BACKENDS)}, "
+                             f"got {self.backend!r}")
+        if self.ray_address and self.backend != "ray":
+            raise ValueError(f"pool.ray_address={self.ray_address!r} is set, but "
+                             f"pool.backend={self.backend!r}; set pool.backend=ray")
         if self.policy not in POLICIES:
             raise ValueError(f"pool.policy must be one of {sorted(POLICIES)}, "
                              f"got {self.policy!r}")

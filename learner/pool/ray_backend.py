@@ -26,8 +26,14 @@ that lives only in this process's environment, its files under a given directory
 Ray is an optional dependency (the `cluster` extra); this module imports it only when
 used.
 
-Note for multi-node clusters: members reach the coordinator's store at
-`Coordinator.address`, which must then be an address the other nodes can reach.
+`connect` is the Ray of one run: the cluster at an address, or a one-machine instance
+(`local_cluster`) when none is given; `pinned_resources` asks for a cell's resource only
+where the cluster declares it, so a cluster without them places cells anywhere.
+
+Multi-node clusters: members reach the coordinator's store at the address they are
+given; `Coordinator.address` names 127.0.0.1, but its store listens on every interface,
+so `undertow train` (`undertow/pool_backends.py`) hands them this node's advertised host
+with the store's port instead.
 """
 
 from __future__ import annotations
@@ -43,10 +49,23 @@ from typing import Any
 from undertow.learner.pool.errors import PoolError
 from undertow.learner.pool.local import member_name
 
+# What a member or an engine asks of its cell's resource: a sliver, so that the actors
+# of a cell (its members and its engine host) all fit on the node that declares it.
+PIN_AMOUNT = 0.01
+
 
 def cell_resource(cell_id: int) -> str:
     """The custom Ray resource that marks where cell `cell_id`'s devices are."""
     return f"undertow-cell-{cell_id}"
+
+
+def pinned_resources(cell_id: int) -> dict[str, float]:
+    """`{cell_resource(cell_id): PIN_AMOUNT}` when a node of the connected cluster
+    declares that resource, else {} (the cell may then run on any node)."""
+    import ray
+
+    name = cell_resource(cell_id)
+    return {name: PIN_AMOUNT} if ray.cluster_resources().get(name, 0) > 0 else {}
 
 
 @dataclass(frozen=True)
@@ -261,3 +280,31 @@ def local_cluster(temp_dir: str | Path, num_cpus: int, num_gpus: int = 0,
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def connect(address: str, temp_dir: str | Path, num_cpus: int) -> Iterator[None]:
+    """Ray for the duration of the block: the cluster at `address` ("auto" or
+    "HOST:PORT", as `ray.init(address=...)` takes it), or, with "", a one-machine
+    instance of `num_cpus` CPUs with its files under `temp_dir` (`local_cluster`). At the
+    end this process disconnects (a local instance stops), which ends every actor it
+    started that is still alive."""
+    if not address:
+        with local_cluster(temp_dir, num_cpus=num_cpus):
+            yield
+        return
+    import ray
+
+    if ray.is_initialized():
+        raise PoolError("Ray is already initialised in this process; call ray.shutdown() "
+                        "first or use the running instance")
+    try:
+        ray.init(address=address)
+    except ConnectionError as error:
+        raise PoolError(f"no Ray cluster at pool.ray_address={address!r} ({error}); start "
+                        "one with `ray start --head` or leave pool.ray_address empty for a "
+                        "one-machine Ray") from error
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -1,0 +1,303 @@
+"""Where a pool run's cells run: this machine's processes (`local`) or a Ray cluster (`ray`).
+
+`pool_run.train_with_pool` asks the backend that `pool.backend` names for three things,
+and the rest of the run (the policy, `LocalPool`, `PoolLoop`, the elastic step) is the
+same code on both:
+
+- `members(address, ...)`, the training side (`local.MemberSlots`): `ProcessMembers`
+  here, `ray_backend.RayMembers` on Ray (each training cell a placement group, each
+  member a Ray actor, gloo on CPUs). Members reach the coordinator's store at this
+  node's advertised host (`advertise_host`) with the store's port.
+- `engine_slots(...)`, the rollout side (`cells.GatewayEngineSlots`): on Ray,
+  `RayEngineSlots`, whose engines are started by an `EngineHost` actor on the cell's
+  node (pinned there by the cell's resource, `ray_backend.pinned_resources`), bound to
+  loopback on a one-address cluster and to every interface otherwise, and added at the
+  gateway under the node's IP.
+- the gateway's bind address (`gateway_host`) and the URL handed to rollouts
+  (`advertised_url`), so that the gateway is reachable from every node. On Ray each
+  engine host checks that from its node when it starts and the answer is recorded.
+
+Where everything ran is written, one JSON object a line, to `ray_placements.jsonl` in
+the run directory: each member's and engine's cell, Ray node ID, process and URL, and
+whether its node reached the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from undertow.cells import GatewayEngineSlots
+from undertow.gateway.engines.launch import BuiltinLauncher, RunningEngine
+from undertow.learner.pool.config import PoolConfig
+from undertow.learner.pool.ray_backend import RayMembers
+
+PLACEMENTS_FILE = "ray_placements.jsonl"
+ANY_ADDRESS = ("0.0.0.0", "::")
+PROBE_TIMEOUT_S = 10.0
+
+
+class LocalBackend:
+    """The cells as processes of this machine (`local.ProcessMembers`, local engines)."""
+
+    def __init__(self, pool: PoolConfig):
+        self.pool = pool
+        self.gateway_host = pool.gateway_host
+        self.advertise_host = pool.advertise_host or _loopback_or(pool.gateway_host)
+
+    def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
+        from undertow.learner.pool.local import ProcessMembers
+
+        return ProcessMembers(address, model_dir, **options)
+
+    def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
+                     log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
+        return GatewayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode)
+
+    def advertised_url(self, url: str) -> str:
+        """The gateway's URL as other processes and nodes should use it."""
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://{_url_host(self.advertise_host)}:{rest.rsplit(':', 1)[1]}"
+
+
+class RayBackend(LocalBackend):
+    """The cells on the connected Ray cluster (see the module docstring)."""
+
+    def __init__(self, pool: PoolConfig, run_dir: Path):
+        import ray
+
+        super().__init__(pool)
+        if not pool.advertise_host and pool.gateway_host in ANY_ADDRESS:
+            self.advertise_host = ray.util.get_node_ip_address()
+        self.placements = PlacementLog(Path(run_dir) / PLACEMENTS_FILE)
+        self.gateway_url = ""
+
+    def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
+        from undertow.learner.pool.ray_backend import RayCell, pinned_resources
+
+        cells = {cell_id: RayCell(num_cpus_per_member=self.pool.threads_per_cell,
+                                  resources_per_member=pinned_resources(cell_id))
+                 for cell_id in range(self.pool.num_cells)}
+        members = RecordedRayMembers((self.advertise_host, address[1]), model_dir, cells,
+                                     **options)
+        members.placements_log = self.placements
+        return members
+
+    def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
+                     log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
+        slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode)
+        slots.placements, slots.gateway_url = self.placements, self.gateway_url
+        return slots
+
+    def advertised_url(self, url: str) -> str:
+        self.gateway_url = super().advertised_url(url)
+        return self.gateway_url
+
+
+@contextlib.contextmanager
+def pool_backend(pool: PoolConfig, run_dir: Path) -> Iterator[LocalBackend]:
+    """The backend `pool.backend` names, ready for the block (on Ray: connected, or a
+    one-machine Ray started, and disconnected or stopped at the end)."""
+    if pool.backend == "local":
+        yield LocalBackend(pool)
+        return
+    from undertow.learner.pool.ray_backend import connect
+
+    # Ray's socket paths must stay short (about 100 bytes), so its files go under /tmp.
+    temp_dir = tempfile.mkdtemp(prefix="undertow-ray-")
+    try:
+        with connect(pool.ray_address, temp_dir, pool.num_cells * pool.threads_per_cell):
+            yield RayBackend(pool, run_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+class PlacementLog:
+    """`ray_placements.jsonl`: where each member and engine of the run ran."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def read_placements(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of `ray_placements.jsonl` in `run_dir` (empty if none)."""
+    path = Path(run_dir) / PLACEMENTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+class RecordedRayMembers(RayMembers):
+    """`RayMembers` that write where each cell's members ran, when the cell stops (its
+    actors are up by then) or at the end of the run."""
+
+    placements_log: PlacementLog
+
+    @property
+    def running(self) -> dict[int, Any]:
+        """The started cells (what `pool_run.ResidentMembers` looks up)."""
+        return self.groups
+
+    def stop(self, cell_id: int) -> None:
+        self._record(cell_id)
+        super().stop(cell_id)
+
+    def close(self) -> None:
+        for cell_id in list(self.groups):
+            self._record(cell_id)
+        super().close()
+
+    def _record(self, cell_id: int) -> None:
+        import ray
+
+        try:
+            placed = self.placements(cell_id)
+        except ray.exceptions.RayError as error:   # the member failed; stop() says so
+            placed = [{"error": str(error)}]
+        for placement in placed:
+            self.placements_log.write({"kind": "member", "cell_id": cell_id, **placement})
+
+
+class EngineHost:
+    """The body of a cell's engine actor (wrapped with `ray.remote` by `RayEngineSlots`):
+    starts and stops the built-in engine process on its node.
+
+    Invariants: `engines` holds every engine process this host started and has not
+    stopped, by URL; `stop_all` leaves none running.
+    """
+
+    def __init__(self):
+        self.engines: dict[str, RunningEngine] = {}
+
+    def start(self, model_dir: str, weight_version: int, num_threads: int,
+              log_path: str) -> str:
+        """Starts an engine on `model_dir` as `weight_version`; returns its URL as the
+        other nodes reach it (this node's IP)."""
+        import ray
+
+        from undertow.gateway.engines.launch import start_engine
+
+        node_ip = ray.util.get_node_ip_address()
+        extra = ("--num-threads", str(num_threads))
+        if not node_ip.startswith("127."):
+            extra += ("--host", "0.0.0.0")   # the last --host wins; readiness is probed locally
+        launcher = BuiltinLauncher(weight_version=str(weight_version), extra_args=extra)
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        engine = asyncio.run(start_engine(launcher, model_dir, log_path=Path(log_path)))
+        url = f"http://{_url_host(node_ip)}:{engine.url.rsplit(':', 1)[1]}"
+        self.engines[url] = engine
+        return url
+
+    def stop(self, url: str) -> None:
+        engine = self.engines.pop(url, None)
+        if engine is not None:
+            asyncio.run(engine.stop())
+
+    def stop_all(self) -> None:
+        for url in list(self.engines):
+            self.stop(url)
+
+    def placement(self, gateway_url: str) -> dict[str, Any]:
+        """This host's node and process, and whether the gateway answers from here."""
+        import os
+
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "node_ip": ray.util.get_node_ip_address(),
+                "gateway_reachable": _reachable(gateway_url) if gateway_url else None}
+
+
+@dataclass
+class RemoteEngine(RunningEngine):
+    """An engine that an `EngineHost` actor runs on another process (maybe node);
+    `process` is None here, and `stop` asks the host."""
+
+    host: Any = None
+
+    async def stop(self) -> None:
+        await self.host.stop.remote(self.url)
+
+
+class RayEngineSlots(GatewayEngineSlots):
+    """`GatewayEngineSlots` whose engines run on their cells' nodes, each started by
+    one long-lived `EngineHost` actor per cell (created on the cell's first start)."""
+
+    placements: PlacementLog
+    gateway_url: str = ""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        import ray
+
+        super().__init__(*args, **kwargs)
+        self.host_class = ray.remote(num_cpus=0, max_restarts=0)(EngineHost)
+        self.hosts: dict[int, Any] = {}
+
+    async def _start(self, cell_id: int) -> RunningEngine:
+        self.num_started += 1
+        model_dir, version = self.weights
+        log_path = self.log_dir / f"cell-{cell_id}-{self.num_started}.log"
+        host = await self._host(cell_id)
+        url = await host.start.remote(str(model_dir), version, self.threads_per_cell,
+                                      str(log_path))
+        return RemoteEngine(launcher=BuiltinLauncher(weight_version=str(version)), url=url,
+                            process=None, log_path=log_path, host=host)
+
+    async def _host(self, cell_id: int) -> Any:
+        from undertow.learner.pool.ray_backend import pinned_resources
+
+        if cell_id not in self.hosts:
+            host = self.host_class.options(resources=pinned_resources(cell_id)).remote()
+            self.hosts[cell_id] = host
+            placement = await host.placement.remote(self.gateway_url)
+            self.placements.write({"kind": "engine", "cell_id": cell_id, **placement})
+            if placement["gateway_reachable"] is False:
+                print(f"undertow train: warning: the gateway {self.gateway_url} does not "
+                      f"answer from node {placement['node_ip']} (cell {cell_id}); set "
+                      "pool.gateway_host=0.0.0.0 and pool.advertise_host", file=sys.stderr,
+                      flush=True)
+        return self.hosts[cell_id]
+
+    def close(self) -> None:
+        """Stops every engine, then ends the engine hosts."""
+        import ray
+
+        try:
+            super().close()
+        finally:
+            hosts, self.hosts = self.hosts, {}
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get([host.stop_all.remote() for host in hosts.values()],
+                        timeout=PROBE_TIMEOUT_S * 3)
+            for host in hosts.values():
+                ray.kill(host, no_restart=True)
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=PROBE_TIMEOUT_S) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _loopback_or(host: str) -> str:
+    return "127.0.0.1" if host in ANY_ADDRESS else host

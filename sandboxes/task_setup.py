@@ -82,7 +82,8 @@ def describe(task: Task, image: str) -> list[str]:
     if task.pre_install:
         where = ("ran when Undertow built the image" if task.image is None
                  else "already part of the published image; not run again")
-        lines.append(f"# pre_install ({len(task.pre_install)} commands): {where}")
+        count = f"{len(task.pre_install)} command{'s' if len(task.pre_install) > 1 else ''}"
+        lines.append(f"# pre_install ({count}): {where}")
     if not task.start_commands:
         lines.append("# no start commands")
     return lines

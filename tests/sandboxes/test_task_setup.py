@@ -121,7 +121,8 @@ async def test_a_failing_start_command_is_an_infrastructure_failure(docker_conne
     fails (no remote, no network), and the error names the task and that command."""
     task, _ = smith_task
     missing = f"{INSTANCE}.missing"
-    broken = dataclasses.replace(task, start_commands=tuple(swe_smith_start_commands(missing)))
+    broken = dataclasses.replace(task, start_commands=tuple(swe_smith_start_commands(missing)),
+                                 pre_install=("apt-get update",))
     log = tmp_path / "sandbox.log"
     async with await Sandbox.start(docker_connection, task.image, run=docker_run,
                                    session="smith-broken") as sandbox:
@@ -130,6 +131,7 @@ async def test_a_failing_start_command_is_an_infrastructure_failure(docker_conne
     assert (f"task {INSTANCE}: start command 'git show-ref -q {missing} || git fetch -q origin "
             f"{missing}' exited with code 128") in str(failed.value)
     assert f"$ git show-ref -q {missing}" in log.read_text()
+    assert "pre_install (1 command): already part of the published image" in log.read_text()
     assert f"git checkout -q {missing}" not in log.read_text()  # nothing after the failure
     with pytest.raises(SetupFailed, match="git fetch -q origin"):
         await grade(docker_connection, broken, task.patch, run=docker_run)

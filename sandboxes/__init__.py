@@ -8,6 +8,8 @@ The flow, one module per step (import them directly; this package imports nothin
     connection.py   connect(docker_url) -> Connection        (SDK + its thread pool)
     sandbox.py      Sandbox.start / exec / read_file / write_file / diff / close; gc(run)
     link.py         GatewayLink, start_linked_sandbox        (the gateway is the only peer)
+    task_setup.py   prepare_session_sandbox, run_start_commands  (each set-up field where the
+                    official harnesses run it; the session's sandbox.log)
     grading.py      grade(connection, task, diff) -> Grade   (fresh container, tests, reward)
                     judge(task, log) -> Verdict              (the official harness's rules)
     log_parsers.py  LOG_PARSERS by name                      (pytest first)

@@ -65,6 +65,10 @@ class PoolConfig:
         if self.ray_address and self.backend != "ray":
             raise ValueError(f"pool.ray_address={self.ray_address!r} is set, but "
                              f"pool.backend={self.backend!r}; set pool.backend=ray")
+        if self.backend == "ray" and self.processes_per_cell != 1:
+            raise ValueError(f"pool.processes_per_cell={self.processes_per_cell}: sharded "
+                             "cells run on the local backend only; set pool.backend=local "
+                             "or pool.processes_per_cell=1")
         if self.policy not in POLICIES:
             raise ValueError(f"pool.policy must be one of {sorted(POLICIES)}, "
                              f"got {self.policy!r}")

@@ -142,6 +142,13 @@ def wants_sealed(body: dict[str, Any]) -> bool:
     return SEALED in (body.get("include") or ())
 
 
+def wants_summary(body: dict[str, Any]) -> bool:
+    """Whether reasoning items show their reasoning as a summary (unless `"none"`, as
+    Codex sends with `model_reasoning_summary = "none"`)."""
+    reasoning = body.get("reasoning") or {}
+    return "none" not in (reasoning.get("summary"), reasoning.get("generate_summary"))
+
+
 def check_request_options(body: dict[str, Any]) -> None:
     """The request-level fields that change nothing the model sees, where only some
     values can be honoured."""
@@ -171,12 +178,12 @@ def parse_request(body: dict[str, Any], tool_parser: str = "hermes",
     check_request_options(body)
     if not isinstance(body.get("model"), str):
         raise BadRequest("model must be a string", param="model")
-    # The summary is the reasoning itself, whichever detail is asked for.
+    # The summary is the reasoning itself, whichever detail is asked for (or none).
     reasoning = known_keys(body.get("reasoning"), {"effort", "summary", "generate_summary"},
                            "reasoning")
     for name in ("summary", "generate_summary"):
-        check_value(reasoning.get(name), ("auto", "concise", "detailed"), f"reasoning.{name}",
-                    "the summary is the reasoning itself")
+        check_value(reasoning.get(name), ("auto", "concise", "detailed", "none"),
+                    f"reasoning.{name}", "the summary is the reasoning itself")
     text = known_keys(body.get("text"), {"format", "verbosity"}, "text")
     kwargs = template_kwargs(None, reasoning.get("effort"), effort_param="reasoning.effort")
     call = CallRequest(api="responses", model=body["model"],
@@ -216,12 +223,12 @@ def _ids(call_id: str) -> str:
     return call_id.removeprefix("call-")
 
 
-def output_items(outcome: Outcome, sealed: bool) -> list[dict]:
+def output_items(outcome: Outcome, body: dict[str, Any]) -> list[dict]:
     choice = outcome.choices[0]
     key = _ids(choice.call_id)
     items: list[dict] = []
     if choice.message.get("reasoning_content"):
-        items.append(_reasoning_item(key, choice.message["reasoning_content"], sealed))
+        items.append(_reasoning_item(key, choice.message["reasoning_content"], body))
     if choice.message.get("content"):
         items.append(_message_item(key, choice.message["content"], "completed"))
     for number, tool in enumerate(choice.tool_calls):
@@ -230,10 +237,10 @@ def output_items(outcome: Outcome, sealed: bool) -> list[dict]:
     return items
 
 
-def _reasoning_item(key: str, text: str, sealed: bool) -> dict:
-    item = {"type": "reasoning", "id": f"rs_{key}",
-            "summary": [{"type": "summary_text", "text": text}]}
-    if sealed:
+def _reasoning_item(key: str, text: str, body: dict[str, Any]) -> dict:
+    item = {"type": "reasoning", "id": f"rs_{key}", "summary": [
+        {"type": "summary_text", "text": text}] if wants_summary(body) else []}
+    if wants_sealed(body):
         item["encrypted_content"] = seal(text)
     return item
 
@@ -255,7 +262,7 @@ def response_body(call: CallRequest, body: dict, outcome: Outcome | None, call_i
     result = {"id": f"resp_{_ids(call_id)}", "object": "response", "created_at": 0,
               "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
               "model": call.model,
-              "output": output_items(outcome, wants_sealed(body)) if done else [],
+              "output": output_items(outcome, body) if done else [],
               "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
               "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
               "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -285,6 +292,7 @@ class ResponseStream:
         self.text = ""
         self.output_index = -1
         self.num_tools = 0
+        self.summarized = wants_summary(body)
 
     def event(self, kind: str, **data) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
@@ -314,7 +322,7 @@ class ResponseStream:
             out.append(self.event("response.content_part.added", item_id=item["id"],
                                   output_index=self.output_index, content_index=0,
                                   part={"type": "output_text", "text": "", "annotations": []}))
-        elif item["type"] == "reasoning":
+        elif item["type"] == "reasoning" and self.summarized:
             out.append(self.event("response.reasoning_summary_part.added", item_id=item["id"],
                                   output_index=self.output_index, summary_index=0,
                                   part={"type": "summary_text", "text": ""}))
@@ -333,11 +341,12 @@ class ResponseStream:
             item = {**_message_item(item["id"][4:], self.text, "completed")}
         elif item["type"] == "reasoning":
             part = {"type": "summary_text", "text": self.text}
-            out += [self.event("response.reasoning_summary_text.done", **at, summary_index=0,
-                               text=self.text),
-                    self.event("response.reasoning_summary_part.done", **at, summary_index=0,
-                               part=part)]
-            item = _reasoning_item(item["id"][3:], self.text, wants_sealed(self.body))
+            if self.summarized:
+                out += [self.event("response.reasoning_summary_text.done", **at,
+                                   summary_index=0, text=self.text),
+                        self.event("response.reasoning_summary_part.done", **at,
+                                   summary_index=0, part=part)]
+            item = _reasoning_item(item["id"][3:], self.text, self.body)
         else:
             out.append(self.event("response.function_call_arguments.done", **at,
                                   arguments=item["arguments"]))
@@ -358,6 +367,8 @@ class ResponseStream:
                                       if kind == "reasoning"
                                       else _message_item(key, "", "in_progress"))
                 self.text += event.text
+                if kind == "reasoning" and not self.summarized:
+                    continue  # kept for the item's encrypted_content
                 name = ("response.reasoning_summary_text.delta" if kind == "reasoning"
                         else "response.output_text.delta")
                 index = {"summary_index": 0} if kind == "reasoning" else {"content_index": 0}

@@ -91,21 +91,25 @@ def test_sealed_reasoning_reads_back_exactly_and_refuses_what_it_did_not_seal():
 
 
 @on_loop
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("stream", "summary"), [(False, "auto"), (True, "none")])
 async def test_encrypted_reasoning_is_returned_and_read_back_with_token_truth(
-        thinking_gateway, scripted, renderer, clients, stream):
+        thinking_gateway, scripted, renderer, clients, stream, summary):
     session, client, _ = await clients(thinking_gateway)
     script(scripted, renderer, COMPLETION)
     request = {"model": "m", "input": ASK, "tools": [TOOL], "store": False,
-               "include": ["reasoning.encrypted_content"], "reasoning": {"summary": "auto"}}
+               "include": ["reasoning.encrypted_content"], "reasoning": {"summary": summary}}
     if stream:
         events = [event async for event in await client.responses.create(**request,
                                                                           stream=True)]
         output = events[-1].response.output
+        # No summary asked for: no summary events either.
+        assert not any(event.type.startswith("response.reasoning_summary") for event in events)
     else:
         output = (await client.responses.create(**request)).output
     reasoning, _, call = output
     assert unseal(reasoning.encrypted_content, "x") == REASONING
+    assert [part.text for part in reasoning.summary] == ([] if summary == "none" else
+                                                         [REASONING])
     # Sent back as Codex does, here with the readable summary dropped: the sealed
     # reasoning alone makes the turn the one recorded, so the next call extends it.
     history = [*ASK, {"type": "reasoning", "id": reasoning.id, "summary": [],

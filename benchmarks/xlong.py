@@ -1,6 +1,7 @@
 """xLong-horizon benchmark: a million-token session end to end, in bounded memory.
 
-    python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--parts session,learner]
+    python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--long-path-tokens 131072]
+        [--max-rss-gib 12] [--parts session,learner,long]
 
 (a) Gateway (`xlong_session.py`): one session of 500 calls and about 1M tokens, its
     history condensed about every 95k tokens, through `undertow gateway serve` in front
@@ -11,11 +12,14 @@
     long micro-batches in segments) vs unchunked, for a group of such sessions (scaled
     to this CPU), one long path, and the LM head alone at a 128k-token path's shape.
 
-The 128k-token path itself costs about half an hour of CPU per variant on the tiny
-model (attention over 128k positions: ~1.5e14 FLOPs forward and backward), more than
-this benchmark's budget on a shared 2-core machine, so the default long path is 24k
-tokens; `--path-tokens 131072` runs the full length. Writes benchmarks/results/xlong.json
-and prints a Markdown table.
+(c) Long path (`xlong_learner.run_long`): one step over a single 128k-token path, the
+    LM head chunked (in segments) measured at full length, and unchunked, measured too
+    if its peak fits in `--max-rss-gib`, else extrapolated from paths of 24k and 48k.
+    Attention over 128k positions is about half an hour of CPU per variant on the tiny
+    model (~1.5e14 FLOPs forward and backward); `--parts session,learner` leaves it out.
+
+Writes benchmarks/results/xlong.json (the parts run replace theirs, the others are
+kept) and prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -69,11 +73,15 @@ def learner_table(rows: list[dict]) -> str:
              "| step CPU s | step wall s | peak step MiB |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
+        variant = row["variant"]
+        if "extrapolated_from" in row:
+            variant += ", extrapolated from " + " and ".join(
+                f"{t // 1000}k" for t in row["extrapolated_from"])
         tokens = (f"{row['num_unique_tokens']:,} / {row['num_packed_tokens']:,}"
                   if "num_unique_tokens" in row else f"V = {row['vocab_size']:,}")
         batches = (f"{row['num_micro_batches']} ({row['longest_micro_batch']:,})"
                    if "num_micro_batches" in row else "n/a")
-        lines.append(f"| {row['case']} | {row['variant']} | {tokens} | {row['num_terms']:,} | "
+        lines.append(f"| {row['case']} | {variant} | {tokens} | {row['num_terms']:,} | "
                      f"{batches} | {row['step_cpu_s']:.1f} | {row['step_s']:.1f} | "
                      f"{row['peak_step_mib']:,.0f} |")
     return "\n".join(lines)
@@ -83,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=xlong_session.NUM_CALLS)
     parser.add_argument("--path-tokens", type=int, default=24576)
-    parser.add_argument("--parts", default="session,learner")
+    parser.add_argument("--long-path-tokens", type=int, default=131072)
+    parser.add_argument("--max-rss-gib", type=float, default=12.0)
+    parser.add_argument("--parts", default="session,learner,long")
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["group", "path", "head"])
     parser.add_argument("--variant", choices=sorted(xlong_learner.VARIANTS))
@@ -95,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     from undertow.learner.modeldir import init_model_dir
 
     parts = args.parts.split(",")
-    results: dict = {"path_tokens": args.path_tokens}
+    results: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = init_model_dir(Path(scratch) / "tiny", size="tiny", seed=0)
         if "session" in parts:
@@ -105,18 +115,28 @@ def main(argv: list[str] | None = None) -> None:
             _write(results)
         if "learner" in parts:
             print("(b) learner steps", flush=True)
+            results["path_tokens"] = args.path_tokens
             results["learner"] = xlong_learner.run_all(model_dir, args.path_tokens,
                                                        args.timeout_s)
             _write(results)
+        if "long" in parts:
+            print(f"(c) one {args.long_path_tokens:,}-token path", flush=True)
+            results["long_path_tokens"] = args.long_path_tokens
+            results["long_path"] = xlong_learner.run_long(
+                model_dir, args.long_path_tokens, args.timeout_s, args.max_rss_gib)
+            _write(results)
     if "session" in results:
         print(session_table(results["session"]))
-    if "learner" in results:
-        print(learner_table(results["learner"]))
+    for part in ("learner", "long_path"):
+        if part in results:
+            print(learner_table(results[part]))
 
 
 def _write(results: dict) -> None:
+    """Writes the parts run, keeping the others' last results."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,14 @@ Three cases, each variant in a FRESH subprocess (tiny model, fp32, one torch thr
 Reported per run: CPU and wall seconds of the step (loss, forward and backward), and
 peak_step_mib = ru_maxrss after the step minus before it (how far the step pushed the
 process's peak resident memory above the model, data and a warm-up step).
+
+A fourth case, `long` (`run_long`), is the `path` case at `--long-path-tokens` (128k by
+default): the chunked variant measured at that length, the unchunked one only where its
+peak fits under `--max-rss-gib` (12 GiB: the machine's 24 GB are shared); else it is
+measured on two shorter paths (3/16 and 6/16 of the length: 24k and 48k for 128k) and
+extrapolated (`extrapolate`): its peak is linear in the path's tokens (activations,
+flash attention's log-sum-exp and the (N, V) head all grow with T), its CPU and wall
+seconds a*T + b*T^2 (attention is quadratic), each fitted through the two points.
 """
 
 from __future__ import annotations
@@ -157,18 +165,66 @@ def _head_step(policy, variant: str) -> dict:
 
 
 def run_all(model_dir: Path, path_tokens: int, timeout_s: int) -> list[dict]:
-    rows = []
-    for case, variants in CASES.items():
-        for variant in variants:
-            command = [sys.executable, "-m", "benchmarks.xlong", "--worker", case,
-                       "--variant", variant, "--model-dir", str(model_dir),
-                       "--path-tokens", str(path_tokens)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-            if done.returncode:
-                raise RuntimeError(f"{case}/{variant} failed:\n{done.stderr[-3000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"  {json.dumps(rows[-1])}", flush=True)
-    return rows
+    return [_run_worker(case, variant, model_dir, path_tokens, timeout_s)
+            for case, variants in CASES.items() for variant in variants]
+
+
+def _run_worker(case: str, variant: str, model_dir: Path, path_tokens: int,
+                timeout_s: int) -> dict:
+    """One case and variant in a fresh process; its result row."""
+    command = [sys.executable, "-m", "benchmarks.xlong", "--worker", case,
+               "--variant", variant, "--model-dir", str(model_dir),
+               "--path-tokens", str(path_tokens)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode:
+        raise RuntimeError(f"{case}/{variant} failed:\n{done.stderr[-3000:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {json.dumps(row)}", flush=True)
+    return row
+
+
+def probe_tokens(long_tokens: int) -> tuple[int, int]:
+    """The two shorter paths the unchunked variant is extrapolated from."""
+    return long_tokens * 3 // 16, long_tokens * 6 // 16
+
+
+def run_long(model_dir: Path, long_tokens: int, timeout_s: int, max_rss_gib: float
+             ) -> list[dict]:
+    """One step over a single `long_tokens` path, chunked (measured) and unchunked
+    (measured if its extrapolated peak fits in `max_rss_gib`, else extrapolated)."""
+    chunked = _run_worker("path", "chunked", model_dir, long_tokens, timeout_s)
+    probes = [_run_worker("path", "unchunked", model_dir, tokens, timeout_s)
+              for tokens in probe_tokens(long_tokens)]
+    return long_rows(chunked, probes, long_tokens, max_rss_gib, model_dir, timeout_s)
+
+
+def long_rows(chunked: dict, probes: list[dict], long_tokens: int, max_rss_gib: float,
+              model_dir: Path | None = None, timeout_s: int = 0) -> list[dict]:
+    """The `long` case's rows from its measurements (`model_dir`: where to measure the
+    unchunked variant at full length if it fits)."""
+    case = f"path {long_tokens // 1024}k"
+    unchunked = extrapolate(probes, chunked)
+    if unchunked["peak_step_mib"] <= max_rss_gib * 1024 and model_dir is not None:
+        unchunked = _run_worker("path", "unchunked", model_dir, long_tokens, timeout_s)
+    probes = [{**row, "case": f"path {row['num_packed_tokens'] // 1000}k (probe)"}
+              for row in probes]
+    return [*probes, {**chunked, "case": case}, {**unchunked, "case": case}]
+
+
+def extrapolate(probes: list[dict], target: dict) -> dict:
+    """The unchunked row at `target`'s path length from two shorter measured ones:
+    peak linear in the packed tokens T, CPU and wall seconds a*T + b*T^2."""
+    (t1, t2), length = [row["num_packed_tokens"] for row in probes], target["num_packed_tokens"]
+    first, second = probes
+    row = {key: target[key] for key in ("num_unique_tokens", "num_packed_tokens", "num_terms",
+                                        "num_micro_batches", "longest_micro_batch")}
+    slope = (second["peak_step_mib"] - first["peak_step_mib"]) / (t2 - t1)
+    row["peak_step_mib"] = second["peak_step_mib"] + slope * (length - t2)
+    for key in ("step_s", "step_cpu_s"):
+        # a*T + b*T^2 through (t1, y1) and (t2, y2): y/T is linear in T.
+        per_token = (second[key] / t2 - first[key] / t1) / (t2 - t1)
+        row[key] = length * (second[key] / t2 + per_token * (length - t2))
+    return {**row, "variant": "unchunked", "extrapolated_from": [t1, t2]}
 
 
 def worker_main(case: str, variant: str, model_dir: str, path_tokens: int) -> None:

@@ -15,8 +15,10 @@ network. On a machine with CUDA it:
    gradient);
 4. times the weight sync's learner side: gathering the full weights and writing them as
    the model directory an engine loads (`update_weights_from_disk`);
-5. runs `benchmarks/device_check_sglang.py` (SGLang's part) where that file exists.
-The built-in engine runs on CPUs only (no device option), so its decode rows say so.
+5. starts the built-in engine on the GPU (`engine serve --device cuda`: bf16 weights and
+   KV) and measures decode tokens/s at concurrency 1 and 32 as `benchmarks.engine` does
+   (32-token prompts, 128 greedy tokens each, best of 3 rounds after a warm-up);
+6. runs `benchmarks/device_check_sglang.py` (SGLang's part) where that file exists.
 Without CUDA every row says "not run: no CUDA" and the script exits 0. It prints a
 Markdown table and writes `benchmarks/results/device_check.json`; the exit code is 1
 when a check that ran failed.
@@ -215,10 +217,33 @@ def sglang_row(model_dir: Path | None) -> dict:
                "see benchmarks/results/device_check_sglang.json")
 
 
-def engine_rows() -> list[dict]:
-    reason = ("the built-in engine runs on CPUs only (gateway/engines/builtin has no device "
-              "option); SGLang's rows cover GPU decode")
-    return [row(ROWS[4], "not run", note=reason), row(ROWS[5], "not run", note=reason)]
+def engine_rows(model_dir: Path) -> list[dict]:
+    """Rows 5 and 6: the built-in engine's decode tokens/s on CUDA (step 5 above)."""
+    import asyncio
+
+    try:
+        throughput = asyncio.run(engine_decode(model_dir))
+    except Exception as error:   # the training rows above still stand
+        note = f"{type(error).__name__}: {error}"[:300]
+        return [row(ROWS[4], "FAILED", note=note), row(ROWS[5], "FAILED", note=note)]
+    note = "built-in engine, --device cuda (bf16 weights and KV)"
+    return [row(ROWS[4], "passed", f"{throughput[1]:.0f}", note),
+            row(ROWS[5], "passed", f"{throughput[32]:.0f}", note)]
+
+
+async def engine_decode(model_dir: Path) -> dict[int, float]:
+    """Decode tokens/s of the built-in engine on CUDA at concurrency 1 and 32."""
+    import aiohttp
+
+    from benchmarks.engine import TIMEOUT, complete, decode_throughput, token_ids
+    from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
+
+    launcher = BuiltinLauncher(extra_args=("--device", "cuda"))
+    async with launch_engine(launcher, model_dir) as engine, \
+            aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        model = str(model_dir)
+        await complete(session, engine.url, model, token_ids(1, 64), 4)
+        return {c: await decode_throughput(session, engine.url, model, c) for c in (1, 32)}
 
 
 def gpu_rows(model_dir: Path | None, shape: str) -> tuple[list[dict], Path]:
@@ -233,7 +258,7 @@ def gpu_rows(model_dir: Path | None, shape: str) -> tuple[list[dict], Path]:
             rows += build()
         except Exception as error:   # one failed part must not hide the others' rows
             rows.append(row("error", "FAILED", note=f"{type(error).__name__}: {error}"[:300]))
-    return rows + engine_rows(), model_dir
+    return rows + engine_rows(model_dir), model_dir
 
 
 def table(rows: list[dict]) -> str:

@@ -57,6 +57,10 @@ def _add_engine(commands) -> None:
     serve.add_argument("--chunked-prefill-size", type=int, default=256,
                        help="most token equivalents of prompt prefilled between two decode "
                             "steps (SGLang's flag; 0 prefills every prompt whole)")
+    serve.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                       help="where the weights and KV live (auto: CUDA when torch sees a GPU)")
+    serve.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                       help="the weights' and KV's dtype (auto: bfloat16 on CUDA, else float32)")
     serve.set_defaults(handler=_engine_serve)
 
 
@@ -68,7 +72,7 @@ def _engine_serve(args) -> int:
         max_running_requests=args.max_running_requests, cache_bytes=args.cache_bytes,
         weight_version=args.weight_version, num_threads=args.num_threads,
         incremental_streaming_output=args.incremental_streaming_output,
-        chunked_prefill_size=args.chunked_prefill_size)
+        chunked_prefill_size=args.chunked_prefill_size, device=args.device, dtype=args.dtype)
     serve(config)
     return 0
 

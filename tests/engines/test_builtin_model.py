@@ -1,9 +1,11 @@
-"""The built-in Qwen3 forward and sampler, checked against transformers on the tiny model."""
+"""The built-in Qwen3 forward and sampler, checked against transformers on the tiny model;
+the device path (`--device`, `--dtype`): auto is the CPU here, bfloat16 runs on it."""
 
 import random
 
 import pytest
 import torch
+from safetensors.torch import load
 
 from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, SlotKV, load_weights
 from undertow.gateway.engines.builtin.sampling import SamplingParams, sample
@@ -86,3 +88,75 @@ def test_sampling_respects_top_k():
     picks = {sample(logits, params, [generator], 0).token_ids[0] for _ in range(200)}
     assert picks <= {97, 98, 99}
     assert len(picks) > 1
+
+
+def test_auto_is_the_cpu_here_and_cuda_says_what_to_do():
+    from undertow.gateway.engines.builtin.errors import WeightLoadError
+    from undertow.gateway.engines.builtin.model import resolve_device, resolve_dtype
+
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="'fp8'"):
+        resolve_dtype("fp8", torch.device("cpu"))
+    with pytest.raises(ValueError, match="'tpu'"):
+        resolve_device("tpu")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: 'auto' is CUDA")
+    assert resolve_device("auto") == resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(WeightLoadError, match="--device auto"):
+        resolve_device("cuda")
+
+
+def test_bfloat16_weights_and_kv_on_the_device_track_float32(models, tiny_model_dir):
+    """The device path (weights, KV, index tensors and masks on `device`, in its dtype)
+    run on the CPU in bfloat16: logits come back as float32 on the CPU and stay within
+    bfloat16's error of the float32 model's, prefill and batched decode."""
+    ours, _ = models
+    config = ours.config
+    low = Qwen3(config, load_weights(tiny_model_dir, config, torch.device("cpu"), torch.bfloat16))
+    assert (low.device, low.dtype) == (torch.device("cpu"), torch.bfloat16)
+    rng = random.Random(2)
+    prompts = [rng.choices(range(3, config.vocab_size), k=rng.randint(5, 30)) for _ in range(3)]
+    results = []
+    for model in (ours, low):
+        kv = SlotKV(config, model.device, model.dtype)
+        kv.reserve(len(prompts), 64)
+        first = [model.prefill(kv, slot, p[:-1], 0, slice(None)) for slot, p in enumerate(prompts)]
+        step = model.decode(kv, [p[-1] for p in prompts], [len(p) - 1 for p in prompts])
+        assert kv.k.dtype == model.dtype
+        results.append([torch.log_softmax(t, -1) for t in (*first, step)])
+    for full, half in zip(*results, strict=True):
+        assert half.dtype == torch.float32 and half.device.type == "cpu"
+        assert not torch.equal(full, half)   # bf16 did run
+        assert (full - half).abs().max() < 0.1
+        assert (full - half).abs().mean() < 0.01
+
+
+async def test_a_bfloat16_engine_serves_and_moves_its_kv_as_float32(tiny_model_dir, start_engine):
+    """`engine serve --device auto --dtype bfloat16`: auto resolves to the CPU here; the
+    engine generates, exports a finished sequence's KV as float32 and imports it back (after
+    a cache flush) so that the sequence continues as it did (bf16 -> f32 -> bf16 is exact)."""
+    import aiohttp
+
+    from tests.engines.builtin_client import generate, get, post, prompt
+    from undertow.gateway.engines.client import SGLangClient
+
+    ids, sampling = prompt(4, 60), {"temperature": 0.0, "ignore_eos": True}
+    with start_engine(tiny_model_dir, "--device", "auto", "--dtype", "bfloat16") as url:
+        async with aiohttp.ClientSession() as session, SGLangClient(url) as client:
+            info = await get(session, url, "/get_server_info")
+            expected = await generate(session, url, input_ids=ids, return_logprob=True,
+                                      sampling_params={**sampling, "max_new_tokens": 12})
+            head = expected["output_ids"][:6]
+            payload = await client.export_kv(input_ids=ids + head)
+            assert (await post(session, url, "/flush_cache"))[0] == 200
+            assert await client.import_kv(payload) == len(ids) + 6
+            tail = await generate(session, url, input_ids=ids + head,
+                                  sampling_params={**sampling, "max_new_tokens": 6})
+    assert (info["device"], info["dtype"]) == ("cpu", "bfloat16")
+    assert all(entry[0] <= 0 for entry in expected["meta_info"]["output_token_logprobs"])
+    kv = load(payload.data)["kv"]
+    assert kv.dtype == torch.float32 and kv.shape[3] == len(ids) + 6
+    assert tail["meta_info"]["cached_tokens"] == len(ids) + 5
+    assert head + tail["output_ids"] == expected["output_ids"]

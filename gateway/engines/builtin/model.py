@@ -1,4 +1,4 @@
-"""Qwen3 forward pass in plain torch (fp32), on a KV buffer with one slot per running request.
+"""Qwen3 forward pass in plain torch, on a KV buffer with one slot per running request.
 
 Loads `config.json` + `*.safetensors` of a Hugging Face Qwen3 directory: RMSNorm, per-head q/k
 RMSNorm, rotary embeddings (rope_theta, rotate-half layout), grouped-query attention, SwiGLU MLP,
@@ -18,6 +18,14 @@ rows doubles the step time on CPU.) The linear layers run with at least `MIN_ROW
 rows pad small batches) because CPU BLAS picks a different kernel, with a different summation
 order, for one or two rows than for many; with the padding a row's projections are the same
 whether it runs alone or in a batch of 32.
+
+Device and precision (`resolve_device`, `resolve_dtype`): float32 on the CPU (everything
+above), bfloat16 weights and KV on CUDA by default. The weights and the KV live on the
+device and every step's index tensors and masks are made there; each step's logits come
+back to the CPU as float32 (B x V floats, 19 MB at 32 rows of 152k), where sampling, its
+per-request generators and the logprobs stay as they are on a CPU engine. In bfloat16
+the batched-equals-alone identity above does not hold exactly (other kernels, coarser
+sums); greedy outputs can then differ where two logits are within bf16's resolution.
 """
 
 import json
@@ -32,6 +40,29 @@ from undertow.gateway.engines.builtin.errors import WeightLoadError
 
 MIN_ROWS = 8
 TOKEN_ALIGN = 256
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device `--device` names: "auto" is CUDA when torch sees a GPU, else the CPU."""
+    if name not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {name!r}")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise WeightLoadError(f"device 'cuda' was asked for, but this torch ({torch.__version__}) "
+                              "sees no CUDA device; use --device auto or cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The weights' and KV's dtype: "auto" is bfloat16 on CUDA and float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
 
 
 @dataclass(frozen=True)
@@ -109,8 +140,10 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_weights(model_dir: Path, config: ModelConfig) -> Weights:
-    """Read and fuse the weights of `model_dir`; WeightLoadError if they do not fit `config`."""
+def load_weights(model_dir: Path, config: ModelConfig, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Weights:
+    """Read and fuse the weights of `model_dir` onto `device` in `dtype`; WeightLoadError
+    if they do not fit `config`."""
     tensors = _read_tensors(model_dir)
 
     def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -121,7 +154,7 @@ def load_weights(model_dir: Path, config: ModelConfig) -> Weights:
             raise WeightLoadError(
                 f"{model_dir}: {name} has shape {tuple(tensor.shape)}, the served model needs "
                 f"{shape}; load weights of the same architecture")
-        return tensor.to(torch.float32)
+        return tensor.to(device, dtype)
 
     c = config
     d, hd, inner = c.hidden_size, c.head_dim, c.intermediate_size
@@ -155,9 +188,10 @@ class SlotKV:
     about (running requests) x (longest running request), and is released when all leave.
     """
 
-    def __init__(self, config: ModelConfig):
-        self.config = config
-        self.k = self.v = torch.empty(0)
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.k = self.v = torch.empty(0, device=self.device, dtype=dtype)
         self.num_slots = self.max_tokens = 0
 
     def reserve(self, num_slots: int, max_tokens: int) -> None:
@@ -172,7 +206,8 @@ class SlotKV:
             new_tokens = -(-(max_tokens * 3 // 2) // TOKEN_ALIGN) * TOKEN_ALIGN
         c = self.config
         shape = (c.num_layers, new_slots, c.num_kv_heads, new_tokens, c.head_dim)
-        k, v = torch.zeros(shape), torch.zeros(shape)
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if self.num_slots:
             k[:, :self.num_slots, :, :self.max_tokens] = self.k
             v[:, :self.num_slots, :, :self.max_tokens] = self.v
@@ -180,7 +215,7 @@ class SlotKV:
         self.num_slots, self.max_tokens = new_slots, new_tokens
 
     def release(self) -> None:
-        self.k = self.v = torch.empty(0)
+        self.k = self.v = torch.empty(0, device=self.device, dtype=self.dtype)
         self.num_slots = self.max_tokens = 0
 
     def move(self, source: int, target: int, length: int) -> None:
@@ -193,16 +228,19 @@ class SlotKV:
 
     def write(self, slot: int, start: int, kv: torch.Tensor) -> None:
         end = start + kv.shape[3]
+        kv = kv.to(self.device, self.dtype)
         self.k[:, slot, :, start:end] = kv[:, 0]
         self.v[:, slot, :, start:end] = kv[:, 1]
 
 
 class Qwen3:
-    """The forward pass. `weights` may be replaced between calls (weight updates)."""
+    """The forward pass. `weights` may be replaced between calls (weight updates) by
+    weights on the same device in the same dtype, which are the model's."""
 
     def __init__(self, config: ModelConfig, weights: Weights):
         self.config = config
         self.weights = weights
+        self.device, self.dtype = weights.embed.device, weights.embed.dtype
         half = config.head_dim // 2
         self.inv_freq = 1.0 / (config.rope_theta ** (
             torch.arange(0, half, dtype=torch.float64) / half))
@@ -214,8 +252,8 @@ class Qwen3:
         if num_positions > self.cos.shape[0]:
             count = -(-num_positions // 1024) * 1024
             freqs = torch.outer(torch.arange(count, dtype=torch.float64), self.inv_freq)
-            self.cos = torch.cat([freqs.cos(), freqs.cos()], -1).float()
-            self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).float()
+            self.cos = torch.cat([freqs.cos(), freqs.cos()], -1).to(self.device, self.dtype)
+            self.sin = torch.cat([-freqs.sin(), freqs.sin()], -1).to(self.device, self.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, each (n, 1, head_dim), for rotate-half RoPE."""
@@ -242,9 +280,10 @@ class Qwen3:
         return x + F.linear(F.silu(gate) * up, layer.down)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, V) float32 logits on the CPU (module docstring)."""
         c = self.config
         h = F.rms_norm(hidden, (c.hidden_size,), self.weights.norm, c.rms_norm_eps)
-        return F.linear(h, self.weights.lm_head)
+        return F.linear(h, self.weights.lm_head).to("cpu", torch.float32)
 
     @torch.inference_mode()
     def prefill(self, kv: SlotKV, slot: int, token_ids: list[int], start: int,
@@ -253,13 +292,14 @@ class Qwen3:
         prefix's KV), store their KV, and return the logits of rows `logit_rows` (n, V)."""
         n = len(token_ids)
         rows = max(n, MIN_ROWS)
-        ids = torch.tensor(token_ids + [0] * (rows - n))
-        positions = torch.arange(start, start + rows)
+        ids = torch.tensor(token_ids + [0] * (rows - n), device=self.device)
+        positions = torch.arange(start, start + rows, device=self.device)
         cos, sin = self._rope(positions)
         end = start + n
         mask = None
         if start:
-            mask = torch.arange(end).unsqueeze(0) <= positions[:n].unsqueeze(1)
+            mask = (torch.arange(end, device=self.device).unsqueeze(0)
+                    <= positions[:n].unsqueeze(1))
         x = self.weights.embed[ids]
         for index, layer in enumerate(self.weights.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
@@ -281,20 +321,23 @@ class Qwen3:
         c = self.config
         num_rows = len(token_ids)
         rows = max(num_rows, MIN_ROWS)
-        ids = torch.tensor(token_ids + [0] * (rows - num_rows))
-        position_tensor = torch.tensor(positions + [0] * (rows - num_rows))
+        device, dtype = self.device, self.dtype
+        ids = torch.tensor(token_ids + [0] * (rows - num_rows), device=device)
+        position_tensor = torch.tensor(positions + [0] * (rows - num_rows), device=device)
         cos, sin = self._rope(position_tensor)
-        slots = torch.arange(num_rows)
+        slots = torch.arange(num_rows, device=device)
         row_positions = position_tensor[:num_rows]
         num_keys = max(positions) + 1
         # (B KVH, 1, T): 0 for a row's own keys, -inf past its length (exactly zero weight).
-        mask = torch.zeros(num_rows, num_keys).masked_fill_(
-            torch.arange(num_keys).unsqueeze(0) > row_positions.unsqueeze(1), float("-inf"))
+        mask = torch.zeros(num_rows, num_keys, device=device, dtype=dtype).masked_fill_(
+            torch.arange(num_keys, device=device).unsqueeze(0) > row_positions.unsqueeze(1),
+            float("-inf"))
         mask = mask.repeat_interleave(c.num_kv_heads, 0).unsqueeze(1)
         group = c.num_heads // c.num_kv_heads
         flat = (num_rows * c.num_kv_heads, num_keys, c.head_dim)
         scale = c.head_dim ** -0.5
-        pad = None if rows == num_rows else torch.zeros(rows - num_rows, c.num_heads * c.head_dim)
+        pad = None if rows == num_rows else torch.zeros(
+            rows - num_rows, c.num_heads * c.head_dim, device=device, dtype=dtype)
         x = self.weights.embed[ids]
         for index, layer in enumerate(self.weights.layers):
             q, k, v = self._qkv(layer, x, cos, sin)

@@ -170,7 +170,8 @@ class NativeApi:
             raise BadRequest(f"load_format={body['load_format']!r} is not supported; "
                              "use safetensors")
         try:
-            weights = await asyncio.to_thread(load_weights, Path(model_path), engine.model_config)
+            weights = await asyncio.to_thread(load_weights, Path(model_path), engine.model_config,
+                                              engine.device, engine.dtype)
         except (WeightLoadError, FileNotFoundError, OSError) as error:
             return web.json_response({"success": False, "message": str(error),
                                       "num_paused_requests": 0}, status=400)

@@ -71,7 +71,7 @@ class Scheduler:
         self.publish = publish
         self.weight_version = weight_version
         self.context_length = model.config.max_position_embeddings
-        self.kv = SlotKV(model.config)
+        self.kv = SlotKV(model.config, model.device, model.dtype)
         self.staged = StagedSlots(self.kv)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

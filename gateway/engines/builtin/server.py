@@ -34,7 +34,15 @@ from aiohttp import web
 from undertow.gateway.engines.builtin import native_api, openai_api, undertow_kv
 from undertow.gateway.engines.builtin.errors import BadRequest
 from undertow.gateway.engines.builtin.grammar import Grammars
-from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, load_weights
+from undertow.gateway.engines.builtin.model import (
+    DEVICES,
+    DTYPES,
+    ModelConfig,
+    Qwen3,
+    load_weights,
+    resolve_device,
+    resolve_dtype,
+)
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
 from undertow.gateway.engines.builtin.scheduler import Scheduler, Update
@@ -51,6 +59,8 @@ class EngineConfig:
     `num_threads` sets torch's intra-op threads (None keeps torch's default); `context_length`
     may lower the model's `max_position_embeddings`; `chunked_prefill_size` bounds one prefill
     chunk, in token equivalents (`scheduler.py`; 0 or less prefills every prompt whole).
+    `device` ("auto": CUDA when torch sees a GPU) holds the weights and the KV, in `dtype`
+    ("auto": bfloat16 on CUDA, float32 on the CPU; `model.py`).
     """
 
     model_dir: Path
@@ -65,8 +75,14 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int = 256
     incremental_streaming_output: bool = False
+    device: str = "cpu"
+    dtype: str = "auto"
 
     def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device!r} must be one of {DEVICES}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} must be 'auto' or one of {sorted(DTYPES)}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests={self.max_running_requests} must be >= 1")
         if self.cache_bytes < 0:
@@ -83,7 +99,10 @@ class Engine:
         self.model_path = str(config.model_dir)
         self.tokenizer = Tokenizer(config.model_dir)
         self.model_config = ModelConfig.from_dir(config.model_dir)
-        model = Qwen3(self.model_config, load_weights(config.model_dir, self.model_config))
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        model = Qwen3(self.model_config, load_weights(config.model_dir, self.model_config,
+                                                      self.device, self.dtype))
         self.context_length = min(config.context_length or 1 << 62,
                                   self.model_config.max_position_embeddings)
         self.served_model_name = config.served_model_name or self.model_path
@@ -171,6 +190,7 @@ class Engine:
     def server_info(self) -> dict:
         info = {key: str(value) if isinstance(value, Path) else value
                 for key, value in asdict(self.config).items()}
+        info.update(device=str(self.device), dtype=str(self.dtype).removeprefix("torch."))
         load = self.load()
         info.update(load)
         info.update({

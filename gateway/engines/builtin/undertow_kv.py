@@ -90,7 +90,7 @@ def model_fingerprint(weights) -> str:
     digest = hashlib.sha256()
     for tensor in (weights.norm, weights.embed[:4], weights.layers[0].qkv[:4],
                    weights.layers[-1].down[:4], weights.lm_head[-4:]):
-        digest.update(tensor.contiguous().numpy().tobytes())
+        digest.update(tensor.to("cpu", torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -190,7 +190,9 @@ class KVTransferApi:
             token_ids = input_ids[ids_start:match.length]
             spans = [kv for _, kv in scheduler.cache.spans(match, start)]
             kv = torch.cat(spans, 3) if spans else self._empty_kv()
-        return token_ids, kv.contiguous(), self.fingerprint(), scheduler.weight_version
+        # The payload is float32 on the CPU whatever this engine keeps (bf16 on CUDA).
+        kv = kv.to("cpu", torch.float32).contiguous()
+        return token_ids, kv, self.fingerprint(), scheduler.weight_version
 
     @staticmethod
     def _check_start(start: int, end: int) -> None:
@@ -220,7 +222,9 @@ class KVTransferApi:
         if ids_start not in (0, start):
             raise BadRequest(f"the payload's token_ids_start={ids_start} must be 0 or its "
                              f"start={start}")
-        return metadata, self._check_payload(kv, token_ids, start, ids_start), kv, start
+        token_ids = self._check_payload(kv, token_ids, start, ids_start)
+        model = self.scheduler.model
+        return metadata, token_ids, kv.to(model.device, model.dtype), start
 
     async def import_kv(self, http: web.Request) -> web.Response:
         metadata, token_ids, kv, start = await self._read_payload(http)

@@ -11,6 +11,11 @@ itself is small: system -> system message; text blocks -> content; `thinking`
 blocks -> `reasoning_content` (preserved and rendered back into the prompt);
 `tool_use` -> tool calls; `tool_result` -> tool messages.
 
+With `thinking.display: "omitted"`, thinking blocks come back empty with the thinking
+sealed in their `signature` (`sealed_reasoning.py`), which the gateway reads back when
+the block is re-sent, as Anthropic's API carries omitted thinking for multi-turn
+continuity.
+
 Replies carry `thinking`, `text` and `tool_use` blocks; streaming follows
 Anthropic's events (`message_start`, `content_block_start/delta/stop`,
 `message_delta`, `message_stop`) with `ping` keep-alives.
@@ -40,6 +45,7 @@ from undertow.gateway.api.output_options import (
     known_keys,
     single_call,
 )
+from undertow.gateway.api.sealed_reasoning import MARKER, seal, unseal
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -85,7 +91,10 @@ def _assistant(blocks: list[dict], where: str) -> dict:
         if kind == "text":
             texts.append(block.get("text", ""))
         elif kind == "thinking":
-            thinking.append(block.get("thinking", ""))
+            signature = block.get("signature")
+            thinking.append(block.get("thinking") or (
+                unseal(signature, f"{where}.signature")
+                if isinstance(signature, str) and signature.startswith(MARKER) else ""))
         elif kind == "tool_use":
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block.get("name"),
@@ -177,8 +186,8 @@ def template_kwargs_of(body: dict[str, Any]) -> dict | None:
             raise BadRequest("thinking.type must be 'enabled', 'disabled' or 'adaptive'",
                              param="thinking")
         known_keys(thinking, {"type", "budget_tokens", "display"}, "thinking")
-        check_value(thinking.get("display"), ("summarized",), "thinking.display",
-                    "the gateway always returns the thinking it sampled")
+        check_value(thinking.get("display"), ("summarized", "omitted"), "thinking.display",
+                    "the thinking is either shown or omitted")
         kwargs["enable_thinking"] = kind != "disabled"
     effort = known_keys(body.get("output_config"), {"effort", "format"},
                         "output_config").get("effort")
@@ -292,12 +301,24 @@ def stop_reason(choice: Choice) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def message_body(call: CallRequest, outcome: Outcome) -> dict:
+def thinking_omitted(body: dict[str, Any]) -> bool:
+    """Whether thinking blocks are to come back empty, sealed in their signature."""
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("display") == "omitted"
+
+
+def thinking_block(text: str, omitted: bool) -> dict:
+    if omitted:
+        return {"type": "thinking", "thinking": "", "signature": seal(text)}
+    return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
+
+
+def message_body(call: CallRequest, body: dict[str, Any], outcome: Outcome) -> dict:
     choice = outcome.choices[0]
     content: list[dict] = []
     if choice.message.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": choice.message["reasoning_content"],
-                        "signature": SIGNATURE})
+        content.append(thinking_block(choice.message["reasoning_content"],
+                                      thinking_omitted(body)))
     if choice.message.get("content"):
         content.append({"type": "text", "text": choice.message["content"]})
     for number, tool in enumerate(choice.tool_calls):
@@ -321,11 +342,13 @@ class MessageStream:
     """Anthropic stream events (an `EventFormatter`): one content block per run of
     same-kind events."""
 
-    def __init__(self, call: CallRequest):
+    def __init__(self, call: CallRequest, omit_thinking: bool = False):
         self.call = call
         self.block: str | None = None
         self.index = -1
         self.num_tools = 0
+        self.omit_thinking = omit_thinking
+        self.thinking = ""  # the open thinking block's text (sealed when omitted)
 
     def begin(self, call_id: str) -> list[bytes]:
         return [sse({"type": "message_start", "message": {
@@ -346,7 +369,8 @@ class MessageStream:
             return []
         out = []
         if self.block == "thinking":
-            out.append(self._delta({"type": "signature_delta", "signature": SIGNATURE}))
+            signature = seal(self.thinking) if self.omit_thinking else SIGNATURE
+            out.append(self._delta({"type": "signature_delta", "signature": signature}))
         out.append(sse({"type": "content_block_stop", "index": self.index},
                        "content_block_stop"))
         self.block = None
@@ -363,7 +387,10 @@ class MessageStream:
                 if self.block != "thinking":
                     out += self._open("thinking", {"type": "thinking", "thinking": "",
                                                    "signature": ""})
-                out.append(self._delta({"type": "thinking_delta", "thinking": event.text}))
+                    self.thinking = ""
+                self.thinking += event.text
+                if not self.omit_thinking:
+                    out.append(self._delta({"type": "thinking_delta", "thinking": event.text}))
             elif isinstance(event, Content):
                 if self.block != "text":
                     out += self._open("text", {"type": "text", "text": ""})
@@ -399,7 +426,8 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         call = mark_retry(parse_request(body, tool_parser=runner.tool_parser), request, raw)
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
-            lambda outcome: message_body(call, outcome), lambda: MessageStream(call))
+            lambda outcome: message_body(call, body, outcome),
+            lambda: MessageStream(call, thinking_omitted(body)))
 
     async def count_tokens(request: web.Request) -> web.Response:
         session_of(request, sessions)

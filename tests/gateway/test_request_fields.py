@@ -134,6 +134,43 @@ async def test_encrypted_reasoning_is_returned_and_read_back_with_token_truth(
 
 
 @on_loop
+@pytest.mark.parametrize("stream", [False, True])
+async def test_omitted_thinking_is_sealed_in_its_signature_and_read_back(
+        thinking_gateway, scripted, renderer, clients, stream):
+    session, _, messages = await clients(thinking_gateway)
+    script(scripted, renderer, COMPLETION)
+    tools = [{"name": "bash", "input_schema": TOOL["parameters"]}]
+    request = {"model": "m", "max_tokens": 2048, "messages": ASK, "tools": tools,
+               "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}}
+    if stream:
+        async with messages.messages.stream(**request) as events:
+            deltas = [event.delta.type async for event in events
+                      if event.type == "content_block_delta"]
+            reply = await events.get_final_message()
+        assert "thinking_delta" not in deltas and "signature_delta" in deltas
+    else:
+        reply = await messages.messages.create(**request)
+    thinking, _, use = reply.content
+    assert (thinking.type, thinking.thinking) == ("thinking", "")
+    assert unseal(thinking.signature, "x") == REASONING
+    history = [*ASK, {"role": "assistant", "content": [block.model_dump() for block in
+                                                      reply.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": "a.txt"}]}]
+    script(scripted, renderer, "Done.\n</think>\n\nOne file.")
+    await messages.messages.create(**{**request, "messages": history})
+    [first, second] = [captured(thinking_gateway.tree(), call_id) for call_id in
+                       calls_of(thinking_gateway.tree(), session["session_id"])]
+    assert second.branch is None and second.meta["token_truth"]
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.completion_ids)] == (
+        first.prompt_ids + first.completion_ids)
+    fresh, _, other = await clients(thinking_gateway)
+    await other.messages.create(**{**request, "messages": history})
+    _, prompt, _ = last_call(thinking_gateway, scripted, renderer, fresh)
+    assert f"<think>\n{REASONING}\n</think>\n\nListing." in prompt
+
+
+@on_loop
 async def test_without_include_reasoning_items_carry_no_encrypted_content(
         thinking_gateway, scripted, renderer, clients):
     _, client, _ = await clients(thinking_gateway)
@@ -282,7 +319,7 @@ MESSAGES_REFUSED = [
     ({"output_config": {"format": {"type": "json_schema", "schema": ANSWER}},
       "extra_body": {"output_format": {"type": "json_schema", "schema": ANSWER}}},
      "output_format"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "hidden"}},
      "thinking.display"),
     ({"service_tier": "priority"}, "service_tier"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),

@@ -3,7 +3,9 @@
 The Responses API's `include: ["reasoning.encrypted_content"]` asks for each reasoning
 item's reasoning as `encrypted_content`, which a stateless scaffold (Codex, `store:
 false`) sends back with its history so that the next call can show the model its earlier
-reasoning even when the readable summary is dropped. The gateway's sealed form is the
+reasoning even when the readable summary is dropped; the Messages API's `thinking.display:
+"omitted"` carries omitted thinking the same way, in a thinking block's `signature`. The
+gateway's sealed form is the
 reasoning text itself, compressed, behind a marker: not a secret (the scaffold is the
 user's own program and already holds the text), only a form the gateway can recognise and
 read back exactly. Read back, it is the very `reasoning_content` the gateway returned, so

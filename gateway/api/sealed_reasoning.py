@@ -5,10 +5,9 @@ item's reasoning as `encrypted_content`, which a stateless scaffold (Codex, `sto
 false`) sends back with its history so that the next call can show the model its earlier
 reasoning even when the readable summary is dropped; the Messages API's `thinking.display:
 "omitted"` carries omitted thinking the same way, in a thinking block's `signature`. The
-gateway's sealed form is the
-reasoning text itself, compressed, behind a marker: not a secret (the scaffold is the
-user's own program and already holds the text), only a form the gateway can recognise and
-read back exactly. Read back, it is the very `reasoning_content` the gateway returned, so
+gateway's sealed form is the reasoning text itself, compressed, behind a marker: not a
+secret (the scaffold is the user's own program and already holds the text), only a form
+the gateway can recognise and read back exactly. Read back, it is the very `reasoning_content` the gateway returned, so
 the re-sent assistant turn is the one recorded and token truth holds as with the summary.
 
 A sealed string from anything else (another provider's ciphertext, a damaged one) is a

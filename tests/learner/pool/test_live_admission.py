@@ -14,6 +14,9 @@ launch finishes at once with the group its plan gives, as in the plain loop's te
 - Groups whose every session Undertow failed stop the run with one RunFailedError
   naming the cause after `max_failed_groups` in a row; the open elastic step is
   aborted, so the member in it returns instead of waiting.
+- A run stopped after a replacement resumes with the launch indices still live: the
+  finished one from the checkpoint, the running one launched again; the dropped one
+  and the trained ones never again.
 """
 
 import threading
@@ -47,16 +50,35 @@ class PlannedSource:
     tokens sampled by the launch's weight version."""
 
     def __init__(self, plan):
-        self.plan, self.ready, self.launches = plan, [], []
+        self.plan, self.ready, self.launches, self.requests = plan, [], [], []
 
     def launch(self, request):
         self.launches.append(request.index)
+        self.requests.append(request)
         self.ready.append(_sampled_by(self.plan(request.index, request.group_id),
                                       request.weight_version))
 
     def wait(self, timeout_s):
         ready, self.ready = self.ready, []
         return ready
+
+
+class HoldingSource(PlannedSource):
+    """Launch `hold` never finishes; `stop` is set by the first wait after it."""
+
+    def __init__(self, plan, hold, stop):
+        super().__init__(plan)
+        self.hold, self.stop = hold, stop
+
+    def launch(self, request):
+        super().launch(request)
+        if request.index == self.hold:
+            self.ready.pop()
+
+    def wait(self, timeout_s):
+        if self.hold in self.launches:
+            self.stop.set()
+        return super().wait(timeout_s)
 
 
 class IdleRollout:
@@ -115,17 +137,20 @@ def _no_calls(index, group_id):
     return FinishedGroup(index, tree)
 
 
-def _pool_run(tiny_model_dir, run_dir, plan, advantages):
-    """One pool run on three cells; returns (outcome or the error, learner, source,
-    the records `on_step` got, the member threads)."""
-    learner = ElasticLearner(CONFIG, LossConfig(), advantages, tiny_model_dir, run_dir, {})
+def _pool_run(tiny_model_dir, run_dir, plan, advantages, hold=None, resume=False):
+    """One pool run on three cells (with `hold`, stopped once that launch is made; with
+    `resume`, continuing the latest checkpoint); returns (outcome or the error,
+    learner, source, the records `on_step` got, the member threads)."""
+    learner = (ElasticLearner.restore if resume else ElasticLearner)(
+        CONFIG, LossConfig(), advantages, tiny_model_dir, run_dir, {})
     learner.coordinator = Coordinator(learner.policy, run_dir / "elastic", timeout_s=TIMEOUT_S)
     members = ThreadMembers(learner.coordinator.address, tiny_model_dir, timeout_s=TIMEOUT_S)
-    source, records, threads = PlannedSource(plan), [], []
+    stop, records, threads = threading.Event(), [], []
+    source = HoldingSource(plan, hold, stop)
     pool = LocalPool([Cell(i, num_session_slots=2) for i in range(3)], RecordingEngines(range(3)),
-                     members, weight_version=0)
+                     members, weight_version=learner.state.step)
     loop = PoolLoop(learner, pool, make_policy("elastic"), source, NullSink(), IdleRollout(),
-                    threading.Event(), on_step=records.append)
+                    stop, on_step=records.append)
     try:
         outcome = loop.run()
     except RunFailedError as error:
@@ -191,3 +216,22 @@ def test_groups_whose_every_session_failed_stop_the_pool_run(tiny_model_dir, tmp
     assert "StepOpened" in events   # group 0 was training when the run stopped
     assert not learner.coordinator.step_open
     assert threads and not any(thread.is_alive() for thread in threads)
+
+
+def test_a_run_stopped_after_a_replacement_resumes_with_its_live_launches(tiny_model_dir,
+                                                                          tmp_path):
+    run_dir = tmp_path / "pool"
+    plan = {0: _uniform}
+    outcome, _learner, source, _records, _threads = _pool_run(
+        tiny_model_dir, run_dir, lambda i, g: plan.get(i, _normal)(i, g), UNIFORM, hold=4)
+    assert outcome == "stopped" and source.launches == [0, 1, 2, 3, 4]
+    assert _dropped(run_dir) == [(0, 0, "uniform", 2)]
+
+    outcome, resumed, source, records, _threads = _pool_run(
+        tiny_model_dir, run_dir, _normal, UNIFORM, resume=True)
+    assert outcome == "done" and resumed.state.num_resumes == 1
+    assert [(r.index, r.group_id) for r in source.requests] == [(4, "g000004-r1")]
+    restored = [e for e in read_timeline(run_dir) if e["event"] == "restored"]
+    assert [(e["step"], e["finished"]) for e in restored] == [(1, [3])]
+    assert sorted(resumed.state.consumed) == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2] and len(records) == 1

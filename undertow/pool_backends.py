@@ -57,7 +57,8 @@ class LocalBackend:
     def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
         from undertow.learner.pool.local import ProcessMembers
 
-        return ProcessMembers(address, model_dir, **options)
+        return ProcessMembers(address, model_dir,
+                              processes_per_cell=self.pool.processes_per_cell, **options)
 
     def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:

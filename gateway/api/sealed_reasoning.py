@@ -7,8 +7,9 @@ reasoning even when the readable summary is dropped; the Messages API's `thinkin
 "omitted"` carries omitted thinking the same way, in a thinking block's `signature`. The
 gateway's sealed form is the reasoning text itself, compressed, behind a marker: not a
 secret (the scaffold is the user's own program and already holds the text), only a form
-the gateway can recognise and read back exactly. Read back, it is the very `reasoning_content` the gateway returned, so
-the re-sent assistant turn is the one recorded and token truth holds as with the summary.
+the gateway can recognise and read back exactly. Read back, it is the very
+`reasoning_content` the gateway returned, so the re-sent assistant turn is the one
+recorded and token truth holds as with the summary.
 
 A sealed string from anything else (another provider's ciphertext, a damaged one) is a
 400 naming the field: the gateway cannot read it, and dropping it would be silence.

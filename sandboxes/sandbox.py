@@ -96,7 +96,11 @@ class SandboxConfig:
 
     `user` None keeps the image's user (task images built here run as `agent`,
     uid 1000; published images choose their own). `network` is a Docker network
-    mode; "none" by default.
+    mode; "none" by default. `git_history` is what a session's agent sees of the
+    repository's history after set-up (`task_setup.py`): "squash" (default) leaves one
+    commit holding the start state and removes every other commit, ref and object, so
+    that a fix in the history (SWE-smith's `main`, a clone's later commits) cannot be
+    read back and rewarded; "keep" leaves the image's history as it is.
     """
 
     num_cpus: float = 1.0
@@ -106,12 +110,16 @@ class SandboxConfig:
     user: str | None = None
     max_output_bytes: int = 256 * 2**10
     start_timeout_s: float = 60.0
+    git_history: str = "squash"
 
     def __post_init__(self):
         for name in ("num_cpus", "memory_bytes", "pids_limit", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(
                     f"SandboxConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.git_history not in ("squash", "keep"):
+            raise ValueError(f"SandboxConfig.git_history must be 'squash' or 'keep', "
+                             f"got {self.git_history!r}")
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,21 @@ The task fields, and where each runs (swebench 4.1's `test_spec/python.py` and
                               (`grading.py`), by `run_start_commands`.
     eval_commands             run before `test_cmd` in the grading script (`grading.py`).
 
-After the start commands, a session's diff is taken against the commit its work starts
-from (`use_head_as_diff_base`): HEAD, which is the task's `base_commit` in images built
-here, the instance branch's commit for SWE-smith, and the harness's set-up commit (the
-base commit plus the pre_install changes) in SWE-bench's images, so that a diff applies
-in a fresh container of the same image. What ran is written to the session's sandbox
+After the start commands, the history is squashed (`squash_history`, unless the sandbox's
+`git_history` is "keep"): an image's history can hold the fix itself (SWE-smith's images
+keep the fixed code on `main`, the bug a commit on top; a clone holds the commits after
+its base), and an agent that reads it back (`git show HEAD`, `git log --all -p`) would be
+rewarded for it. One commit with the start state's tree becomes the only commit, every
+other ref, remote and reflog is removed and unreachable objects are pruned. A repository
+with one commit and no remote is left as it is. A grading container is not squashed: it
+holds the same tree, so the session's diff applies there alike.
+
+Then a session's diff is taken against the commit its work starts from
+(`use_head_as_diff_base`): HEAD, the squashed commit; with "keep", the task's
+`base_commit` in images built here, the instance branch's commit for SWE-smith, and the
+harness's set-up commit (the base commit plus the pre_install changes) in SWE-bench's
+images. Either way its tree is the start state, so that a diff applies in a fresh
+container of the same image. What ran is written to the session's sandbox
 log (`sessions/<session>/sandbox.log`).
 """
 
@@ -125,13 +135,52 @@ async def use_head_as_diff_base(sandbox: Sandbox, log_path: Path | None = None) 
     return sandbox.base_commit
 
 
+# Deterministic identity and dates: the same start state gives the same squashed commit.
+_SQUASH_ENV = ("GIT_AUTHOR_NAME=undertow GIT_AUTHOR_EMAIL=undertow@localhost "
+               "GIT_COMMITTER_NAME=undertow GIT_COMMITTER_EMAIL=undertow@localhost "
+               "GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z")
+_SQUASH_SCRIPT = """set -e
+git rev-parse --verify -q HEAD >/dev/null || { echo "no history"; exit 0; }
+commits=$(git rev-list --all --count)
+if [ "$commits" = 1 ] && [ -z "$(git remote)" ]; then echo "one commit"; exit 0; fi
+branch=$(git symbolic-ref -q --short HEAD || echo task)
+start=$(env %(env)s git commit-tree -m "task start" "HEAD^{tree}")
+for remote in $(git remote); do git remote remove "$remote"; done
+git for-each-ref --format='delete %%(refname)' | git update-ref --stdin
+git update-ref "refs/heads/$branch" "$start"
+git symbolic-ref HEAD "refs/heads/$branch"
+rm -f .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD
+git reflog expire --expire=now --all
+git gc -q --prune=now
+echo "squashed $commits commits into one"
+"""
+
+
+async def squash_history(sandbox: Sandbox, task: Task, log_path: Path | None = None,
+                         timeout_s: float = START_COMMAND_TIMEOUT_S) -> str:
+    """Leaves HEAD's tree as the repository's only commit (module doc); returns what was
+    done. Raises SetupFailed naming the task when git fails."""
+    script = f"cd {shlex.quote(sandbox.workdir)}\n" + _SQUASH_SCRIPT % {"env": _SQUASH_ENV}
+    result = await sandbox.exec(script, timeout_s)
+    if result.exit_code != 0:
+        raise SetupFailed(f"task {task.instance_id}: squashing the git history failed "
+                          f"({result.exit_code}): {result.output.strip()[-500:]}; set "
+                          "sandbox git_history: keep to leave the image's history")
+    outcome = result.output.strip().splitlines()[-1] if result.output.strip() else ""
+    _log(log_path, [f"# git history: {outcome} ({result.duration_s:.2f} s)"])
+    return outcome
+
+
 async def prepare_session_sandbox(sandbox: Sandbox, task: Task, image: str,
                                   log_path: Path | None = None) -> list[SetupStep]:
     """Everything a session's sandbox needs before its scaffold starts: the start commands,
-    then HEAD as its diff base; the sandbox log records both."""
+    the history squashed (unless the sandbox keeps it), then HEAD as its diff base; the
+    sandbox log records each."""
     started = time.monotonic()
     _log(log_path, describe(task, image))
     steps = await run_start_commands(sandbox, task, log_path=log_path)
+    if sandbox.config.git_history == "squash":
+        await squash_history(sandbox, task, log_path)
     await use_head_as_diff_base(sandbox, log_path)
     _log(log_path, [f"# set-up done in {time.monotonic() - started:.2f} s"])
     return steps

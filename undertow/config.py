@@ -3,7 +3,9 @@
 Each part (engine, gateway, sandboxes, rollout, learner, pool) defines its own
 frozen dataclass in its own package; this module only reads the file, applies
 `a.b=c` overrides from the command line, and builds each part's section, so that
-no part ever sees the whole tree.
+no part ever sees the whole tree. A field whose type is itself a dataclass is built
+from its nested mapping the same way (`rollout.sandbox.memory_bytes=4294967296`), with
+the same errors naming the dotted key.
 """
 
 import dataclasses
@@ -58,6 +60,13 @@ def build_section(cls: type[T], data: dict[str, Any] | None, name: str) -> T:
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping of {hint.__name__}'s fields, "
+                             f"got {value!r}")
+        return build_section(hint, value, where)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):

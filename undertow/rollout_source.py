@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from undertow.sandboxes.sandbox import SandboxConfig
+
 CHAT = "chat"
 DEFAULT_PROMPT_TASKS = "directions.yaml"   # in undertow.adapters.configs
 
@@ -39,7 +41,9 @@ class RolloutSection:
     """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
     bundled set; for `chat`, `adapters/configs/directions.yaml`), group index i running
     task i mod the number of tasks. A session that Undertow fails is run again as a
-    new session of its group, up to `max_attempts` attempts per slot."""
+    new session of its group, up to `max_attempts` attempts per slot. `sandbox` is each
+    session's container (`sandboxes/sandbox.py` SandboxConfig: cpus, memory, network,
+    git_history), e.g. `rollout.sandbox.memory_bytes=4294967296`."""
 
     tasks: Path | None = None
     num_tasks: int | None = None
@@ -51,6 +55,7 @@ class RolloutSection:
     timeout_value: str = "partial_credit"
     source: str = ""
     max_attempts: int = 3
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,8 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
         config = RolloutConfig(group_size=request.group_size, concurrency=section.concurrency,
                                timeout_s=section.timeout_s, out_dir=context.run_dir / "rollouts",
                                run_id=request.group_id, timeout_value=section.timeout_value,
-                               progress_interval_s=0, max_attempts=section.max_attempts)
+                               progress_interval_s=0, max_attempts=section.max_attempts,
+                               sandbox=section.sandbox)
         task = tasks[request.index % len(tasks)]
         async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
             rollout = Rollout([task], scaffold, admin, hosts, config)

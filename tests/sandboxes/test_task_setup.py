@@ -28,7 +28,7 @@ from undertow.sandboxes.base_image import AGENT_UID
 from undertow.sandboxes.datasets.formats import swe_smith_start_commands
 from undertow.sandboxes.errors import ImageError, SetupFailed
 from undertow.sandboxes.grading import grade
-from undertow.sandboxes.sandbox import Sandbox
+from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.task import load_tasks
 from undertow.sandboxes.task_image import (
     PRE_INSTALL_LABEL,
@@ -80,13 +80,13 @@ def smith_task(docker_connection, base_image, tmp_path_factory):
     [task] = load_tasks(root / "set")
     client = docker_connection.client
     build_repository_image(client, base_image, repo, task.image)
-    yield task, git(repo, "rev-parse", INSTANCE).strip()
+    yield task, repo
     client.images.remove(task.image, force=True)
 
 
 async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection, docker_run,
                                                                smith_task, tmp_path):
-    task, bug_commit = smith_task
+    task, repo = smith_task
     assert task.image == f"{REGISTRY}/jyangballin/swesmith.x86_64.undertow_1776_minimath.0123abcd"
     assert task.start_commands[-1] == f"git checkout -q {INSTANCE}"
     log = tmp_path / "sandbox.log"
@@ -95,7 +95,16 @@ async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection
         assert (await sandbox.read_file("minimath/ops.py")).decode() == FIXED_OPS  # main
         await prepare_session_sandbox(sandbox, task, task.image, log)
         assert (await sandbox.read_file("minimath/ops.py")).decode() == BUGGY_OPS
-        assert sandbox.base_commit == bug_commit
+        # The fix on `main` is gone from the history: one commit with the bug's tree, and
+        # neither the fixed commit nor the fixed file's blob is left in the object store.
+        commits = await sandbox.exec("git log --all --format='%H %T'", 30)
+        [(head, tree)] = [line.split() for line in commits.output.split("\n") if line]
+        assert tree == git(repo, "rev-parse", f"{INSTANCE}^{{tree}}").strip()
+        assert sandbox.base_commit == head
+        for hidden in (git(repo, "rev-parse", "main").strip(),
+                       git(repo, "rev-parse", "main:minimath/ops.py").strip()):
+            assert (await sandbox.exec(f"git cat-file -e {hidden}", 30)).exit_code != 0
+        assert (await sandbox.exec("git remote; git stash list; git reflog", 30)).output == ""
         assert await sandbox.diff() == ""  # the checkout is not the agent's work
         await sandbox.write_file("/tmp/fix.diff", task.patch)
         result = await sandbox.exec("git apply /tmp/fix.diff", 30)
@@ -103,7 +112,8 @@ async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection
         diff = await sandbox.diff()
     text = log.read_text()
     assert f"$ git checkout -q {INSTANCE}\n# exit code 0" in text
-    assert f"# diff base: HEAD {bug_commit}" in text
+    assert "# git history: squashed 2 commits into one" in text
+    assert f"# diff base: HEAD {head}" in text
     assert "clamp" in diff and diff.count("diff --git") == 1
 
     fixed, unfixed = await asyncio.gather(
@@ -112,6 +122,21 @@ async def test_swe_smith_sandbox_starts_at_the_instance_branch(docker_connection
     assert (fixed.reward, fixed.resolved) == (1.0, True), fixed.reason + fixed.log_tail
     assert unfixed.reward == 0.0 and unfixed.tests == {
         "tests/test_ops.py::test_clamp": "failed", "tests/test_ops.py::test_add": "passed"}
+
+
+async def test_a_sandbox_that_keeps_the_history_starts_at_the_bug_commit(
+        docker_connection, docker_run, smith_task, tmp_path):
+    task, repo = smith_task
+    keep = SandboxConfig(git_history="keep")
+    async with await Sandbox.start(docker_connection, task.image, run=docker_run,
+                                   session="smith-keep", config=keep) as sandbox:
+        await prepare_session_sandbox(sandbox, task, task.image, tmp_path / "sandbox.log")
+        assert sandbox.base_commit == git(repo, "rev-parse", INSTANCE).strip()
+        fixed = await sandbox.exec("git show main:minimath/ops.py", 30)
+    assert fixed.output == FIXED_OPS  # what "squash" exists to hide
+    assert "git history" not in (tmp_path / "sandbox.log").read_text()
+    with pytest.raises(ValueError, match="git_history must be 'squash' or 'keep'"):
+        SandboxConfig(git_history="hide")
 
 
 async def test_a_failing_start_command_is_an_infrastructure_failure(docker_connection,
@@ -163,12 +188,13 @@ async def test_pre_install_runs_as_root_when_the_image_is_built(docker_connectio
     log = tmp_path / "sandbox.log"
     async with await Sandbox.start(docker_connection, image, run=docker_run, session="pre",
                                    base_commit=task.base_commit) as sandbox:
-        await prepare_session_sandbox(sandbox, task, image, log)
-        probe = await sandbox.exec(
+        probe = await sandbox.exec(  # the image as built: pre_install committed on the base
             "cat /etc/pre-install-user; id -u; git status --porcelain; git rev-parse HEAD~1; "
             "grep -c 'set up' minimath/__init__.py", 30)
         assert probe.output.split() == ["0", str(AGENT_UID), task.base_commit, "1"]
-        assert sandbox.base_commit != task.base_commit  # the pre_install commit
+        await prepare_session_sandbox(sandbox, task, image, log)
+        assert sandbox.base_commit != task.base_commit  # the squashed start state
+        assert (await sandbox.exec("git rev-list --all --count", 30)).output.strip() == "1"
         assert await sandbox.diff() == ""
     text = log.read_text()
     assert "pre_install (2 commands): ran when Undertow built the image" in text

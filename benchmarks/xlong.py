@@ -1,7 +1,8 @@
 """xLong-horizon benchmark: a million-token session end to end, in bounded memory.
 
     python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--long-path-tokens 131072]
-        [--max-rss-gib 12] [--parts session,learner,long]
+        [--max-rss-gib 12] [--probe-tokens 24576,49152] [--long-measure full|probes]
+        [--parts session,learner,long]
 
 (a) Gateway (`xlong_session.py`): one session of 500 calls and about 1M tokens, its
     history condensed about every 95k tokens, through `undertow gateway serve` in front
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--path-tokens", type=int, default=24576)
     parser.add_argument("--long-path-tokens", type=int, default=131072)
     parser.add_argument("--max-rss-gib", type=float, default=12.0)
+    parser.add_argument("--probe-tokens", help="two shorter paths, e.g. 24576,49152")
+    parser.add_argument("--long-measure", choices=["full", "probes"], default="full")
     parser.add_argument("--parts", default="session,learner,long")
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["group", "path", "head"])
@@ -122,8 +125,11 @@ def main(argv: list[str] | None = None) -> None:
         if "long" in parts:
             print(f"(c) one {args.long_path_tokens:,}-token path", flush=True)
             results["long_path_tokens"] = args.long_path_tokens
+            probes = (tuple(int(t) for t in args.probe_tokens.split(","))
+                      if args.probe_tokens else None)
             results["long_path"] = xlong_learner.run_long(
-                model_dir, args.long_path_tokens, args.timeout_s, args.max_rss_gib)
+                model_dir, args.long_path_tokens, args.timeout_s, args.max_rss_gib, probes,
+                args.long_measure)
             _write(results)
     if "session" in results:
         print(session_table(results["session"]))

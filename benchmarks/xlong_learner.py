@@ -24,10 +24,13 @@ process's peak resident memory above the model, data and a warm-up step).
 A fourth case, `long` (`run_long`), is the `path` case at `--long-path-tokens` (128k by
 default): the chunked variant measured at that length, the unchunked one only where its
 peak fits under `--max-rss-gib` (12 GiB: the machine's 24 GB are shared); else it is
-measured on two shorter paths (3/16 and 6/16 of the length: 24k and 48k for 128k) and
-extrapolated (`extrapolate`): its peak is linear in the path's tokens (activations,
-flash attention's log-sum-exp and the (N, V) head all grow with T), its CPU and wall
-seconds a*T + b*T^2 (attention is quadratic), each fitted through the two points.
+measured on two shorter paths (`--probe-tokens`; 3/16 and 6/16 of the length: 24k and
+48k for 128k) and extrapolated (`extrapolate`): its peak is linear in the path's tokens
+(activations, flash attention's log-sum-exp and the (N, V) head all grow with T; chunked,
+the segment's activations are fixed and the key/value store grows with T), its CPU and
+wall seconds a*T + b*T^2 (attention is quadratic), each fitted through the two points.
+`--long-measure probes` extrapolates both variants so, for a machine with no half hour
+of CPU per variant to spare.
 """
 
 from __future__ import annotations
@@ -140,10 +143,7 @@ def _tree_step(policy, tree) -> dict:
     step = pack_step([tree], advantages, MAX_TOKENS, long_paths="whole")
     config = LossConfig(name="token_mean", entropy_coef=0.01)
     measured = _measure(lambda: backward_step(policy, step, config)["loss"])
-    return {**measured, "num_unique_tokens": step.num_unique_tokens,
-            "num_packed_tokens": step.num_packed_tokens, "num_terms": step.num_terms,
-            "num_micro_batches": len(step.micro_batches),
-            "longest_micro_batch": max(mb.num_tokens for mb in step.micro_batches)}
+    return {**measured, **_step_counts(step)}
 
 
 def _head_step(policy, variant: str) -> dict:
@@ -184,47 +184,87 @@ def _run_worker(case: str, variant: str, model_dir: Path, path_tokens: int,
 
 
 def probe_tokens(long_tokens: int) -> tuple[int, int]:
-    """The two shorter paths the unchunked variant is extrapolated from."""
+    """The two shorter paths a variant is extrapolated from."""
     return long_tokens * 3 // 16, long_tokens * 6 // 16
 
 
-def run_long(model_dir: Path, long_tokens: int, timeout_s: int, max_rss_gib: float
-             ) -> list[dict]:
-    """One step over a single `long_tokens` path, chunked (measured) and unchunked
-    (measured if its extrapolated peak fits in `max_rss_gib`, else extrapolated)."""
-    chunked = _run_worker("path", "chunked", model_dir, long_tokens, timeout_s)
-    probes = [_run_worker("path", "unchunked", model_dir, tokens, timeout_s)
-              for tokens in probe_tokens(long_tokens)]
-    return long_rows(chunked, probes, long_tokens, max_rss_gib, model_dir, timeout_s)
+def run_long(model_dir: Path, long_tokens: int, timeout_s: int, max_rss_gib: float,
+             probes: tuple[int, int] | None = None, measure: str = "full") -> list[dict]:
+    """One step over a single `long_tokens` path. `measure` "full": chunked measured at
+    that length, unchunked too if its extrapolated peak fits in `max_rss_gib`, else
+    extrapolated from `probes`; "probes": both extrapolated from `probes` (for a machine
+    with no half hour of CPU to spare)."""
+    probes = probes or probe_tokens(long_tokens)
+    measured = {variant: [_run_worker("path", variant, model_dir, tokens, timeout_s)
+                          for tokens in probes]
+                for variant in (("unchunked",) if measure == "full" else LONG_VARIANTS)}
+    if measure == "full":
+        measured["chunked"] = _run_worker("path", "chunked", model_dir, long_tokens, timeout_s)
+    return long_rows(long_tokens, measured, max_rss_gib, model_dir, timeout_s)
 
 
-def long_rows(chunked: dict, probes: list[dict], long_tokens: int, max_rss_gib: float,
+LONG_VARIANTS = ("unchunked", "chunked")
+
+
+def long_rows(long_tokens: int, measured: dict[str, dict | list[dict]], max_rss_gib: float,
               model_dir: Path | None = None, timeout_s: int = 0) -> list[dict]:
-    """The `long` case's rows from its measurements (`model_dir`: where to measure the
-    unchunked variant at full length if it fits)."""
+    """The long-path rows: per variant its row at `long_tokens` if measured (a dict),
+    else its two probe rows (a list), extrapolated; the unchunked one is measured at
+    full length (in `model_dir`) when extrapolated to fit in `max_rss_gib`."""
     case = f"path {long_tokens // 1024}k"
-    unchunked = extrapolate(probes, chunked)
-    if unchunked["peak_step_mib"] <= max_rss_gib * 1024 and model_dir is not None:
-        unchunked = _run_worker("path", "unchunked", model_dir, long_tokens, timeout_s)
-    probes = [{**row, "case": f"path {row['num_packed_tokens'] // 1000}k (probe)"}
-              for row in probes]
-    return [*probes, {**chunked, "case": case}, {**unchunked, "case": case}]
+    full = [row for row in measured.values() if isinstance(row, dict)]
+    counts = _counts_of(full[0]) if full else path_counts(long_tokens)
+    rows, probe_rows = [], []
+    for variant in LONG_VARIANTS:
+        row = measured[variant]
+        if isinstance(row, list):
+            probe_rows += [{**r, "case": f"path {r['num_packed_tokens'] // 1000}k (probe)"}
+                           for r in row]
+            row = extrapolate(row, counts)
+            if (variant == "unchunked" and full and model_dir is not None
+                    and row["peak_step_mib"] <= max_rss_gib * 1024):
+                row = _run_worker("path", variant, model_dir, long_tokens, timeout_s)
+        rows.append({**row, "case": case})
+    return probe_rows + rows
 
 
-def extrapolate(probes: list[dict], target: dict) -> dict:
-    """The unchunked row at `target`'s path length from two shorter measured ones:
-    peak linear in the packed tokens T, CPU and wall seconds a*T + b*T^2."""
-    (t1, t2), length = [row["num_packed_tokens"] for row in probes], target["num_packed_tokens"]
+COUNTS = ("num_unique_tokens", "num_packed_tokens", "num_terms", "num_micro_batches",
+          "longest_micro_batch")
+
+
+def _counts_of(row: dict) -> dict:
+    return {key: row[key] for key in COUNTS}
+
+
+def path_counts(num_tokens: int) -> dict:
+    """The packing counts of the `num_tokens` path (no model run)."""
+    from undertow.learner.packing import pack_step
+
+    tree = path_tree(num_tokens)
+    step = pack_step([tree], {(tree.group_id, "s0"): 1.0}, MAX_TOKENS, long_paths="whole")
+    return _step_counts(step)
+
+
+def _step_counts(step) -> dict:
+    return {"num_unique_tokens": step.num_unique_tokens,
+            "num_packed_tokens": step.num_packed_tokens, "num_terms": step.num_terms,
+            "num_micro_batches": len(step.micro_batches),
+            "longest_micro_batch": max(mb.num_tokens for mb in step.micro_batches)}
+
+
+def extrapolate(probes: list[dict], counts: dict) -> dict:
+    """A variant's row at the path of `counts` from its two shorter measured rows: peak
+    linear in the packed tokens T, CPU and wall seconds a*T + b*T^2."""
+    (t1, t2), length = [row["num_packed_tokens"] for row in probes], counts["num_packed_tokens"]
     first, second = probes
-    row = {key: target[key] for key in ("num_unique_tokens", "num_packed_tokens", "num_terms",
-                                        "num_micro_batches", "longest_micro_batch")}
+    row = _counts_of(counts)
     slope = (second["peak_step_mib"] - first["peak_step_mib"]) / (t2 - t1)
     row["peak_step_mib"] = second["peak_step_mib"] + slope * (length - t2)
     for key in ("step_s", "step_cpu_s"):
         # a*T + b*T^2 through (t1, y1) and (t2, y2): y/T is linear in T.
         per_token = (second[key] / t2 - first[key] / t1) / (t2 - t1)
         row[key] = length * (second[key] / t2 + per_token * (length - t2))
-    return {**row, "variant": "unchunked", "extrapolated_from": [t1, t2]}
+    return {**row, "variant": first["variant"], "extrapolated_from": [t1, t2]}
 
 
 def worker_main(case: str, variant: str, model_dir: str, path_tokens: int) -> None:

@@ -36,13 +36,27 @@ def test_extrapolation_recovers_a_linear_peak_and_a_quadratic_time():
     assert row["variant"] == "unchunked" and row["extrapolated_from"] == [24000, 48000]
 
 
-def test_long_rows_label_the_probes_and_the_extrapolated_row():
-    chunked = measured(131000, "chunked")
-    rows = long_rows(chunked, [measured(24000), measured(48000)], 131072, max_rss_gib=12.0)
+def test_long_rows_label_the_probes_and_the_extrapolated_rows():
+    rows = long_rows(131072, {"chunked": measured(131000, "chunked"),
+                              "unchunked": [measured(24000), measured(48000)]},
+                     max_rss_gib=12.0)
     assert [(r["case"], r["variant"]) for r in rows] == [
         ("path 24k (probe)", "unchunked"), ("path 48k (probe)", "unchunked"),
-        ("path 128k", "chunked"), ("path 128k", "unchunked")]
-    assert rows[-1]["peak_step_mib"] == pytest.approx(300 + 0.1 * 131000)
+        ("path 128k", "unchunked"), ("path 128k", "chunked")]
+    assert rows[2]["peak_step_mib"] == pytest.approx(300 + 0.1 * 131000)
+    assert "extrapolated_from" not in rows[3]
     table = learner_table(rows)
     assert "| path 128k | unchunked, extrapolated from 24k and 48k |" in table
     assert "| path 128k | chunked |" in table
+
+
+def test_with_probes_only_both_variants_are_extrapolated_to_the_paths_own_counts():
+    probes = {v: [measured(3000, v), measured(6000, v)] for v in ("unchunked", "chunked")}
+    rows = long_rows(16384, probes, max_rss_gib=12.0)
+    long = [row for row in rows if row["case"] == "path 16k"]
+    assert [(r["variant"], r["extrapolated_from"]) for r in long] == [
+        ("unchunked", [3000, 6000]), ("chunked", [3000, 6000])]
+    # The counts are the 16k path's own (packed whole: one micro-batch, 15% sampled).
+    assert long[0]["num_packed_tokens"] == long[0]["longest_micro_batch"] == 16000
+    assert long[0]["num_micro_batches"] == 1 and long[0]["num_terms"] == 16 * 150
+    assert long[1]["peak_step_mib"] == pytest.approx(300 + 0.1 * 16000)

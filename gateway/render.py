@@ -17,15 +17,14 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 
 import jinja2
 from jinja2 import meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from undertow.gateway.errors import BadRequest
+from undertow.gateway.template_env import chat_template_environment
 
 _MARK = "\u2063UNDERTOW_MARK\u2063"
 
@@ -71,11 +70,6 @@ def _call_with_object(call: Mapping) -> Mapping:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
 class Renderer:
     """The chat template, tokenizer and stop tokens of one model directory.
 
@@ -95,11 +89,7 @@ class Renderer:
             template = next(item["template"] for item in template if item["name"] == "default")
         if not template:
             raise FileNotFoundError(f"{model_dir}/tokenizer_config.json has no chat_template")
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    undefined=jinja2.Undefined)
-        environment.filters["tojson"] = _tojson
-        environment.globals["raise_exception"] = _raise_exception
-        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        environment = chat_template_environment(_raise_exception)
         self._template = environment.from_string(template)
         # The names the template reads besides its own (a request's template argument
         # that none of them takes would change nothing: see `reads`).

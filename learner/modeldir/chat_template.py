@@ -15,16 +15,14 @@ conversation's first k messages is always a prefix of rendering all of them.
 That is what lets the gateway extend a session's token IDs instead of
 re-tokenizing it.
 
-`render_chat` renders with the same Jinja settings as `transformers`'
-`apply_chat_template`, without importing it.
+`render_chat` renders in the gateway's chat-template environment
+(`gateway/template_env.py`: the Jinja settings of `transformers`' `apply_chat_template`),
+the one the gateway and the built-in engine render every template in.
 '''
 
-import json
 from collections.abc import Mapping, Sequence
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from undertow.gateway.template_env import chat_template_environment
 from undertow.learner.errors import LearnerError
 
 CHAT_TEMPLATE = """\
@@ -107,18 +105,9 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
 def render_chat(messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                 add_generation_prompt: bool = False) -> str:
     """The prompt text for `messages`, as `apply_chat_template(..., tokenize=False)` gives it."""
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                undefined=jinja2.Undefined)
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    template = environment.from_string(CHAT_TEMPLATE)
+    template = chat_template_environment(_raise_exception).from_string(CHAT_TEMPLATE)
     return template.render(messages=list(messages), tools=list(tools) if tools else None,
                            add_generation_prompt=add_generation_prompt)

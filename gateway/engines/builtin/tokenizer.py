@@ -9,19 +9,14 @@ import json
 from pathlib import Path
 
 import jinja2
-import jinja2.sandbox
 from tokenizers import Tokenizer as FastTokenizer
 
 from undertow.gateway.engines.builtin.errors import BadRequest
+from undertow.gateway.template_env import chat_template_environment
 
 
 def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
 
 
 class Tokenizer:
@@ -35,10 +30,7 @@ class Tokenizer:
         self.fast = FastTokenizer.from_file(str(path))
         config_path = model_dir / "tokenizer_config.json"
         self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
+        env = chat_template_environment(_raise_exception)
         template = self.config.get("chat_template")
         self.chat_template = env.from_string(template) if isinstance(template, str) else None
         self.eos_token_ids = self._eos_token_ids(model_dir)

@@ -50,7 +50,7 @@ from typing import Any
 import orjson
 
 from undertow.gateway.errors import BadRequest, GatewayError, Unavailable
-from undertow.gateway.tree import CallRecord, Tree, TreeError
+from undertow.gateway.tree import LogLineError, Tree, replay_log
 
 log = logging.getLogger(__name__)
 SYNC_MODES = ("flush", "fsync")
@@ -58,12 +58,6 @@ FSYNC_INTERVAL_S = 1.0
 GROUP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The fields replay needs, by event kind; an event of another kind needs only its kind
 # (its reader checks the rest).
-EVENT_FIELDS = {"session_open": ("session_id", "group", "key_sha256"),
-                "call": ("call_id", "session_id", "anchor", "token_ids", "num_prompt",
-                         "logprobs", "weight_versions"),
-                "session_close": ("session_id", "reward")}
-
-
 class StoreUnavailable(Unavailable):
     """A log line could not be written: nothing of the call (or session event) was
     kept, and the scaffold gets a retryable 503 (529 from the Anthropic API)."""
@@ -144,14 +138,12 @@ class TreeStore:
         line raises `StoreDamaged`."""
         for path in sorted(self.directory.glob("*.jsonl")):
             group = path.stem
-            tree = self.tree(group)
-            for line_number, event in read_events(path, repair):
-                try:
-                    apply_event(tree, event)
-                except (TreeError, KeyError, TypeError, ValueError) as error:
-                    raise StoreDamaged(path, line_number, _reason(error)) from error
-                event["group"] = group
-                yield event
+            try:
+                for _, event in replay_log(self.tree(group), complete_lines(path, repair)):
+                    event["group"] = group
+                    yield event
+            except LogLineError as error:
+                raise StoreDamaged(path, error.line, error.reason) from error
 
     async def start(self) -> None:
         self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
@@ -283,39 +275,12 @@ class TreeStore:
             os.fsync(fd)
 
 
-def apply_event(tree: Tree, event: dict[str, Any]) -> None:
-    """Applies one stored event to its group's tree; a malformed one raises."""
-    kind = event.get("kind") if isinstance(event, dict) else None
-    if not isinstance(kind, str):
-        raise ValueError("not a store event (no kind)")
-    missing = [name for name in EVENT_FIELDS.get(kind, ()) if name not in event]
-    if missing:
-        raise ValueError(f"a {kind} event without {', '.join(missing)}")
-    if kind == "call":
-        tree.apply(CallRecord.from_json(event))
-    elif kind == "session_close":
-        tree.close_session(event["session_id"], event["reward"], event.get("meta"))
-
-
-def read_events(path: Path, repair: bool) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(1-based line number, event) of one file. A torn last line (no newline) is
-    skipped, and cut off with `repair`; any other line that is not JSON raises
-    `StoreDamaged`."""
+def complete_lines(path: Path, repair: bool) -> bytes:
+    """A group file's bytes up to its last newline; with `repair`, a torn last line (no
+    newline: the process died while writing it) is also cut off the file."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data) and repair:
         with open(path, "r+b") as handle:
             handle.truncate(end)
-    for line_number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            yield line_number, orjson.loads(line)
-        except orjson.JSONDecodeError as error:
-            raise StoreDamaged(path, line_number, f"not JSON: {error}") from None
-
-
-def _reason(error: BaseException) -> str:
-    if isinstance(error, KeyError):
-        return f"a record without {error}"
-    return str(error) or type(error).__name__
+    return data[:end]

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from undertow.gateway.errors import GatewayError
 
 ROOT = 0
@@ -382,3 +384,61 @@ def tree_from_json(data: dict[str, Any]) -> Tree:
                   for c in data["calls"]]
     tree._next_id = max(tree.nodes) + 1
     return tree
+
+# A group's write-ahead log (`store.py` writes it): one JSON event per line, and the
+# fields each kind of event must have. Replaying it rebuilds the same tree, node IDs
+# included, because the records are in the order they were applied.
+EVENT_FIELDS = {"session_open": ("session_id", "group", "key_sha256"),
+                "call": ("call_id", "session_id", "anchor", "token_ids", "num_prompt",
+                         "logprobs", "weight_versions"),
+                "session_close": ("session_id", "reward")}
+
+
+class LogLineError(TreeError):
+    """A log line replay cannot take: `line` (1-based) starting at byte `offset`, after
+    `num_kept` events were applied; `reason` says what is wrong with it."""
+
+    def __init__(self, line: int, offset: int, num_kept: int, reason: str):
+        super().__init__(f"line {line}: {reason}")
+        self.line, self.offset, self.num_kept, self.reason = line, offset, num_kept, reason
+
+
+def apply_event(tree: Tree, event: dict[str, Any]) -> None:
+    """Applies one logged event to its group's tree; a malformed one raises."""
+    kind = event.get("kind") if isinstance(event, dict) else None
+    if not isinstance(kind, str):
+        raise ValueError("not a store event (no kind)")
+    missing = [name for name in EVENT_FIELDS.get(kind, ()) if name not in event]
+    if missing:
+        raise ValueError(f"a {kind} event without {', '.join(missing)}")
+    if kind == "call":
+        tree.apply(CallRecord.from_json(event))
+    elif kind == "session_close":
+        tree.close_session(event["session_id"], event["reward"], event.get("meta"))
+
+
+def replay_log(tree: Tree, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Applies a group's log `data` to `tree`, line by line, yielding (1-based line,
+    event) after each: the one replay of the gateway's store, its repair and the
+    learner's reader. A torn last line (no newline: its writer died) is left out; a line
+    that is not JSON or does not fit the tree raises `LogLineError`."""
+    offset, num_kept = 0, 0
+    for line_number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        if line.strip():
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError as error:
+                raise LogLineError(line_number, offset, num_kept, f"not JSON: {error}") from None
+            try:
+                apply_event(tree, event)
+            except (TreeError, KeyError, TypeError, ValueError) as error:
+                raise LogLineError(line_number, offset, num_kept, _reason(error)) from error
+            num_kept += 1
+            yield line_number, event
+        offset += len(line) + 1
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, KeyError):
+        return f"a record without {error}"
+    return str(error) or type(error).__name__

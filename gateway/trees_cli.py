@@ -21,8 +21,8 @@ from pathlib import Path
 
 import orjson
 
-from undertow.gateway.store import TreeStore, apply_event
-from undertow.gateway.tree import ROOT, Tree, TreeError, session_node_ids
+from undertow.gateway.store import TreeStore
+from undertow.gateway.tree import ROOT, LogLineError, Tree, replay_log, session_node_ids
 
 DAMAGED_DIR = "damaged"
 
@@ -136,17 +136,11 @@ class Repair:
 def _first_damage(path: Path, data: bytes) -> tuple[int, int, int, str] | None:
     """(records kept, 1-based line, byte offset of the line, reason) of the first line
     that replay cannot take, or None."""
-    tree, offset, num_kept = Tree(path.stem), 0, 0
-    for line_number, line in enumerate(data.split(b"\n")[:-1], start=1):
-        if line.strip():
-            try:
-                apply_event(tree, orjson.loads(line))
-            except orjson.JSONDecodeError as error:
-                return num_kept, line_number, offset, f"not JSON: {error}"
-            except (TreeError, KeyError, TypeError, ValueError) as error:
-                return num_kept, line_number, offset, str(error) or type(error).__name__
-            num_kept += 1
-        offset += len(line) + 1
+    try:
+        for _ in replay_log(Tree(path.stem), data):
+            pass
+    except LogLineError as error:
+        return error.num_kept, error.line, error.offset, error.reason
     return None
 
 

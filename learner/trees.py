@@ -5,30 +5,23 @@ which also holds the JSON form of trees (`tree_to_json`, `tree_from_json`: the a
 API's answer, and the form checkpoints keep); this module reads the other form the gateway
 writes:
 - the store's write-ahead files (`STORE/<group>.jsonl`: CallRecord lines and session
-  events), replayed with `Tree.apply` exactly as the gateway replays them.
+  events), replayed with the tree model's `replay_log`, the replay the gateway runs.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from undertow.gateway.tree import CallRecord, Tree
+from undertow.gateway.tree import Tree, replay_log
 
 
 def load_store_tree(path: Path) -> Tree:
-    """Replays one store file `STORE/<group>.jsonl`; a torn last line is ignored."""
+    """Replays one store file `STORE/<group>.jsonl`; a torn last line is ignored, a
+    damaged line raises `LogLineError` naming it."""
     path = Path(path)
     tree = Tree(path.stem)
-    data = path.read_bytes()
-    for line in data[:data.rfind(b"\n") + 1].splitlines():
-        if not line.strip():
-            continue
-        event = json.loads(line)
-        if event["kind"] == "call":
-            tree.apply(CallRecord.from_json(event))
-        elif event["kind"] == "session_close":
-            tree.close_session(event["session_id"], event["reward"], event.get("meta"))
+    for _ in replay_log(tree, path.read_bytes()):
+        pass
     return tree
 
 

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from undertow.gateway.tree import ROOT, CallRecord, Tree, TreeError, tree_to_json
+from undertow.gateway.tree import (
+    ROOT,
+    CallRecord,
+    LogLineError,
+    Tree,
+    TreeError,
+    replay_log,
+    tree_to_json,
+)
 
 SYSTEM = [1, 2, 3, 4, 5]
 
@@ -164,3 +172,45 @@ def test_a_transaction_that_raises_leaves_the_tree_exactly_as_it_was():
         random_call(tree, "after")  # IDs are handed out again from where they were
         assert max(tree.nodes) == len(tree.nodes) - 1
     assert num_splits_undone > 50
+
+
+def logged_group() -> tuple[Tree, list[bytes]]:
+    """A group of two sessions (a shared prefix, a history rewrite, one close) and the
+    lines of its log, as the gateway's store writes them."""
+    tree, records = Tree("g"), []
+    records.append(tree.add_call("c0", "s0", [1, 2, 3], [4, 5], [-0.1, -0.2], [0, 0]))
+    records.append(tree.add_call("c1", "s0", [1, 2, 3, 4, 5, 6], [7], [-0.3], [1]))
+    records.append(tree.add_call("c2", "s1", [1, 2, 9], [8], [-0.4], [1], branch="rewrite"))
+    tree.close_session("s0", 1.0, {"cause": "done"})
+    lines = [json.dumps(r.to_json()).encode() for r in records]
+    lines.append(json.dumps({"kind": "session_close", "session_id": "s0", "reward": 1.0,
+                             "meta": {"cause": "done"}}).encode())
+    return tree, lines
+
+
+def test_replay_log_rebuilds_the_same_tree_and_leaves_a_torn_last_line_out():
+    tree, lines = logged_group()
+    data = b"\n".join(lines) + b'\n\n{"kind": "call", "call_id": "c3", "ses'
+    replayed = Tree("g")
+    events = list(replay_log(replayed, data))
+    assert [number for number, _ in events] == [1, 2, 3, 4]    # the blank line 5 skipped
+    assert json.dumps(tree_to_json(replayed), sort_keys=True) == json.dumps(
+        tree_to_json(tree), sort_keys=True)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (b"{not json", "not JSON"),
+    (b'{"kind": "call", "call_id": "c9"}', "a call event without session_id"),
+    (b'{"kind": "call", "call_id": "c9", "session_id": "s9", "anchor": [99, 0], '
+     b'"token_ids": [1], "num_prompt": 1, "logprobs": [], "weight_versions": []}',
+     "anchor node 99 is unknown"),
+])
+def test_a_damaged_line_is_named_with_its_offset_and_the_events_kept(damage, reason):
+    _, lines = logged_group()
+    data = b"\n".join([*lines[:2], damage, *lines[2:]]) + b"\n"
+    with pytest.raises(LogLineError) as damaged:
+        list(replay_log(Tree("g"), data))
+    error = damaged.value
+    assert (error.line, error.num_kept, error.offset) == (3, 2, len(lines[0]) + len(lines[1]) + 2)
+    assert reason in error.reason and isinstance(error, TreeError)
+    assert data[error.offset:].startswith(damage)

@@ -1,0 +1,34 @@
+"""The learner reads a gateway store with the gateway's own replay (`tree.replay_log`):
+the tree it gets is the one the gateway rebuilds, and a damaged line is named alike."""
+
+import json
+
+import pytest
+
+from tests.gateway.test_tree import logged_group
+from undertow.gateway.store import StoreDamaged, TreeStore
+from undertow.gateway.tree import LogLineError, tree_to_json
+from undertow.learner.trees import group_staleness, load_store_tree, load_store_trees
+
+
+def test_the_learner_and_the_gateway_replay_a_store_to_one_tree(tmp_path):
+    tree, lines = logged_group()
+    (tmp_path / "g.jsonl").write_bytes(b"\n".join(lines) + b"\n{\"kind\": \"ca")   # torn
+    store = TreeStore(tmp_path, create=False)
+    list(store.replay(repair=False))
+    expected = json.dumps(tree_to_json(tree), sort_keys=True)
+    assert json.dumps(tree_to_json(store.trees["g"]), sort_keys=True) == expected
+    assert json.dumps(tree_to_json(load_store_tree(tmp_path / "g.jsonl")),
+                      sort_keys=True) == expected
+    [loaded] = load_store_trees(tmp_path)
+    assert group_staleness(loaded, 3) == 3      # the oldest sampled token is version 0
+
+
+def test_a_damaged_line_stops_both_readers_at_the_same_line(tmp_path):
+    _, lines = logged_group()
+    (tmp_path / "g.jsonl").write_bytes(b"\n".join([lines[0], b"{oops", *lines[1:]]) + b"\n")
+    with pytest.raises(LogLineError) as learner:
+        load_store_tree(tmp_path / "g.jsonl")
+    with pytest.raises(StoreDamaged) as gateway:
+        list(TreeStore(tmp_path, create=False).replay(repair=False))
+    assert learner.value.line == 2 and "line 2 is damaged (not JSON" in str(gateway.value)

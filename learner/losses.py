@@ -46,8 +46,7 @@ is the sum of its micro-batches' losses and gradients add up exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -85,14 +84,6 @@ class LossConfig:
         if self.max_paths_per_session < 1:
             raise LossConfigError(f"LossConfig.max_paths_per_session must be >= 1, "
                                   f"got {self.max_paths_per_session}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LossConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise LossConfigError(f"unknown loss setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
 
     @property
     def paths_per_session(self) -> int | None:

@@ -2,7 +2,8 @@
 
 One step: take `groups_per_step` finished groups -> advantages per group
 (`advantages.py`) -> pack the trees (`packing.py`) -> per micro-batch forward, loss
-share and backward (`model.py`, `losses.py`) -> clip the gradient norm -> AdamW step
+share and backward (`objective.backward_step`: `model.py`, `losses.py`; the elastic run's
+members call the same per micro-batch) -> clip the gradient norm -> AdamW step
 -> write the weights as a model directory (a checkpoint every `checkpoint_every`
 steps, `checkpoint.py`) -> push them to the engines as the next weight version ->
 one metrics line (`metrics_log.py`).
@@ -68,10 +69,10 @@ from undertow.learner.checkpoint import (
 )
 from undertow.learner.config import TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, MicroBatchTooLongError
-from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
+from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
-from undertow.learner.objective import metric_sums
+from undertow.learner.objective import backward_step
 from undertow.learner.packing import PackedStep, pack_step
 from undertow.learner.sharding import place
 from undertow.learner.trees import group_staleness
@@ -176,8 +177,8 @@ class Learner:
         step = self.placement.prepare(self.pack(trees, advantages, self.placement.max_tokens))
         self.optimizer.zero_grad(set_to_none=True)
         with self.placement.compute():
-            totals = self._backward(step)
-        return self.apply_gradient(trees, totals)
+            stats = backward_step(self.policy, step, self.loss, self.reference)
+        return self.apply_gradient(trees, stats)
 
     def pack(self, trees: list[Tree], advantages: dict[tuple[str, str], float],
              max_tokens: int) -> PackedStep:
@@ -194,19 +195,23 @@ class Learner:
                 "whole, scored in segments of learner.max_segment_tokens, or raise the bound")
         return step
 
-    def apply_gradient(self, trees: list[Tree], totals: dict[str, float]) -> dict[str, float]:
+    def apply_gradient(self, trees: list[Tree], stats: dict[str, float]) -> dict[str, float]:
         """Clips the gradient in `.grad`, steps the optimizer and returns the metrics of
-        the step on `trees` (`totals` as `_backward` returns them)."""
+        the step on `trees`, from the step's `stats` summed over its micro-batches as
+        `objective.backward_step` sums them (the elastic run's coordinator, over members,
+        the same way): the one backward path of both runs."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
                                                    self.config.max_grad_norm)
         self.optimizer.step()
         self.state.step += 1
         rewards = [r for t in trees for r in valid_sessions(t).values()]
+        totals = {name: stats.get(name, 0.0) for name in (
+            "loss", "num_terms", "num_clipped", "behaviour_kl_sum", "entropy_sum", "kl_sum")}
         num_terms = max(totals["num_terms"], 1.0)
         num_unique = sum(t.num_unique_tokens for t in trees)
         num_flat = sum(t.num_flat_tokens for t in trees)
         values = {
-            "loss": totals["loss"], "kl": totals["kl_sum"] / num_terms,
+            "loss": totals["loss"], "kl": totals["behaviour_kl_sum"] / num_terms,
             "entropy": totals["entropy_sum"] / num_terms,
             "clip_fraction": totals["num_clipped"] / num_terms, "grad_norm": float(grad_norm),
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
@@ -218,33 +223,8 @@ class Learner:
             "num_flat_tokens": num_flat,
             "unique_flat_ratio": num_unique / num_flat if num_flat else None}
         if self.reference is not None:
-            values["kl_ref"] = totals["kl_ref_sum"] / num_terms
+            values["kl_ref"] = totals["kl_sum"] / num_terms   # the loss's KL to the reference
         return values
-
-    def _backward(self, step: PackedStep) -> dict[str, float]:
-        """objective.backward_step, plus the entropy and behaviour-KL sums for metrics
-        (computed here always, not only when the loss has an entropy or KL term)."""
-        weights = step_weights(self.loss, step)
-        totals = dict.fromkeys(("loss", "num_terms", "num_clipped", "kl_sum", "entropy_sum",
-                                "kl_ref_sum"), 0.0)
-        for micro_batch in step.micro_batches:
-            scores = self.policy.score(micro_batch, with_entropy=True)
-            ref_logprobs = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logprobs = self.reference.score(micro_batch).logprobs
-            entropy = scores.entropy if self.loss.entropy_coef else None
-            loss, stats = micro_batch_loss(self.loss, step, micro_batch, weights,
-                                           scores.logprobs, entropy, ref_logprobs)
-            loss.backward()
-            sums = metric_sums(scores.logprobs, scores.entropy,
-                               step.behaviour_logprobs[micro_batch.term_ids])
-            totals["kl_sum"] += sums["behaviour_kl_sum"]
-            totals["entropy_sum"] += sums["entropy_sum"]
-            for name in ("loss", "num_terms", "num_clipped"):
-                totals[name] += stats[name]
-            totals["kl_ref_sum"] += stats.get("kl_sum", 0.0)
-        return totals
 
     def save(self, checkpoint: bool) -> Path:
         """Writes the current weights (in a checkpoint, with `pending`); returns the

@@ -134,12 +134,7 @@ class ElasticLearner(Learner):
         """Finishes the open step, to which every one of `trees` has been added."""
         self.optimizer.zero_grad(set_to_none=True)
         self.last_result = self.coordinator.finish_step()
-        stats = self.last_result.stats
-        values = self.apply_gradient(trees, {
-            "loss": stats.get("loss", 0.0), "num_terms": stats.get("num_terms", 0.0),
-            "num_clipped": stats.get("num_clipped", 0.0),
-            "kl_sum": stats.get("behaviour_kl_sum", 0.0),
-            "entropy_sum": stats.get("entropy_sum", 0.0), "kl_ref_sum": stats.get("kl_sum", 0.0)})
+        values = self.apply_gradient(trees, self.last_result.stats)
         values.update(num_members=len(self.last_result.ranks) - 1)
         return values
 

@@ -94,6 +94,31 @@ def test_a_step_lowers_the_loss_and_changes_the_weights(tiny_model_dir, tmp_path
     assert 0.0 <= metrics["clip_fraction"] <= 1.0 and metrics["entropy"] > 0
 
 
+def test_the_loop_trains_through_objective_backward_step_and_reports_its_sums(tiny_model_dir,
+                                                                             tmp_path):
+    """One backward path: the loop's gradient and metrics are `objective.backward_step`'s
+    on the same step, the function the elastic run's members call per micro-batch."""
+    config = TrainConfig(lr=1e-3, group_size=3, num_steps=1, max_grad_norm=1e9)
+    learner = Learner(config, LossConfig(kl_coef=0.1, entropy_coef=0.01), AdvantageConfig(),
+                      tiny_model_dir, tmp_path)
+    tree = build_random_tree(5, "g")
+    advantages = {(tree.group_id, s): a
+                  for s, a in group_advantages(tree, learner.advantage_config).items()}
+    step = learner.placement.prepare(learner.pack([tree], advantages, config.max_tokens))
+    learner.optimizer.zero_grad(set_to_none=True)
+    expected = backward_step(learner.policy, step, learner.loss, learner.reference)
+    gradients = {n: p.grad.clone() for n, p in learner.policy.model.named_parameters()}
+    metrics = learner.train_step([tree])
+    for name, parameter in learner.policy.model.named_parameters():
+        assert torch.equal(parameter.grad, gradients[name]), name
+    num_terms = expected["num_terms"]
+    assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert metrics["kl"] == pytest.approx(expected["behaviour_kl_sum"] / num_terms, rel=1e-6)
+    assert metrics["entropy"] == pytest.approx(expected["entropy_sum"] / num_terms, rel=1e-6)
+    assert metrics["kl_ref"] == pytest.approx(expected["kl_sum"] / num_terms, rel=1e-6)
+    assert metrics["kl"] > 0 and metrics["num_trained_tokens"] == int(num_terms)
+
+
 def _generate(url, input_ids):
     body = {"input_ids": input_ids, "return_logprob": True,
             "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}

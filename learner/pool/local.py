@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,8 +234,9 @@ class ProcessMembers:
         running = self.running.pop(cell_id)
         for inbox in running.inboxes:
             inbox.put(None)
+        deadline = time.monotonic() + self.timeout_s   # one bound for the cell, not each
         for process in running.processes:
-            process.join(timeout=self.timeout_s)
+            process.join(timeout=max(deadline - time.monotonic(), 0.0))
         stuck = [process for process in running.processes if process.is_alive()]
         for process in stuck:
             process.terminate()

@@ -62,8 +62,11 @@ def test_select_prompt_tasks_filters_by_id_and_count_and_refuses_an_empty_select
     assert [t.instance_id for t in select_prompt_tasks(RolloutSection(tasks=tasks, num_tasks=3))
             ] == ["t0", "t1", "t2"]
     assert [t.instance_id for t in select_prompt_tasks(RolloutSection())] == ["one-direction"]
-    with pytest.raises(ValueError, match="no task selected"):
-        select_prompt_tasks(RolloutSection(tasks=tasks, instance_ids=("no-such-task",)))
+    with pytest.raises(ValueError, match=r"no task \['no-such-task'\] in .*tasks.jsonl"):
+        select_prompt_tasks(RolloutSection(tasks=tasks, instance_ids=("t1", "no-such-task")))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"no task selected from .*empty\.jsonl"):
+        select_prompt_tasks(RolloutSection(tasks=tmp_path / "empty.jsonl"))
 
 
 def test_threaded_source_hands_a_group_run_on_the_loop_to_the_learner(tmp_path):

@@ -37,16 +37,11 @@ class RolloutCommand:
 
 
 def select_tasks(command: RolloutCommand) -> list:
+    from undertow.rollout_source import choose_tasks
     from undertow.sandboxes.task import load_tasks
 
-    tasks = load_tasks(command.tasks)
-    if command.instance_ids:
-        known = {task.instance_id for task in tasks}
-        missing = sorted(set(command.instance_ids) - known)
-        if missing:
-            raise ValueError(f"no task {missing} in {command.tasks}")
-        tasks = [task for task in tasks if task.instance_id in command.instance_ids]
-    return tasks[:command.num_tasks] if command.num_tasks else tasks
+    return choose_tasks(load_tasks(command.tasks), command.instance_ids, command.num_tasks,
+                        command.tasks)
 
 
 def _model_dir(command: RolloutCommand) -> Path:

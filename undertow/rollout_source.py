@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,13 +204,24 @@ def select_prompt_tasks(section: RolloutSection) -> list:
     from undertow.adapters import configs
     from undertow.adapters.chat_rollout import load_prompt_tasks
 
-    tasks = load_prompt_tasks(section.tasks or Path(configs.__file__).parent /
-                              DEFAULT_PROMPT_TASKS)
-    if section.instance_ids:
-        tasks = [t for t in tasks if t.instance_id in section.instance_ids]
-    tasks = tasks[:section.num_tasks] if section.num_tasks else tasks
+    path = section.tasks or Path(configs.__file__).parent / DEFAULT_PROMPT_TASKS
+    return choose_tasks(load_prompt_tasks(path), section.instance_ids, section.num_tasks, path)
+
+
+def choose_tasks(tasks: list, instance_ids: Sequence[str], num_tasks: int | None,
+                 source: Path | str) -> list:
+    """The tasks of `instance_ids` (every task when it is empty), in the set's order,
+    then the first `num_tasks`: the one task selection of `undertow train` and `undertow
+    rollout`. An ID the set lacks, or an empty selection, is a ValueError naming it."""
+    if instance_ids:
+        missing = sorted(set(instance_ids) - {task.instance_id for task in tasks})
+        if missing:
+            raise ValueError(f"no task {missing} in {source}; check rollout.tasks and "
+                             "instance_ids")
+        tasks = [task for task in tasks if task.instance_id in instance_ids]
+    tasks = tasks[:num_tasks] if num_tasks else tasks
     if not tasks:
-        raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
+        raise ValueError(f"no task selected from {source}; check rollout.tasks")
     return tasks
 
 
@@ -224,12 +235,8 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
     from undertow.sandboxes.taskset import BUNDLED_DIR
 
     section = context.rollout
-    tasks = load_tasks(section.tasks or BUNDLED_DIR / "tasks.jsonl")
-    if section.instance_ids:
-        tasks = [t for t in tasks if t.instance_id in section.instance_ids]
-    tasks = tasks[:section.num_tasks] if section.num_tasks else tasks
-    if not tasks:
-        raise ValueError("rollout: no task selected; check rollout.tasks and instance_ids")
+    path = section.tasks or BUNDLED_DIR / "tasks.jsonl"
+    tasks = choose_tasks(load_tasks(path), section.instance_ids, section.num_tasks, path)
     scaffold = create_scaffold(section.scaffold, section.scaffold_options)
     # One placement for every group, so per-host limits and images hold across groups.
     hosts = DockerHosts.connect(context.hosts or HostsConfig(), context.docker_url)

@@ -1,10 +1,20 @@
-"""Errors of the learner's training path (packing, losses, advantages, model).
+"""The learner package's errors, one tree with one root (`tests/test_layering.py` checks
+it); those defined here are the training path's (packing, losses, advantages, model).
 
-    LearnerError             base of everything the training path raises
+    LearnerError             base of everything the learner raises
     ├── EmptyStepError       a step (or a session set) has no trainable token
     ├── RunFailedError       groups in a row lost every session to failures of Undertow
     ├── MicroBatchTooLongError  (also a ValueError) a path longer than the micro-batch bound
-    └── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
+    ├── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
+    ├── ChatTemplateError    (also a ValueError) messages the built models' template refuses
+    │                        (`modeldir/chat_template.py`)
+    ├── DeviceError          a configured device that cannot be used here (`sharding.py`)
+    ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
+    ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
+    ├── MembershipError      an elastic step's member failed or timed out (`elastic.py`)
+    ├── PoolError            the cell pool (`pool/errors.py`: IllegalTransition,
+    │                        PolicyConfigError)
+    └── SimulationError      (also a RuntimeError) a simulated run stalled (`sim/simulator.py`)
 """
 
 

@@ -1,4 +1,5 @@
-"""The sandboxes package's errors, in one small hierarchy.
+"""The sandboxes package's errors, in one small hierarchy with one root
+(`tests/test_layering.py` checks it).
 
     SandboxError
     ├── TaskFormatError     a task record is malformed (names the field, instance and line)
@@ -8,7 +9,9 @@
     ├── CommandTimeout      a set-up or grading step outlived its time limit
     ├── SetupFailed         a task's start command failed in its container (names both)
     ├── SwebenchMissing     a task is graded by the official harness; `swebench` is not installed
-    └── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
+    ├── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
+    └── DaemonError         (also a RuntimeError) no Docker daemon, and none could be started
+                            (`daemon.py`)
 
 `Sandbox.exec` does not raise on a timed-out command: it kills the command's
 process tree and returns an `ExecResult` with `timed_out` set, because an agent's

@@ -123,9 +123,11 @@ def force_tools(call: CallRequest, name: str | None, parallel: bool,
 
 def check_strict(call: CallRequest, strict_params: list[str]) -> None:
     """Tools marked `strict` (arguments that must follow their schema): honoured when the
-    call is forced, since the call list is then sampled under the tools' schemas; free tool
-    use cannot promise it, so a strict tool is then a 400 naming it."""
-    if strict_params and call.tool_parser != FORCED:
+    call is forced, since the call list is then sampled under the tools' schemas, and moot
+    when no call can be made (`tool_choice` none, or JSON output); free tool use cannot
+    promise it, so a strict tool is then a 400 naming it."""
+    free = call.parse_tools and call.sampling.constraint is None
+    if strict_params and free:
         raise UnsupportedParameter(
             f"{strict_params[0]}: strict arguments are honoured only for a forced call "
             "(tool_choice required or a named function, sampled under the schema); set "

@@ -240,7 +240,11 @@ async def test_claude_codes_context_edit_and_the_one_tier_are_accepted(
     assert json.loads(params["json_schema"])["items"]["properties"]["parameters"] == (
         TOOL["parameters"])
     assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {"cmd": "ls"}
-    assert len(calls_of(gateway.tree(), session["session_id"])) == 4
+    # ... and moot where no call can be made.
+    await client.chat.completions.create(
+        model="m", messages=ASK, tool_choice="none",
+        tools=[{"type": "function", "function": {**CHAT_TOOL["function"], "strict": True}}])
+    assert len(calls_of(gateway.tree(), session["session_id"])) == 5
 
 
 RESPONSES_REFUSED = [

@@ -113,13 +113,15 @@ def pool_backend(pool: PoolConfig, run_dir: Path) -> Iterator[LocalBackend]:
         return
     from undertow.learner.pool.ray_backend import connect
 
-    # Ray's socket paths must stay short (about 100 bytes), so its files go under /tmp.
-    temp_dir = tempfile.mkdtemp(prefix="undertow-ray-")
+    # A one-machine Ray's files: under /tmp, as its socket paths must stay short (about
+    # 100 bytes); a cluster keeps its own.
+    temp_dir = "" if pool.ray_address else tempfile.mkdtemp(prefix="undertow-ray-")
     try:
         with connect(pool.ray_address, temp_dir, pool.num_cells * pool.threads_per_cell):
             yield RayBackend(pool, run_dir)
     finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 class PlacementLog:
@@ -154,22 +156,27 @@ class RecordedRayMembers(RayMembers):
         return self.groups
 
     def stop(self, cell_id: int) -> None:
-        self._record(cell_id)
+        self._record(cell_id, self.timeout_s)
         super().stop(cell_id)
 
     def close(self) -> None:
+        """Records what answers within a few seconds, then ends every group."""
         for cell_id in list(self.groups):
-            self._record(cell_id)
+            self._record(cell_id, PROBE_TIMEOUT_S)
         super().close()
 
-    def _record(self, cell_id: int) -> None:
+    def _record(self, cell_id: int, timeout_s: float) -> None:
+        """Writes where the cell's members run, for those that answer within `timeout_s`
+        (a member that failed is written with its error; `stop` raises it)."""
         import ray
 
-        try:
-            placed = self.placements(cell_id)
-        except ray.exceptions.RayError as error:   # the member failed; stop() says so
-            placed = [{"error": str(error)}]
-        for placement in placed:
+        refs = self.groups[cell_id].placements
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                placement = ray.get(ref)
+            except ray.exceptions.RayError as error:
+                placement = {"error": str(error)}
             self.placements_log.write({"kind": "member", "cell_id": cell_id, **placement})
 
 

@@ -178,7 +178,7 @@ def _single_process_parameters(run_dir: Path, model_dir: Path, trees, work_dir: 
     return after
 
 
-def _checkpoint_parameters(model_dir: Path) -> dict[str, torch.Tensor]:
+def _parameters(model_dir: Path) -> dict[str, torch.Tensor]:
     from undertow.learner.model import PolicyModel
 
     policy = PolicyModel.load(model_dir, dtype=torch.float32)
@@ -229,11 +229,11 @@ def test_pool_run_on_a_three_node_ray_cluster(ray_cluster, tiny_model_dir, tmp_p
     expected = _single_process_parameters(run_dir, tiny_model_dir,
                                           [trees[g] for g in GROUPS], tmp_path / "reference")
     for step, want in enumerate(expected, start=1):
-        got = _checkpoint_parameters(run_dir / "checkpoints" / f"step-{step:06d}" / "model")
+        got = _parameters(run_dir / "checkpoints" / f"step-{step:06d}" / "model")
         assert got.keys() == want.keys()
         for name in want:
             torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=0,
                                        msg=f"step {step}: {name}")
-    initial = _checkpoint_parameters(tiny_model_dir)
+    initial = _parameters(tiny_model_dir)
     moved = max((expected[0][n] - initial[n]).abs().max().item() for n in initial)
     assert moved > 1e-4, "the first step did not move the parameters; the check is vacuous"

@@ -3,8 +3,8 @@ the plain loop's rules, carried out inside the pool's steps.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
 (`ThreadMembers`), the elastic `Coordinator` and `ElasticLearner` on the tiny model.
-Fakes at the edges only: a recording engine side and a planned group source (each
-launch finishes at once with the group its plan gives, as in the plain loop's tests).
+Fakes at the edges only: a recording engine side and the plain loop's planned group
+source (each launch finishes at once with the group its plan gives).
 
 - A uniform group is dropped (up to `max_extra_groups` per step, then trained as it
   is), a group with one valid session and one with nothing trainable are dropped, and
@@ -23,9 +23,15 @@ import threading
 
 import pytest
 
-from tests.learner.random_trees import build_random_tree
+from tests.learner.test_pool_live import IdleRollout
 from tests.learner.test_pool_local import RecordingEngines
-from undertow.gateway.tree import Tree
+from tests.learner.test_train_admission import (
+    NullSink,
+    PlannedSource,
+    _failed,
+    _no_calls,
+    _normal,
+)
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.elastic import Coordinator
@@ -35,7 +41,7 @@ from undertow.learner.metrics_log import read_metrics
 from undertow.learner.pool import Cell, make_policy
 from undertow.learner.pool.live import ElasticLearner, PoolLoop, read_timeline
 from undertow.learner.pool.local import LocalPool, ThreadMembers
-from undertow.learner.train import FinishedGroup, Learner
+from undertow.learner.train import Learner
 
 pytestmark = pytest.mark.slow
 
@@ -45,72 +51,28 @@ CONFIG = TrainConfig(num_steps=2, groups_per_step=2, group_size=3, max_staleness
 UNIFORM = AdvantageConfig(filter_uniform_groups=True, max_extra_groups=1)
 
 
-class PlannedSource:
-    """Launch `index` finishes at once with `plan(index, group_id)`, its trainable
-    tokens sampled by the launch's weight version."""
-
-    def __init__(self, plan):
-        self.plan, self.ready, self.launches, self.requests = plan, [], [], []
-
-    def launch(self, request):
-        self.launches.append(request.index)
-        self.requests.append(request)
-        self.ready.append(_sampled_by(self.plan(request.index, request.group_id),
-                                      request.weight_version))
-
-    def wait(self, timeout_s):
-        ready, self.ready = self.ready, []
-        return ready
-
-
 class HoldingSource(PlannedSource):
-    """Launch `hold` never finishes; `stop` is set by the first wait after it."""
+    """`PlannedSource` (launch i finishes at once with `plan(i, group_id)`) that keeps
+    the requests and the groups it returned; launch `hold` never finishes, and `stop`
+    is set by the first wait after it."""
 
     def __init__(self, plan, hold, stop):
         super().__init__(plan)
         self.hold, self.stop = hold, stop
+        self.requests, self.returned = [], {}
 
     def launch(self, request):
         super().launch(request)
+        self.requests.append(request)
         if request.index == self.hold:
             self.ready.pop()
 
     def wait(self, timeout_s):
         if self.hold in self.launches:
             self.stop.set()
-        return super().wait(timeout_s)
-
-
-class IdleRollout:
-    """The gateway's view: no live sessions, no closed ones outside finished groups."""
-
-    def num_sessions(self):
-        return {}
-
-    def num_closed(self, group_ids):
-        return {}
-
-    def prepare(self, cell_ids):
-        return None
-
-
-class NullSink:
-    def push(self, model_dir, weight_version):
-        return None
-
-
-def _sampled_by(group, weight_version):
-    for node in group.tree.nodes.values():
-        if node.trainable:
-            node.weight_versions = [weight_version] * len(node.token_ids)
-    return group
-
-
-def _normal(index, group_id):
-    tree = build_random_tree(index, group_id)
-    for number, session_id in enumerate(tree.sessions):   # mixed rewards
-        tree.close_session(session_id, float(number == 0))
-    return FinishedGroup(index, tree)
+        groups = super().wait(timeout_s)
+        self.returned.update({group.index: group for group in groups})
+        return groups
 
 
 def _uniform(index, group_id):
@@ -118,23 +80,6 @@ def _uniform(index, group_id):
     for session_id in group.tree.sessions:
         group.tree.close_session(session_id, 1.0)
     return group
-
-
-def _failed(index, group_id, num_valid=0):
-    group = _normal(index, group_id)
-    for number, session_id in enumerate(group.tree.sessions):
-        if number >= num_valid:
-            group.tree.close_session(session_id, 0.0, {"cause": "error:sandbox",
-                                                       "infra_failure": True})
-    group.error = "SandboxError: the daemon refused the container"
-    return group
-
-
-def _no_calls(index, group_id):
-    tree = Tree(group_id)
-    for number in range(3):
-        tree.close_session(f"s{number}", float(number == 0), {"cause": "exited"})
-    return FinishedGroup(index, tree)
 
 
 def _pool_run(tiny_model_dir, run_dir, plan, advantages, hold=None, resume=False):
@@ -194,8 +139,7 @@ def test_dropped_groups_are_replaced_in_their_step_and_counted(tiny_model_dir, t
 
     # The first step's record is the plain learner's on the same two groups.
     plain = Learner(CONFIG, LossConfig(), UNIFORM, tiny_model_dir, tmp_path / "plain")
-    expected = plain.train_step([_sampled_by(_normal(i, f"g{i:06d}-r0"), 0).tree
-                                 for i in (1, 4)])
+    expected = plain.train_step([source.returned[i].tree for i in (1, 4)])
     for name in ("loss", "grad_norm", "kl", "entropy", "reward_mean", "num_trained_tokens"):
         assert first[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
     assert first["entropy"] > 0

@@ -5,13 +5,18 @@ engine URLs are given), serves the gateway in this process (by default on a free
 127.0.0.1, with a fresh admin token), and yields its URL and token; on exit both stop.
 `undertow rollout`, `undertow train` and `undertow serve` use it. This is composition-root
 wiring, so it lives in `undertow/` and may import every part.
+
+`held_on(loop, manager)` is how the sync runs (`train_run.py`, `pool_run.py`) hold such
+services: entered and exited on the asyncio loop of their background thread.
 """
 
+import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,20 @@ async def embedded_gateway(model_dir: Path, store_dir: Path,
             engine_urls = (engine.url,)
         yield await stack.enter_async_context(
             serve_gateway(model_dir, store_dir, engine_urls, **config))
+
+
+@contextlib.contextmanager
+def held_on(loop: asyncio.AbstractEventLoop, manager: contextlib.AbstractAsyncContextManager
+            ) -> Iterator[Any]:
+    """What async `manager` gives (`embedded_gateway`, `serve_gateway`), entered on `loop`,
+    which runs in another thread, and exited there when the block ends, even on an error;
+    for sync code that must not block that loop."""
+    value = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
+    try:
+        yield value
+    except BaseException as error:
+        exit_ = manager.__aexit__(type(error), error, error.__traceback__)
+        if not asyncio.run_coroutine_threadsafe(exit_, loop).result():
+            raise
+    else:
+        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result()

@@ -79,14 +79,10 @@ def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
                        store_dir: Path, host: str = "127.0.0.1") -> Iterator[Any]:
     """The gateway, started on `loop` with no engine (the cells add theirs), bound to
     `host`."""
-    from undertow.embedded import serve_gateway
+    from undertow.embedded import held_on, serve_gateway
 
-    manager = serve_gateway(model_dir, store_dir, (), host=host)
-    gateway = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
-    try:
+    with held_on(loop, serve_gateway(model_dir, store_dir, (), host=host)) as gateway:
         yield gateway
-    finally:
-        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result()
 
 
 def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,

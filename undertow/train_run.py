@@ -32,15 +32,13 @@ the gateway's store, not run again (`rollout_source.ThreadedGroupSource`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from undertow.config import build_section, read_config
+from undertow.embedded import embedded_gateway, held_on
 from undertow.rollout_source import (
     CHAT,
     RolloutContext,
@@ -68,19 +66,6 @@ class RunConfig:
     model_dir: Path | None = None
     engine_urls: tuple[str, ...] = ()
     docker_url: str | None = None
-
-
-@contextlib.contextmanager
-def embedded_services(loop, model_dir: Path, store_dir: Path, engine_urls) -> Iterator[Any]:
-    """Engine (unless given) and gateway, started on `loop`; stopped on exit."""
-    from undertow.embedded import embedded_gateway
-
-    manager = embedded_gateway(model_dir, store_dir, tuple(engine_urls))
-    gateway = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result()
-    try:
-        yield gateway
-    finally:
-        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result()
 
 
 def resolve_config(config_path: Path | None, overrides: list[str], run_dir: Path | None,
@@ -151,7 +136,8 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
         config, loss, advantages, model_dir, run.run_dir, resolved)
     trackers = track_learner(learner, tracking, resolved, model_dir)
     with background_loop() as loop, \
-            embedded_services(loop, model_dir, run.run_dir / "store", run.engine_urls) as gateway:
+            held_on(loop, embedded_gateway(model_dir, run.run_dir / "store",
+                                           run.engine_urls)) as gateway:
         admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
         if learner.state.step > 0:
             admin.push(latest_checkpoint(run.run_dir) / "model", learner.state.step)

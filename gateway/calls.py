@@ -105,6 +105,25 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """One choice as sampled, not yet recorded: what `CallRunner._sample` yields after
+    its `Delta`s, for `_record` to put in the tree. `events` are all the parsed events,
+    `text` the output less any stop string, `sampling` the engine's sampling parameters."""
+
+    index: int
+    call_id: str
+    token_ids: list[int]
+    events: list[Event]
+    logprobs: list[float]
+    weight_versions: list[int]
+    text: str
+    finish_reason: dict
+    cached_tokens: int
+    first_token_s: float | None
+    sampling: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Choice:
     index: int
     call_id: str
@@ -234,7 +253,7 @@ class CallRunner:
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)
         started_s = time.time()
         replay: list[Delta | Outcome] = []
-        results: list[dict] = []
+        results: list[Sampled] = []
         # One choice (nearly every call) is sampled in the caller's task, n in tasks.
         items = (self._sample(session, request, prompt, 0, f"call-{secrets.token_hex(8)}",
                               max_new_tokens) if request.n == 1
@@ -242,7 +261,7 @@ class CallRunner:
         async with contextlib.aclosing(items):
             try:
                 async for item in items:
-                    if isinstance(item, dict):
+                    if isinstance(item, Sampled):
                         results.append(item)
                         continue
                     replay.append(item)
@@ -265,7 +284,7 @@ class CallRunner:
                              f"[0, {vocab_size})", param="prompt")
 
     async def _choices(self, session: Session, request: CallRequest, prompt: Prompt,
-                       max_new_tokens: int) -> AsyncIterator[Delta | dict]:
+                       max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
         """The deltas of `request.n` choices sampled side by side, as they come, and each
         choice's result after its deltas."""
         queue: asyncio.Queue = asyncio.Queue()
@@ -278,7 +297,7 @@ class CallRunner:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                num_results += isinstance(item, dict)
+                num_results += isinstance(item, Sampled)
                 yield item
         finally:
             for task in tasks:
@@ -298,8 +317,8 @@ class CallRunner:
             queue.put_nowait(error)
 
     async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
-                      call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | dict]:
-        """One choice's `Delta`s as sampled, then its result (a dict for `_record`)."""
+                      call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
+        """One choice's `Delta`s as sampled, then its `Sampled` (for `_record`)."""
         parser = self._parser(request, prompt) if request.messages is not None else None
         detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)
@@ -327,13 +346,12 @@ class CallRunner:
         self.metrics.unparsed_tool_calls.inc(sum(isinstance(e, Unparsed) for e in all_events),
                                              parser=request.tool_parser or self.tool_parser)
         yield Delta(index, call_id, events, [], [])
-        yield {"index": index, "call_id": call_id, "token_ids": token_ids, "events": all_events,
-               "logprobs": logprobs, "weight_versions": versions, "text": stops.text,
-               "finish_reason": finish_reason or {"type": "stop", "matched": None},
-               "cached_tokens": cached, "first_token_s": first_token_s, "sampling": params}
+        yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
+                      finish_reason or {"type": "stop", "matched": None}, cached,
+                      first_token_s, params)
 
     async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
-                      results: list[dict], started_s: float) -> Outcome:
+                      results: list[Sampled], started_s: float) -> Outcome:
         """Applies the choices' records to the tree and writes their lines, all or none
         (a failed write undoes the tree's change and raises `StoreUnavailable`, a 503);
         only then leaves the session's heads, choice 0's last, so that it is the newest:
@@ -343,7 +361,7 @@ class CallRunner:
         num_prompt = len(prompt.token_ids)
         head = (head_record(prompt, session.heads, self._parses_tools(request))
                 if request.messages is not None else None)
-        results = sorted(results, key=lambda item: item["index"])
+        results = sorted(results, key=lambda item: item.index)
         with tree.transaction():
             records = [self._add_call(tree, session, request, prompt, result, head, started_s)
                        for result in results]
@@ -358,24 +376,24 @@ class CallRunner:
         self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
         self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
                                            api=request.api)
-        first = [r["first_token_s"] for r in results if r["first_token_s"]]
+        first = [r.first_token_s for r in results if r.first_token_s]
         if first:
             self.metrics.time_to_first_token_s.observe(min(first) - started_s, api=request.api)
-        return Outcome(choices, num_prompt, max(result["cached_tokens"] for result in results))
+        return Outcome(choices, num_prompt, max(result.cached_tokens for result in results))
 
     @staticmethod
-    def _add_call(tree, session: Session, request: CallRequest, prompt: Prompt, result: dict,
+    def _add_call(tree, session: Session, request: CallRequest, prompt: Prompt, result: Sampled,
                   head: dict | None, started_s: float):
-        branch = prompt.branch if result["index"] == 0 else "sample"
+        branch = prompt.branch if result.index == 0 else "sample"
         meta = {"api": request.api, "model": request.model,
-                "finish_reason": result["finish_reason"], "sampling": result["sampling"],
-                "cached_tokens": result["cached_tokens"], "extends": prompt.extends,
+                "finish_reason": result.finish_reason, "sampling": result.sampling,
+                "cached_tokens": result.cached_tokens, "extends": prompt.extends,
                 "token_truth": prompt.token_truth,
                 **({"head": head} if head else {}),
-                "timings": {"start_s": started_s, "first_token_s": result["first_token_s"],
+                "timings": {"start_s": started_s, "first_token_s": result.first_token_s,
                             "end_s": time.time()}}
-        return tree.add_call(result["call_id"], session.session_id, prompt.token_ids,
-                             result["token_ids"], result["logprobs"], result["weight_versions"],
+        return tree.add_call(result.call_id, session.session_id, prompt.token_ids,
+                             result.token_ids, result.logprobs, result.weight_versions,
                              branch=branch, meta=meta, extends_leaf=prompt.extends_leaf)
 
     def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
@@ -395,13 +413,13 @@ class CallRunner:
                               self.renderer.next_turn_start(choice.token_ids)),
                          self.sessions.num_heads)
 
-    def _choice(self, result: dict, request: CallRequest) -> Choice:
+    def _choice(self, result: Sampled, request: CallRequest) -> Choice:
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if request.messages is not None:  # the events parsed while streaming
-            message = message_of_events(result["events"], lambda: f"call_{secrets.token_hex(12)}")
-        return Choice(result["index"], result["call_id"], message, result["text"],
-                      result["token_ids"], result["logprobs"], result["weight_versions"],
-                      result["finish_reason"])
+            message = message_of_events(result.events, lambda: f"call_{secrets.token_hex(12)}")
+        return Choice(result.index, result.call_id, message, result.text,
+                      result.token_ids, result.logprobs, result.weight_versions,
+                      result.finish_reason)
 
     def _parser(self, request: CallRequest, prompt: Prompt):
         """A tool-call parser for one choice, told the tools and the prompt's last text."""

@@ -42,6 +42,7 @@ from undertow.learner.losses import LossConfig, chunk_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
 from undertow.learner.sharding import (
+    check_unsegmented,
     full_parameters,
     idle_pass,
     mean_to_sum,
@@ -119,6 +120,9 @@ class CellMember:
                 chunk = step_to(decode_step(self._broadcast_bytes(data)), self.device)
                 chunks[chunk_id] = (chunk, chunk_weights(config, chunk))
             entries = picks["entries"]
+            for _ticket, where in entries:   # every process refuses, none waits on another
+                chunk = chunks[where["chunk"]][0]
+                check_unsegmented(self.policy, chunk.micro_batches[where["index"]])
             if not entries:
                 continue
             if self.rank < len(entries):

@@ -35,6 +35,12 @@ optimizer state in float32 (the master weights) and computes in bfloat16: under 
 its `MixedPrecisionPolicy` all-gathers bf16 copies and reduce-scatters gradients in
 float32; a single process uses `torch.autocast`.
 
+A sharded policy does not score a micro-batch in segments (`segments.py`, for one longer
+than `learner.max_segment_tokens` under block attention): the segments' backward runs its
+own `torch.autograd.backward` inside the step's backward, as torch's reentrant checkpoint
+does, and FSDP2's per-unit gradient reduction does not follow it (the gradient comes out
+wrong, measured on a one-process mesh). `check_unsegmented` refuses such a micro-batch.
+
 The micro-batch token budget can be derived from the device's free memory
 (`micro_batch_token_budget`): what is left after the parameters, gradients and AdamW
 state, divided by the activation bytes one packed token costs.
@@ -52,6 +58,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from undertow.learner.attention import TREE_ATTENTION
 from undertow.learner.config import DEVICES, MIXED_PRECISIONS, TrainConfig
 from undertow.learner.errors import LearnerError
 from undertow.learner.lm_head import ScoringHead
@@ -236,6 +243,8 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
     device = _device_of(policy)
     step = step_to(step, device)
     weights = step_weights(config, step)
+    for micro_batch in step.micro_batches:   # every process refuses, none waits on another
+        check_unsegmented(policy, micro_batch)
     num_rounds = math.ceil(len(step.micro_batches) / world_size)
     totals: dict[str, float] = defaultdict(float)
     for round_index in range(num_rounds):
@@ -248,6 +257,21 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
             totals[name] += value
     mean_to_sum(policy, world_size)
     return dict(totals)
+
+
+def check_unsegmented(policy: PolicyModel, micro_batch: MicroBatch) -> None:
+    """DeviceError if `policy.score` would score `micro_batch` in segments, which a
+    sharded policy does not support (module docstring)."""
+    attention = policy.attention
+    if attention == "auto":
+        tree = policy.model.config._attn_implementation == TREE_ATTENTION
+        attention = "blocks" if tree else "dense"
+    if attention == "blocks" and 0 < policy.max_segment_tokens < micro_batch.num_tokens:
+        raise DeviceError(
+            f"a micro-batch of {micro_batch.num_tokens} tokens would be scored in segments of "
+            f"{policy.max_segment_tokens} (learner.max_segment_tokens), which FSDP2 sharding "
+            "does not support; set learner.long_paths: split, or learner.max_segment_tokens "
+            "at least learner.max_tokens, or pool.processes_per_cell: 1")
 
 
 def mean_to_sum(policy: PolicyModel, world_size: int) -> None:

@@ -32,6 +32,7 @@ from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step
 from undertow.learner.sharding import (
     DeviceError,
+    check_unsegmented,
     full_parameters,
     micro_batch_token_budget,
     resolve_device,
@@ -137,6 +138,26 @@ def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(model_dir_fixt
     assert sum(s["num_terms"] for s in stats) == expected_stats["num_terms"]
     assert math.isclose(sum(s["loss"] for s in stats), expected_stats["loss"],
                         rel_tol=1e-5, abs_tol=1e-6)
+
+
+def test_a_sharded_step_refuses_micro_batches_it_would_score_in_segments(policy32):
+    """Segmented scoring's reentrant backward gives FSDP2 a wrong gradient (a one-process
+    mesh measured 1.2x the gradient's scale off), so a sharded step refuses it up front."""
+    step = _packed_step()
+    longest = max(step.micro_batches, key=lambda mb: mb.num_tokens)
+    saved = policy32.max_segment_tokens, policy32.attention
+    policy32.model.zero_grad(set_to_none=True)
+    try:
+        policy32.max_segment_tokens = longest.num_tokens - 1
+        with pytest.raises(DeviceError, match=r"learner\.max_segment_tokens"):
+            sharded_backward_step(policy32, step, CONFIG, rank=0, world_size=1)
+        assert policy32.model.model.embed_tokens.weight.grad is None   # refused before any
+        policy32.attention = "dense"          # dense attention never segments
+        check_unsegmented(policy32, longest)
+        policy32.attention, policy32.max_segment_tokens = "blocks", longest.num_tokens
+        check_unsegmented(policy32, longest)
+    finally:
+        policy32.max_segment_tokens, policy32.attention = saved
 
 
 def test_auto_is_the_cpu_without_a_gpu_and_cuda_says_what_to_do():

@@ -1,4 +1,4 @@
-"""Maps the top-level folders to ``undertow.*`` import names (see DESIGN.md, "Layout").
+"""Maps the top-level folders to ``undertow.*`` import names (see docs/design.md, "Layout").
 
 Subpackages are discovered so that adding a folder needs no edit here.
 """

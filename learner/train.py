@@ -1,4 +1,5 @@
-"""The training loop: finished groups in, new weight versions out (sync; DESIGN.md step 6).
+"""The training loop: finished groups in, new weight versions out (sync; docs/design.md,
+data flow step 6).
 
 One step: take `groups_per_step` finished groups -> advantages per group
 (`advantages.py`) -> pack the trees (`packing.py`) -> per micro-batch forward, loss

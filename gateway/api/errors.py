@@ -75,6 +75,9 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except GatewayError as error:
+        if error.status >= 500:   # Undertow's own failure or an engine's: keep its trace
+            log.error("%s %s failed: %s", request.method, request.path, error,
+                      exc_info=error)
         return error_response(family, error)
     except web.HTTPException as error:
         if error.status < 400 or request.path.startswith("/admin"):

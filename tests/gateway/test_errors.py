@@ -84,3 +84,30 @@ def test_kv_transfer_is_a_declared_capability_false_where_the_engine_lacks_it(dr
             return await engine.supports_kv_transfer()
 
     assert asyncio.run(ask()) is False   # never raises, even with no engine there
+
+
+async def test_a_5xx_error_is_logged_with_its_trace_and_a_4xx_is_not(caplog):
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from undertow.gateway.api.errors import error_middleware
+
+    async def engine_down(request):
+        raise EngineUnavailable("engine http://10.0.0.9:30000 is unreachable")
+
+    async def bad_json(request):
+        raise BadRequest("the body is not JSON")
+
+    app = web.Application(middlewares=[error_middleware])
+    app.router.add_post("/v1/chat/completions", engine_down)
+    app.router.add_post("/v1/messages", bad_json)
+    async with TestClient(TestServer(app)) as client:
+        with caplog.at_level("ERROR", logger="undertow.gateway.api.errors"):
+            down = await client.post("/v1/chat/completions", json={})
+            refused = await client.post("/v1/messages", json={})
+            body = await down.json()
+    assert (down.status, refused.status) == (EngineUnavailable.status, 400)
+    assert "unreachable" in body["error"]["message"]
+    [record] = caplog.records
+    assert "POST /v1/chat/completions failed" in record.getMessage()
+    assert record.exc_info and record.exc_info[0] is EngineUnavailable

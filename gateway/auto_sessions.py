@@ -114,6 +114,7 @@ class AutoSessions:
         expired = []
         for session in self.idle(time.monotonic() if now_s is None else now_s):
             await self.store.append(session.group, SessionRegistry.expire_event(session))
+            self.store.tree(session.group).expire_session(session.session_id)
             session.closed = True
             await self.pool.close_session(session.session_id)
             self.counts.expired.inc()

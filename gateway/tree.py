@@ -111,13 +111,16 @@ class Call:
 
 @dataclass
 class SessionPaths:
-    """A session's leaves (one per path root→leaf), and its outcome once closed."""
+    """A session's leaves (one per path root→leaf), and its outcome once closed. An
+    expired session (an idle auto session, `auto_sessions.py`) ended without a reward:
+    it is not `closed`, so nothing trains on it."""
 
     session_id: str
     leaves: list[int] = field(default_factory=list)
     reward: float | None = None
     closed: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    expired: bool = False
 
 
 class Tree:
@@ -196,6 +199,9 @@ class Tree:
     def close_session(self, session_id: str, reward: float, meta: dict[str, Any] | None = None):
         paths = self.sessions.setdefault(session_id, SessionPaths(session_id))
         paths.reward, paths.closed, paths.meta = float(reward), True, dict(meta or {})
+
+    def expire_session(self, session_id: str) -> None:
+        self.sessions.setdefault(session_id, SessionPaths(session_id)).expired = True
 
     def path(self, leaf: int) -> list[int]:
         """Node IDs from the root's first child down to `leaf`."""
@@ -351,7 +357,7 @@ def tree_to_json(tree: Tree, session_id: str | None = None) -> dict[str, Any]:
              for node in tree.nodes.values()
              if node.node_id != ROOT and (keep is None or node.node_id in keep)]
     sessions = {sid: {"leaves": paths.leaves, "reward": paths.reward, "closed": paths.closed,
-                      "meta": paths.meta}
+                      "meta": paths.meta, "expired": paths.expired}
                 for sid, paths in tree.sessions.items() if session_id in (None, sid)}
     calls = [{"call_id": call.call_id, "session_id": call.session_id, "leaf": call.leaf,
               "num_prompt_tokens": call.num_prompt_tokens,
@@ -378,7 +384,8 @@ def tree_from_json(data: dict[str, Any]) -> Tree:
     for session_id, raw in data["sessions"].items():
         tree.sessions[session_id] = SessionPaths(
             session_id, leaves=list(raw["leaves"]), reward=raw["reward"],
-            closed=bool(raw["closed"]), meta=dict(raw.get("meta") or {}))
+            closed=bool(raw["closed"]), meta=dict(raw.get("meta") or {}),
+            expired=bool(raw.get("expired")))
     tree.calls = [Call(c["call_id"], c["session_id"], c["leaf"], c["num_prompt_tokens"],
                        c["num_completion_tokens"], c.get("branch"), dict(c.get("meta") or {}))
                   for c in data["calls"]]
@@ -391,7 +398,8 @@ def tree_from_json(data: dict[str, Any]) -> Tree:
 EVENT_FIELDS = {"session_open": ("session_id", "group", "key_sha256"),
                 "call": ("call_id", "session_id", "anchor", "token_ids", "num_prompt",
                          "logprobs", "weight_versions"),
-                "session_close": ("session_id", "reward")}
+                "session_close": ("session_id", "reward"),
+                "session_expire": ("session_id",)}
 
 
 class LogLineError(TreeError):
@@ -415,6 +423,8 @@ def apply_event(tree: Tree, event: dict[str, Any]) -> None:
         tree.apply(CallRecord.from_json(event))
     elif kind == "session_close":
         tree.close_session(event["session_id"], event["reward"], event.get("meta"))
+    elif kind == "session_expire":
+        tree.expire_session(event["session_id"])
 
 
 def replay_log(tree: Tree, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -66,7 +66,8 @@ def show_tree(tree: Tree, session: str | None = None, max_tokens: int = 12) -> s
         stack.extend((child, indent + "  ") for child in reversed(children))
     for sid, paths in sorted(tree.sessions.items()):
         if session in (None, sid):
-            reward = "open" if not paths.closed else f"reward {paths.reward}"
+            reward = (f"reward {paths.reward}" if paths.closed
+                      else "expired, no reward" if paths.expired else "open")
             lines.append(f"session {sid}: {reward}, leaves "
                          f"{', '.join(f'n{leaf}' for leaf in paths.leaves)}")
     for call in tree.calls:

@@ -20,6 +20,7 @@ import pytest
 from tests.gateway.capture import calls_of, captured
 from undertow.gateway.app import AUTO_SESSIONS_KEY, SESSIONS_KEY
 from undertow.gateway.config import AutoSessionsConfig
+from undertow.gateway.trees_cli import show
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 GROUP = "interactive"
@@ -198,6 +199,10 @@ async def test_idle_sessions_expire_without_reward_and_stay_closed_after_restart
               (gateway.store_dir / f"{GROUP}.jsonl").read_text().splitlines()]
     assert {"kind": "session_expire", "session_id": idle_id} in events
     assert not gateway.tree(GROUP).sessions[idle_id].closed  # not trained: no reward
+    assert gateway.tree(GROUP).sessions[idle_id].expired
+    shown = show(gateway.store_dir, group=GROUP)   # `undertow trees show`, from the store
+    assert f"session {idle_id}: expired, no reward" in shown
+    assert f"session {busy_session.session_id}: open" in shown
 
     restarted = await make_gateway([scripted.url], store_dir=gateway.store_dir,
                                    auto_sessions=config)
@@ -209,6 +214,7 @@ async def test_idle_sessions_expire_without_reward_and_stay_closed_after_restart
     finally:
         await client.close()
     assert len(restarted.app[SESSIONS_KEY]) == 2
+    assert restarted.tree(GROUP).sessions[idle_id].expired   # replayed from the store
     closed = await close_session(restarted, idle_id, 0.5)  # a reward set later: trainable
     assert closed["reward"] == 0.5
     assert restarted.tree(GROUP).sessions[idle_id].reward == 0.5

@@ -176,7 +176,7 @@ def test_a_sharded_cell_trains_the_pool_step_one_process_trains(tiny_untied_mode
     try:
         pool.carry_out([MoveToTraining(1), StartTraining(0)])
         assert len(members.running[1].processes) == 2
-        coordinator.open_step(0, config)
+        digest = coordinator.open_step(0, config)
         for chunk in chunks:
             coordinator.append(chunk)
         result = coordinator.finish_step()
@@ -190,6 +190,7 @@ def test_a_sharded_cell_trains_the_pool_step_one_process_trains(tiny_untied_mode
     assert "lm_head.weight" in got
     assert result.stats["loss"] == pytest.approx(expected_stats["loss"], rel=1e-5)
     assert result.ranks == ["coordinator", member_name(1)]
+    assert result.weights_digests[member_name(1)] == digest   # its gathered shards, head too
     assert sorted(result.claims[member_name(1)]) == list(range(num_micro_batches))
     assert engines.log == [("drain", 1), ("serve", 1, 1)] and not members.running
 

@@ -71,7 +71,7 @@ class GatewayConfig:
     port: int = 0
     admin_token: str = ""
     model_name: str = "undertow"
-    tool_parser: str = "undertow"
+    tool_parser: str = "auto"
     max_body_bytes: int = 32 * 2**20
     context_length: int = 0
     default_max_tokens: int = 4096

@@ -12,12 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from undertow.commands.serve import add_auto_session_arguments, auto_sessions_config
-
 # Command groups in `undertow/commands/`, one module each (see its docstring).
-COMMAND_MODULES: tuple[str, ...] = ("doctor", "serve", "session", "trees_repair", "ui",
-                                    "tasks_import", "export", "eval", "chat_eval",
-                                    "model_check")
+COMMAND_MODULES: tuple[str, ...] = ("engine", "gateway", "rollout", "doctor", "serve",
+                                    "session", "trees_repair", "ui", "tasks_import", "export",
+                                    "eval", "chat_eval", "model_check")
 
 
 def _add_model(commands) -> None:
@@ -36,44 +34,6 @@ def _model_init(args) -> int:
 
     path = init_model_dir(args.out, size=args.size, seed=args.seed)
     print(path)
-    return 0
-
-
-def _add_engine(commands) -> None:
-    engine = commands.add_parser("engine", help="the built-in inference engine").add_subparsers(
-        dest="action", required=True)
-    serve = engine.add_parser("serve", help="serve a model through SGLang's native API")
-    serve.add_argument("--model", type=Path, required=True, help="model directory")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0, help="0 picks a free port and prints it")
-    serve.add_argument("--max-running-requests", type=int, default=64)
-    serve.add_argument("--cache-bytes", type=int, default=256 * 2**20,
-                       help="bound of the prefix cache's KV memory")
-    serve.add_argument("--weight-version", default="0")
-    serve.add_argument("--num-threads", type=int, default=None,
-                       help="torch intra-op threads (default: torch's choice)")
-    serve.add_argument("--incremental-streaming-output", action="store_true",
-                       help="stream deltas instead of cumulative outputs (SGLang's flag)")
-    serve.add_argument("--chunked-prefill-size", type=int, default=256,
-                       help="most token equivalents of prompt prefilled between two decode "
-                            "steps (SGLang's flag; 0 prefills every prompt whole)")
-    serve.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
-                       help="where the weights and KV live (auto: CUDA when torch sees a GPU)")
-    serve.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                       help="the weights' and KV's dtype (auto: bfloat16 on CUDA, else float32)")
-    serve.set_defaults(handler=_engine_serve)
-
-
-def _engine_serve(args) -> int:
-    from undertow.gateway.engines.builtin.server import EngineConfig, serve
-
-    config = EngineConfig(
-        model_dir=args.model, host=args.host, port=args.port,
-        max_running_requests=args.max_running_requests, cache_bytes=args.cache_bytes,
-        weight_version=args.weight_version, num_threads=args.num_threads,
-        incremental_streaming_output=args.incremental_streaming_output,
-        chunked_prefill_size=args.chunked_prefill_size, device=args.device, dtype=args.dtype)
-    serve(config)
     return 0
 
 
@@ -172,60 +132,6 @@ def _simulate(args) -> int:
     return 0
 
 
-def _add_gateway(commands) -> None:
-    gateway = commands.add_parser("gateway", help="the OpenAI/Anthropic-compatible gateway"
-                                  ).add_subparsers(dest="action", required=True)
-    serve = gateway.add_parser("serve", help="serve scaffolds, capture calls into trees "
-                               "(admin token from UNDERTOW_ADMIN_TOKEN)")
-    serve.add_argument("--engine", action="append", default=[], metavar="URL",
-                       help="an engine's base URL (repeat for several)")
-    serve.add_argument("--model", type=Path, required=True, help="model directory")
-    serve.add_argument("--store", type=Path, required=True, help="tree store directory")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0, help="0 picks a free port and prints it")
-    serve.add_argument("--model-name", default="undertow", help="name listed by /v1/models")
-    serve.add_argument("--tool-parser", default="auto",
-                       help="tool-call and reasoning format: hermes, qwen3_coder, llama3_json, "
-                       "deepseek_v3, glm45, harmony, or auto (detected from the model's chat "
-                       "template)")
-    serve.add_argument("--max-body-bytes", type=int, default=32 * 2**20)
-    serve.add_argument("--context-length", type=int, default=0, help="0: the model's")
-    serve.add_argument("--token-truth", choices=("verbatim", "template"), default="verbatim",
-                       help="verbatim (default): each prompt reuses the session's sampled IDs; "
-                       "template: each prompt is the chat template's full render (README)")
-    serve.add_argument("--store-sync", choices=("flush", "fsync"), default="flush",
-                       help="flush (default): each call is written to the OS before its reply "
-                       "ends (survives the gateway being killed) and fsync'ed in the background "
-                       "within 1 s (a power loss can lose the last second); fsync: each reply "
-                       "also waits for its fsync (survives a power loss; slower)")
-    serve.add_argument("--max-in-flight-per-engine", type=int, default=64,
-                       help="admission bound: past it on every engine, a call gets a 429")
-    serve.add_argument("--retry-after", type=float, default=1.0, metavar="SECONDS",
-                       help="the Retry-After of that 429")
-    add_auto_session_arguments(serve)
-    serve.set_defaults(handler=_gateway_serve)
-
-
-def _gateway_serve(args) -> int:
-    import os
-
-    from undertow.gateway.app import serve
-    from undertow.gateway.config import GatewayConfig
-    from undertow.gateway.router import RouterConfig
-
-    config = GatewayConfig(
-        model_dir=args.model, store_dir=args.store, engine_urls=tuple(args.engine),
-        host=args.host, port=args.port, admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""),
-        model_name=args.model_name, tool_parser=args.tool_parser,
-        max_body_bytes=args.max_body_bytes, context_length=args.context_length,
-        store_sync=args.store_sync, token_truth=args.token_truth,
-        router=RouterConfig(max_in_flight_per_engine=args.max_in_flight_per_engine,
-                            retry_after_s=args.retry_after),
-        auto_sessions=auto_sessions_config(args))
-    serve(config)
-    return 0
-
-
 def _add_trees(commands) -> None:
     trees = commands.add_parser("trees", help="inspect a gateway's tree store").add_subparsers(
         dest="action", required=True)
@@ -253,55 +159,6 @@ def _trees_stats(args) -> int:
 
     print(stats(args.store))
     return 0
-
-
-def _add_rollout(commands) -> None:
-    rollout = commands.add_parser(
-        "rollout", help="run a scaffold on tasks through the gateway, grade and reward sessions")
-    rollout.add_argument("--tasks", type=Path, required=True,
-                         help="tasks.jsonl, a folder holding one, or a local dataset")
-    rollout.add_argument("--scaffold", required=True,
-                         help="mini-swe-agent, command, claude-code, codex, swe-agent, openhands")
-    rollout.add_argument("--group-size", type=int, default=1, help="sessions per task (G)")
-    rollout.add_argument("--concurrency", type=int, default=1, help="sessions at once (C)")
-    rollout.add_argument("--timeout-s", type=float, default=600.0, help="time limit per session")
-    rollout.add_argument("--gateway", default=None, metavar="URL",
-                         help="a running gateway (admin token from UNDERTOW_ADMIN_TOKEN); "
-                         "default: engine and gateway embedded for this run")
-    rollout.add_argument("--model", type=Path, default=None,
-                         help="embedded: model directory (default: the tiny model, built once)")
-    rollout.add_argument("--engine", action="append", default=[], metavar="URL",
-                         help="embedded: use these engines instead of starting the built-in one")
-    rollout.add_argument("--out", type=Path, default=Path("runs/rollouts"))
-    rollout.add_argument("--task", action="append", default=[], help="only this instance_id")
-    rollout.add_argument("--num-tasks", type=int, default=None, help="only the first N tasks")
-    rollout.add_argument("--timeout-value", choices=("partial_credit", "tree_estimate"),
-                         default="partial_credit",
-                         help="reward of timed-out sessions (tree_estimate: QwenGyre's)")
-    rollout.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                         help="scaffold option, e.g. step_limit=10 or command='my-agent ...'")
-    rollout.add_argument("--progress-interval-s", type=float, default=5.0)
-    rollout.set_defaults(handler=_rollout)
-
-
-def _rollout(args) -> int:
-    import yaml
-
-    from undertow.rollout_run import RolloutCommand, main
-
-    options = {}
-    for option in args.option:
-        key, sep, value = option.partition("=")
-        if not sep:
-            raise ValueError(f"--option {option!r} is not KEY=VALUE")
-        options[key] = yaml.safe_load(value) if key != "command" else value
-    return main(RolloutCommand(
-        tasks=args.tasks, scaffold=args.scaffold, group_size=args.group_size,
-        concurrency=args.concurrency, timeout_s=args.timeout_s, gateway_url=args.gateway,
-        admin_token=os.environ.get("UNDERTOW_ADMIN_TOKEN", ""), model_dir=args.model,
-        engine_urls=tuple(args.engine), out_dir=args.out, instance_ids=tuple(args.task),
-        num_tasks=args.num_tasks, scaffold_options=options, timeout_value=args.timeout_value,
-        docker_url=os.environ.get("DOCKER_HOST"), progress_interval_s=args.progress_interval_s))
 
 
 def _add_train(commands) -> None:
@@ -413,9 +270,8 @@ def _plot(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="undertow", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_model, _add_engine, _add_simulate, _add_sandbox, _add_tasks,
-                _add_gateway, _add_trees, _add_rollout, _add_train, _add_sft,
-                _add_sft_collect, _add_plot):
+    for add in (_add_model, _add_simulate, _add_sandbox, _add_tasks, _add_trees, _add_train,
+                _add_sft, _add_sft_collect, _add_plot):
         add(commands)
     for name in COMMAND_MODULES:
         importlib.import_module(f"undertow.commands.{name}").add(commands)

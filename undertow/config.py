@@ -75,6 +75,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
                and not isinstance(value, bool) for arg in typing.get_args(hint)):
             return value   # e.g. `int | str`: an int or a str is taken as it is
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+        if dataclasses.is_dataclass(hint):   # e.g. `AutoSessionsConfig | None`
+            return _coerce(hint, value, where)
         origin = typing.get_origin(hint)
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
@@ -85,6 +87,106 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         return float(value)
     if hint is Path and isinstance(value, str):
         return Path(value)
+    if hint is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)   # `weight_version=3` on the command line is YAML's int 3
     if isinstance(hint, type) and hint is not Any and not isinstance(value, hint):
         raise ValueError(f"{where}: expected {hint.__name__}, got {value!r}")
     return value
+
+
+def config_keys(cls: type, prefix: str = "", exclude: frozenset[str] = frozenset()) -> list[str]:
+    """`key = default` lines of `cls`'s fields, nested dataclasses as dotted keys, for --help."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key = prefix + field.name
+        if key in exclude:
+            continue
+        nested = _dataclass_of(hints[field.name])
+        if nested is not None:
+            if field.default is None:   # an optional part, off unless its keys are set
+                lines.append(f"  {key} = None")
+            lines.extend(config_keys(nested, key + ".", exclude))
+        else:
+            lines.append(f"  {key} = {_default_text(field)}")
+    return lines
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass `hint` names, alone or in a union with None."""
+    candidates = typing.get_args(hint) if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else (hint,)
+    return next((arg for arg in candidates if dataclasses.is_dataclass(arg)), None)
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        return repr(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        return repr(field.default_factory())
+    return "(required)"
+
+
+def add_config_arguments(parser, load_class, exclude: frozenset[str] = frozenset()) -> None:
+    """`-c/--config FILE`, positional `KEY=VALUE` overrides and `-h/--help` on `parser` (made
+    with `add_help=False`): the help lists the keys of the dataclass `load_class()` returns
+    and their defaults, the dataclass's own. `load_class` runs only for --help, so that
+    building the parser never imports a heavy module (the engine's torch)."""
+    import argparse
+
+    class HelpWithKeys(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.epilog = "config keys (KEY=VALUE or -c FILE), with their defaults:\n" + \
+                "\n".join(config_keys(load_class(), exclude=exclude))
+            parser.print_help()
+            parser.exit()
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("-h", "--help", action=HelpWithKeys, nargs=0,
+                        help="show this help and the config keys, then exit")
+    parser.add_argument("-c", "--config", type=Path, default=None,
+                        help="YAML file of the config keys (nested mappings for dotted keys)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="set a config key (applied after the file)")
+
+
+def add_alias_flags(parser, aliases: dict[str, tuple[dict, str]]) -> None:
+    """Hidden deprecated flags (flag: (argparse keyword arguments, dotted key)), each setting
+    its config key, kept for callers not yet moved to `KEY=VALUE`."""
+    import argparse
+
+    for flag, (kwargs, key) in aliases.items():
+        parser.add_argument(flag, dest=_alias_dest(key), default=None, help=argparse.SUPPRESS,
+                            **kwargs)
+
+
+def _alias_dest(key: str) -> str:
+    return "alias_" + key.replace(".", "__")
+
+
+def command_config(cls: type[T], args, name: str, flags: dict[str, Any],
+                   aliases: dict[str, tuple[dict, str]] | None = None) -> T:
+    """`cls` built from `--config`, then the alias flags given (`add_alias_flags`), then
+    the positional overrides; `flags` (key: value, None when not given) are the command's
+    own flags, which the file and the overrides may not set."""
+    tree = read_config(args.config)
+    owned = sorted(set(tree) & set(flags))
+    if owned:
+        raise ValueError(f"[{name}] {owned} are set by the command's flags, not the config")
+    for _, key in (aliases or {}).values():
+        value = getattr(args, _alias_dest(key))
+        if value is not None:
+            _set_key(tree, key, value)
+    for override in args.overrides:
+        if override.partition("=")[0] in flags:
+            raise ValueError(f"[{name}] {override!r}: that key is set by the command's flags")
+        apply_override(tree, override)
+    tree.update({key: value for key, value in flags.items() if value is not None})
+    return build_section(cls, tree, name)
+
+
+def _set_key(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value

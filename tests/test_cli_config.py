@@ -1,0 +1,134 @@
+"""`undertow engine serve`, `gateway serve` and `rollout` build their own frozen config
+dataclasses from `-c FILE` plus `KEY=VALUE` overrides (`undertow/config.py`), refuse an
+unknown key by its dotted name, list the keys in `--help`, and parse the README's commands."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from undertow.cli import build_parser, main
+from undertow.commands.engine import engine_config
+from undertow.commands.gateway import gateway_config
+from undertow.commands.rollout import rollout_command
+from undertow.gateway.config import AutoSessionsConfig, GatewayConfig
+from undertow.gateway.engines.builtin.server import EngineConfig
+from undertow.gateway.router import RouterConfig
+from undertow.rollout_run import RolloutCommand
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BUILDERS = {"engine": engine_config, "gateway": gateway_config, "rollout": rollout_command}
+BASE = {"engine": ["engine", "serve", "--model", "m"],
+        "gateway": ["gateway", "serve", "--model", "m", "--store", "s"],
+        "rollout": ["rollout", "--tasks", "t", "--scaffold", "command"]}
+
+
+def build(argv: list[str]):
+    """The config the command line `argv` would run with."""
+    args = build_parser().parse_args(argv)
+    return BUILDERS[argv[0]](args)
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_gateway_serve_builds_its_nested_config_from_yaml_and_overrides(tmp_path):
+    path = write(tmp_path, "store_sync: fsync\nrouter:\n  retry_after_s: 2\n"
+                 "  max_in_flight_per_engine: 8\n")
+    config = build([*BASE["gateway"], "--engine", "http://e:1", "--port", "7000", "-c", path,
+                    "router.max_in_flight_per_engine=4", "auto_sessions.group=desk"])
+    assert config == GatewayConfig(
+        model_dir=Path("m"), store_dir=Path("s"), engine_urls=("http://e:1",), port=7000,
+        store_sync="fsync", router=RouterConfig(retry_after_s=2.0, max_in_flight_per_engine=4),
+        auto_sessions=AutoSessionsConfig(group="desk"))
+    assert isinstance(config.router.retry_after_s, float)
+
+
+def test_engine_serve_builds_its_config_from_yaml_and_overrides(tmp_path):
+    path = write(tmp_path, "chunked_prefill_size: 0\nnum_threads: 2\n")
+    config = build([*BASE["engine"], "--host", "0.0.0.0", "-c", path, "weight_version=3",
+                    "num_threads=1", "dtype=float32"])
+    assert config == EngineConfig(model_dir=Path("m"), host="0.0.0.0", chunked_prefill_size=0,
+                                  num_threads=1, weight_version="3", dtype="float32")
+
+
+def test_rollout_builds_its_config_from_yaml_and_overrides(tmp_path):
+    path = write(tmp_path, "group_size: 4\nscaffold_options:\n  step_limit: 3\n")
+    config = build([*BASE["rollout"], "--out", "o", "-c", path, "concurrency=2",
+                    "scaffold_options.temperature=0", "instance_ids=[a, b]"])
+    assert config == RolloutCommand(
+        tasks=Path("t"), scaffold="command", out_dir=Path("o"), group_size=4, concurrency=2,
+        scaffold_options={"step_limit": 3, "temperature": 0}, instance_ids=("a", "b"),
+        docker_url=config.docker_url, admin_token=config.admin_token)
+
+
+@pytest.mark.parametrize(("command", "override", "message"), [
+    ("engine", "max_runing_requests=2", r"\[engine\] unknown keys \['max_runing_requests'\]"),
+    ("gateway", "router.retry_after=2", r"\[gateway.router\] unknown keys \['retry_after'\]"),
+    ("rollout", "groupsize=2", r"\[rollout\] unknown keys \['groupsize'\]"),
+    ("gateway", "router.retry_after_s=soon", r"gateway.router.retry_after_s: expected float"),
+    ("engine", "device=tpu", r"device='tpu' must be one of"),
+    ("gateway", "model_dir=x", r"'model_dir=x': that key is set by the command's flags"),
+])
+def test_an_unknown_key_or_bad_value_is_refused_by_its_dotted_name(command, override, message):
+    with pytest.raises(ValueError, match=message):
+        build([*BASE[command], override])
+
+
+def test_a_flag_owned_key_in_the_file_is_refused(tmp_path):
+    path = write(tmp_path, "tasks: elsewhere\n")
+    with pytest.raises(ValueError, match=r"\['tasks'\] are set by the command's flags"):
+        build([*BASE["rollout"], "-c", path])
+
+
+def test_the_old_flags_still_set_their_keys_and_overrides_win(tmp_path):
+    gateway = build([*BASE["gateway"], "--store-sync", "fsync", "--retry-after", "3",
+                     "router.retry_after_s=5"])
+    assert (gateway.store_sync, gateway.router.retry_after_s) == ("fsync", 5.0)
+    engine = build([*BASE["engine"], "--num-threads", "1", "--weight-version", "v0"])
+    assert (engine.num_threads, engine.weight_version) == (1, "v0")
+    rollout = build([*BASE["rollout"], "--group-size", "2", "--task", "a", "-o",
+                     "command=echo 'a: b'", "-o", "step_limit=3"])
+    assert (rollout.group_size, rollout.instance_ids) == (2, ("a",))
+    assert rollout.scaffold_options == {"command": "echo 'a: b'", "step_limit": 3}
+
+
+@pytest.mark.parametrize(("argv", "cls", "key", "nested"), [
+    (["gateway", "serve", "--help"], GatewayConfig, "router.retry_after_s", RouterConfig()),
+    (["engine", "serve", "--help"], EngineConfig, "chunked_prefill_size", None),
+    (["rollout", "--help"], RolloutCommand, "timeout_value", None),
+])
+def test_help_lists_the_keys_with_the_dataclass_defaults(argv, cls, key, nested, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    leaf = key.rpartition(".")[2]
+    default = getattr(nested, leaf) if nested is not None else cls.__dataclass_fields__[
+        leaf].default
+    assert f"  {key} = {default!r}\n" in out
+    assert "  model_dir = " not in out and "  tasks = " not in out   # flags, not keys
+
+
+def readme_commands() -> list[str]:
+    """The README's `undertow engine serve|gateway serve|rollout` lines, comments cut."""
+    pattern = re.compile(r"^(undertow (?:engine serve|gateway serve|rollout) .*?)(?:\s+#.*)?$")
+    return [match.group(1) for line in README.read_text().splitlines()
+            if (match := pattern.match(line))]
+
+
+def test_the_readme_commands_still_parse_and_build():
+    commands = readme_commands()
+    assert {command.split()[1] for command in commands} == {"engine", "gateway", "rollout"}
+    for command in commands:
+        argv = command.split()[1:]
+        config = build(argv)
+        for override in (word for word in argv if "=" in word and not word.startswith("-")):
+            key, _, value = override.partition("=")
+            built = config
+            for part in key.split("."):
+                built = getattr(built, part)
+            assert built == yaml.safe_load(value), command

@@ -69,6 +69,10 @@ def session_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
 def learner_table(rows: list[dict]) -> str:
     lines = ["| case | LM head | tokens (unique / packed) | terms | micro-batches (longest) "
              "| step CPU s | step wall s | peak step MiB |",
@@ -83,7 +87,7 @@ def learner_table(rows: list[dict]) -> str:
         batches = (f"{row['num_micro_batches']} ({row['longest_micro_batch']:,})"
                    if "num_micro_batches" in row else "n/a")
         lines.append(f"| {row['case']} | {variant} | {tokens} | {row['num_terms']:,} | "
-                     f"{batches} | {row['step_cpu_s']:.1f} | {row['step_s']:.1f} | "
+                     f"{batches} | {row['step_cpu_s']:.1f} | {_seconds(row['step_s'])} | "
                      f"{row['peak_step_mib']:,.0f} |")
     return "\n".join(lines)
 

@@ -27,8 +27,9 @@ peak fits under `--max-rss-gib` (12 GiB: the machine's 24 GB are shared); else i
 measured on two shorter paths (`--probe-tokens`; 3/16 and 6/16 of the length: 24k and
 48k for 128k) and extrapolated (`extrapolate`): its peak is linear in the path's tokens
 (activations, flash attention's log-sum-exp and the (N, V) head all grow with T; chunked,
-the segment's activations are fixed and the key/value store grows with T), its CPU and
-wall seconds a*T + b*T^2 (attention is quadratic), each fitted through the two points.
+the segment's activations are fixed and the key/value store grows with T), its CPU
+seconds a*T + b*T^2 (attention is quadratic), each fitted through the two points; wall
+seconds are not extrapolated (on a shared machine they follow its load).
 `--long-measure probes` extrapolates both variants so, for a machine with no half hour
 of CPU per variant to spare.
 """
@@ -254,17 +255,17 @@ def _step_counts(step) -> dict:
 
 def extrapolate(probes: list[dict], counts: dict) -> dict:
     """A variant's row at the path of `counts` from its two shorter measured rows: peak
-    linear in the packed tokens T, CPU and wall seconds a*T + b*T^2."""
+    linear in the packed tokens T, CPU seconds a*T + b*T^2 (wall seconds: None)."""
     (t1, t2), length = [row["num_packed_tokens"] for row in probes], counts["num_packed_tokens"]
     first, second = probes
     row = _counts_of(counts)
     slope = (second["peak_step_mib"] - first["peak_step_mib"]) / (t2 - t1)
     row["peak_step_mib"] = second["peak_step_mib"] + slope * (length - t2)
-    for key in ("step_s", "step_cpu_s"):
-        # a*T + b*T^2 through (t1, y1) and (t2, y2): y/T is linear in T.
-        per_token = (second[key] / t2 - first[key] / t1) / (t2 - t1)
-        row[key] = length * (second[key] / t2 + per_token * (length - t2))
-    return {**row, "variant": first["variant"], "extrapolated_from": [t1, t2]}
+    # a*T + b*T^2 through (t1, y1) and (t2, y2): y/T is linear in T. Not the wall seconds,
+    # which follow the machine's load as much as the path.
+    per_token = (second["step_cpu_s"] / t2 - first["step_cpu_s"] / t1) / (t2 - t1)
+    row["step_cpu_s"] = length * (second["step_cpu_s"] / t2 + per_token * (length - t2))
+    return {**row, "step_s": None, "variant": first["variant"], "extrapolated_from": [t1, t2]}
 
 
 def worker_main(case: str, variant: str, model_dir: str, path_tokens: int) -> None:

@@ -30,8 +30,9 @@ def test_extrapolation_recovers_a_linear_peak_and_a_quadratic_time():
     target = measured(131000, "chunked")
     row = extrapolate([measured(24000), measured(48000)], target)
     expected = measured(131000)
-    for key in ("peak_step_mib", "step_cpu_s", "step_s"):
+    for key in ("peak_step_mib", "step_cpu_s"):
         assert row[key] == pytest.approx(expected[key], rel=1e-9), key
+    assert row["step_s"] is None    # wall seconds follow the load: not extrapolated
     assert {key: row[key] for key in COUNTS} == {key: target[key] for key in COUNTS}
     assert row["variant"] == "unchunked" and row["extrapolated_from"] == [24000, 48000]
 
@@ -48,6 +49,7 @@ def test_long_rows_label_the_probes_and_the_extrapolated_rows():
     table = learner_table(rows)
     assert "| path 128k | unchunked, extrapolated from 24k and 48k |" in table
     assert "| path 128k | chunked |" in table
+    assert table.count("| n/a |") == 1     # the extrapolated row's wall seconds
 
 
 def test_with_probes_only_both_variants_are_extrapolated_to_the_paths_own_counts():

@@ -39,7 +39,7 @@ async def start_gateway(engine_url: str, model_dir: Path, store_dir: Path,
                         ) -> tuple[asyncio.subprocess.Process, str]:
     command = [sys.executable, "-m", "undertow.cli", "gateway", "serve", "--engine", engine_url,
                "--model", str(model_dir), "--store", str(store_dir), "--port", "0",
-               "--context-length", str(context_length), "--store-sync", store_sync]
+               f"context_length={context_length}", f"store_sync={store_sync}"]
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "UNDERTOW_ADMIN_TOKEN": ADMIN_TOKEN})

@@ -59,9 +59,9 @@ def run(argv: list[str], log: Path, env: dict | None = None) -> tuple[float, str
 
 def evaluate(work: Path, name: str, model_dir: Path, num_tasks: int) -> dict:
     out = work / f"eval-{name}"
-    argv = ["rollout", "--tasks", TASKS, "--num-tasks", str(num_tasks), "--scaffold",
-            "mini-swe-agent", "--model", str(model_dir), "--out", str(out), "--concurrency",
-            "2", "--timeout-s", "300", "--progress-interval-s", "0", *EVAL_OPTIONS]
+    argv = ["rollout", "--tasks", TASKS, "--scaffold", "mini-swe-agent", "--model",
+            str(model_dir), "--out", str(out), *EVAL_OPTIONS, f"num_tasks={num_tasks}",
+            "concurrency=2", "timeout_s=300", "progress_interval_s=0"]
     done = sorted(out.glob("*/summary.json"))
     wall_s = None
     if not done:

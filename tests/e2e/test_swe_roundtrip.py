@@ -181,7 +181,7 @@ def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model
     capsys.readouterr()
     assert main(["rollout", "--tasks", str(task_set), "--scaffold", "command", "-o",
                  f"command={command}", "--model", str(tiny_model_dir), "--out", str(out),
-                 "--timeout-s", "300", "--progress-interval-s", "0"]) == 0
+                 "timeout_s=300", "progress_interval_s=0"]) == 0
     [run] = [path.parent for path in out.glob("*/summary.json")]
     sessions = {s["instance_id"]: s for s in json.loads((run / "summary.json").read_text())[
         "sessions"]}

@@ -36,7 +36,7 @@ async def start_gateway_process(engine_url: str, model_dir, store_dir, store_syn
     process = subprocess.Popen(
         [sys.executable, "-m", "undertow.cli", "gateway", "serve", "--engine", engine_url,
          "--model", str(model_dir), "--store", str(store_dir), "--port", "0",
-         "--store-sync", store_sync],
+         f"store_sync={store_sync}"],
         stdout=subprocess.PIPE, text=True, env=env)
     line = await asyncio.to_thread(process.stdout.readline)
     if not line.startswith(LISTENING):

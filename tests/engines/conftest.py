@@ -33,9 +33,10 @@ def _wait_healthy(url: str, process: subprocess.Popen, deadline: float) -> None:
 
 @contextlib.contextmanager
 def start_builtin_engine(model_dir: Path, *args: str):
-    """Run `undertow engine serve --model model_dir --port 0 *args`; yield its base URL."""
+    """Run `undertow engine serve --model model_dir --port 0 num_threads=1 *args` (`args`:
+    more KEY=VALUE overrides of its `EngineConfig`); yield its base URL."""
     command = [sys.executable, "-m", "undertow.cli", "engine", "serve", "--model",
-               str(model_dir), "--port", "0", "--num-threads", "1", *args]
+               str(model_dir), "--port", "0", "num_threads=1", *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

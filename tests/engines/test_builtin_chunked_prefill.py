@@ -18,8 +18,8 @@ LONG_PROMPT = 600
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir, start_engine):
     """(whole, chunked): the tiny model prefilled whole and in small chunks."""
-    with start_engine(tiny_model_dir, "--chunked-prefill-size", "0") as whole, \
-            start_engine(tiny_model_dir, "--chunked-prefill-size", SMALL_CHUNKS) as chunked:
+    with start_engine(tiny_model_dir, "chunked_prefill_size=0") as whole, \
+            start_engine(tiny_model_dir, f"chunked_prefill_size={SMALL_CHUNKS}") as chunked:
         yield whole, chunked
 
 

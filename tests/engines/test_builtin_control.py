@@ -99,7 +99,7 @@ async def test_update_weights_from_disk_changes_outputs_and_version(
         start_engine, tiny_model_dir, other_tiny_model_dir):
     input_ids = prompt(25, 12)
     params = greedy(12, ignore_eos=True)
-    with start_engine(tiny_model_dir, "--weight-version", "v0") as url:
+    with start_engine(tiny_model_dir, "weight_version=v0") as url:
         async with aiohttp.ClientSession() as session:
             before = await generate(session, url, input_ids=input_ids, sampling_params=params)
             status, update = await post(session, url, "/update_weights_from_disk", {
@@ -123,7 +123,7 @@ async def test_update_weights_from_disk_changes_outputs_and_version(
 
 async def test_prefix_cache_stays_under_its_byte_bound(start_engine, tiny_model_dir):
     cache_bytes = 400 * 4096  # about 400 tokens of the tiny model's KV
-    with start_engine(tiny_model_dir, "--cache-bytes", str(cache_bytes)) as url:
+    with start_engine(tiny_model_dir, f"cache_bytes={cache_bytes}") as url:
         async with aiohttp.ClientSession() as session:
             for i in range(8):
                 await generate(session, url, input_ids=prompt(30 + i, 120),

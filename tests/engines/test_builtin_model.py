@@ -1,5 +1,5 @@
 """The built-in Qwen3 forward and sampler, checked against transformers on the tiny model;
-the device path (`--device`, `--dtype`): auto is the CPU here, bfloat16 runs on it."""
+the device path (`device`, `dtype`): auto is the CPU here, bfloat16 runs on it."""
 
 import random
 
@@ -134,7 +134,7 @@ def test_bfloat16_weights_and_kv_on_the_device_track_float32(models, tiny_model_
 
 
 async def test_a_bfloat16_engine_serves_and_moves_its_kv_as_float32(tiny_model_dir, start_engine):
-    """`engine serve --device auto --dtype bfloat16`: auto resolves to the CPU here; the
+    """`engine serve device=auto dtype=bfloat16`: auto resolves to the CPU here; the
     engine generates, exports a finished sequence's KV as float32 and imports it back (after
     a cache flush) so that the sequence continues as it did (bf16 -> f32 -> bf16 is exact)."""
     import aiohttp
@@ -143,7 +143,7 @@ async def test_a_bfloat16_engine_serves_and_moves_its_kv_as_float32(tiny_model_d
     from undertow.gateway.engines.client import SGLangClient
 
     ids, sampling = prompt(4, 60), {"temperature": 0.0, "ignore_eos": True}
-    with start_engine(tiny_model_dir, "--device", "auto", "--dtype", "bfloat16") as url:
+    with start_engine(tiny_model_dir, "device=auto", "dtype=bfloat16") as url:
         async with aiohttp.ClientSession() as session, SGLangClient(url) as client:
             info = await get(session, url, "/get_server_info")
             expected = await generate(session, url, input_ids=ids, return_logprob=True,

@@ -66,7 +66,7 @@ class ModelCheck:
     def report(self) -> str:
         stops = ", ".join(f"{token_id} {text!r}" for token_id, text in self.stop_tokens)
         lines = [f"model: {self.model_dir}",
-                 f"tool-call parser: {self.parser} (--tool-parser auto picks it)",
+                 f"tool-call parser: {self.parser} (tool_parser=auto, the default, picks it)",
                  f"reasoning: {self.reasoning}",
                  f"stop/EOS IDs: {stops or 'none'}"]
         if self.error:
@@ -90,7 +90,7 @@ class ModelCheck:
             advice.append("eos_token_id in generation_config.json (or eos_token in "
                           "tokenizer_config.json): the engine has no stop token")
         if any(result.num_tool_calls_lost for result in self.sessions):
-            advice.append(f"--tool-parser NAME: the template's tool calls do not parse with "
+            advice.append(f"tool_parser=NAME: the template's tool calls do not parse with "
                           f"{self.parser!r} (choose one of {sorted(PARSERS)})")
         if not self.holds:
             advice.append("token_truth: template (each call then trains on the template's "

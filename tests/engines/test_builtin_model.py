@@ -104,7 +104,7 @@ def test_auto_is_the_cpu_here_and_cuda_says_what_to_do():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: 'auto' is CUDA")
     assert resolve_device("auto") == resolve_device("cpu") == torch.device("cpu")
-    with pytest.raises(WeightLoadError, match="--device auto"):
+    with pytest.raises(WeightLoadError, match="device=auto"):
         resolve_device("cuda")
 
 

@@ -45,14 +45,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(name: str) -> torch.device:
-    """The device `--device` names: "auto" is CUDA when torch sees a GPU, else the CPU."""
+    """The device `EngineConfig.device` names: "auto" is CUDA when torch sees a GPU, else
+    the CPU."""
     if name not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {name!r}")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise WeightLoadError(f"device 'cuda' was asked for, but this torch ({torch.__version__}) "
-                              "sees no CUDA device; use --device auto or cpu")
+                              "sees no CUDA device; use device=auto or device=cpu")
     return torch.device("cuda", torch.cuda.current_device())
 
 

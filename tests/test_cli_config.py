@@ -132,3 +132,14 @@ def test_the_readme_commands_still_parse_and_build():
             for part in key.split("."):
                 built = getattr(built, part)
             assert built == yaml.safe_load(value), command
+
+
+def test_the_builtin_launchers_command_line_builds_the_engine_config_it_means(tmp_path):
+    """`BuiltinLauncher` (used by `undertow/cells.py` and `pool_backends.py`) still passes
+    the old `--weight-version` and `--num-threads` flags; they must reach `EngineConfig`."""
+    from undertow.gateway.engines.launch import BuiltinLauncher
+
+    launcher = BuiltinLauncher(weight_version="7", extra_args=("--num-threads", "2"))
+    argv = launcher.command(tmp_path, None)
+    config = build(argv[argv.index("engine"):])
+    assert (config.model_dir, config.weight_version, config.num_threads) == (tmp_path, "7", 2)

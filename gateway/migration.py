@@ -1,7 +1,7 @@
 """KV migration: move an in-flight generation to another engine with its KV, not re-prefilled.
 
 When the pool drains an engine with `migrate` (a cell moving to training), each in-flight
-generation is aborted and resumed elsewhere from prompt + partial output (`pool.py`). Resumed
+generation is aborted and resumed elsewhere from prompt + partial output (`inflight.py`). Resumed
 plainly, the target re-prefills the whole history: a pause that grows with the context. When
 both engines have Undertow's `kv_transfer` extension (the built-in engine), `migrate_attempt`
 does what Llumnix does instead, and moves every step whose cost grows with the context out of

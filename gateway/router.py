@@ -1,7 +1,7 @@
 """Routing: which engine serves a session's next generation. Pure logic, no I/O.
 
-The engine pool (`pool.py`) asks `Router.route` before every generation it sends,
-passing a snapshot of the engines' states and loads, then tells the router where
+The engine pool (`pool.py`, in `admission.py`) asks `Router.route` before every generation
+it sends, passing a snapshot of the engines' states and loads, then tells the router where
 the generation went with `Router.assign`. The policy:
 
 1. **Sticky**: a session pinned to a healthy engine with room stays there, since

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -27,7 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.gateway.scripted_engine import ScriptedEngine
 from undertow.gateway.api.engines_admin import add_engine_routes
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.inflight import InFlightConfig
 from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.migration import MigrationConfig
 from undertow.gateway.pool import (
     EnginePool,
     GenerationChunk,
@@ -416,6 +419,18 @@ async def test_no_engine_means_unavailable():
     async with running_pool([]) as pool:
         with pytest.raises(PoolUnavailable):
             await collect(pool.generate("s1", PROMPT, {"max_new_tokens": 2}, "r1"))
+
+
+async def test_a_config_replaced_on_a_running_pool_reaches_its_parts():
+    """`pool.config` may be replaced on a running pool (test_migration turns KV transfer
+    off so); admission, the in-flight generations and pauses follow the new one."""
+    async with running_pool([]) as pool:
+        pool.config = dataclasses.replace(
+            pool.config, resume_timeout_s=3.0, drain_timeout_s=4.0, health_timeout_s=5.0,
+            abort_retry_interval_s=0.5, migration=MigrationConfig(kv_transfer=False))
+        assert pool.admission.resume_timeout_s == 3.0
+        assert pool.weight_updates.drain_timeout_s == 4.0
+        assert pool.inflight.config == InFlightConfig(5.0, 0.5, MigrationConfig(False))
 
 
 @contextlib.asynccontextmanager

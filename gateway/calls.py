@@ -13,19 +13,31 @@ memory; if the original is still generating, the retry waits for it and gets its
 reply (replayed after the fact, not live); only if the original failed or was
 abandoned is the retry generated. Each chat call also stores what token truth needs
 to resume after a restart (`resume.py`).
+
+How it is built: `CallRunner` runs the call's flow (retry memory, prompt, context bounds,
+error translation) and composes `sampler.ChoiceSampler` (pool chunks -> `Delta`s and a
+`Sampled` per choice) and `call_record.CallRecorder` (`Sampled` -> tree, log, heads ->
+`Outcome`); the values they pass are in `call_types.py` (imported from here by the APIs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-from undertow.gateway.engines.protocol import EngineRejected, random_seed
+from undertow.gateway.call_record import CallRecorder
+from undertow.gateway.call_types import (
+    CallRequest,
+    Choice,
+    Delta,
+    Outcome,
+    Sampled,
+    Sampling,
+)
+from undertow.gateway.engines.protocol import EngineRejected
 from undertow.gateway.errors import (
     BadRequest,
     Busy,
@@ -34,124 +46,20 @@ from undertow.gateway.errors import (
     PoolUnavailable,
     Unavailable,
 )
-from undertow.gateway.render import Detokenizer, Renderer
-from undertow.gateway.resume import head_record, message_of_events
+from undertow.gateway.render import Renderer
+from undertow.gateway.sampler import ChoiceSampler, StopTrimmer
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import (
     TOKEN_TRUTH_POLICIES,
     VERBATIM,
-    Head,
     Prompt,
     build_prompt,
 )
-from undertow.gateway.toolparsers import Content, Event, Unparsed, create_parser
+from undertow.gateway.toolparsers import create_parser
 
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters in SGLang's names; `max_new_tokens=None` fills the context."""
-
-    max_new_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    constraint: tuple[str, str] | None = None  # (SGLang's json_schema|regex|ebnf, its text)
-
-    def to_engine(self, max_new_tokens: int, index: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_new_tokens": max_new_tokens,
-                                  "temperature": self.temperature, "top_p": self.top_p,
-                                  "top_k": self.top_k}
-        if self.stop:
-            params["stop"] = list(self.stop)
-        # Always a seed, recorded with the call so that it can be replayed: SGLang 0.5.23
-        # gives a request without one the seed 42 (engines/client.py, item 1).
-        params["sampling_seed"] = random_seed() if self.seed is None else self.seed + index
-        if self.constraint is not None:
-            params[self.constraint[0]] = self.constraint[1]
-        return params
-
-
-@dataclass(frozen=True)
-class CallRequest:
-    """A call in internal form: chat `messages` (OpenAI-style dicts, with
-    `reasoning_content`) and `tools`, or raw `prompt_ids` (text completions)."""
-
-    api: str
-    model: str
-    sampling: Sampling
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
-    parse_tools: bool = True
-    prompt_ids: list[int] | None = None
-    n: int = 1
-    fingerprint: str = ""
-    is_retry: bool = False
-    template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort
-    tool_parser: str | None = None  # instead of the gateway's (forced tool calls)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New output of choice `index`: its parsed events and the tokens behind them."""
-
-    index: int
-    call_id: str
-    events: list[Event]
-    token_ids: list[int]
-    logprobs: list[float]
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """One choice as sampled, not yet recorded: what `CallRunner._sample` yields after
-    its `Delta`s, for `_record` to put in the tree. `events` are all the parsed events,
-    `text` the output less any stop string, `sampling` the engine's sampling parameters."""
-
-    index: int
-    call_id: str
-    token_ids: list[int]
-    events: list[Event]
-    logprobs: list[float]
-    weight_versions: list[int]
-    text: str
-    finish_reason: dict
-    cached_tokens: int
-    first_token_s: float | None
-    sampling: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Choice:
-    index: int
-    call_id: str
-    message: dict
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    weight_versions: list[int]
-    finish_reason: dict
-
-    @property
-    def tool_calls(self) -> list[dict]:
-        return self.message.get("tool_calls") or []
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A recorded call, as the APIs format it. It holds no prompt (a session remembers
-    its last replies for SDK retries, and a long history's IDs would stay alive)."""
-
-    choices: list[Choice]
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    created_s: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(choice.token_ids) for choice in self.choices)
+__all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled", "Sampling",
+           "StopTrimmer", "api_error_of"]
 
 
 class CallRunner:
@@ -170,6 +78,10 @@ class CallRunner:
         self.default_max_tokens = default_max_tokens
         self.tool_parser = tool_parser
         create_parser(tool_parser)
+        self.sampler = ChoiceSampler(pool=pool, renderer=renderer, metrics=metrics,
+                                     tool_parser=tool_parser)
+        self.recorder = CallRecorder(store=store, renderer=renderer, sessions=sessions,
+                                     metrics=metrics)
 
     def prompt(self, session: Session, request: CallRequest) -> Prompt:
         if request.prompt_ids is not None:
@@ -178,7 +90,7 @@ class CallRunner:
 
         def path_token_ids(leaf: int) -> list[int]:
             """A list the prompt may own: the newest head's own (it gives it up, see
-            `_leave_head`), else a new one from the tree."""
+            `CallRecorder._leave_head`), else a new one from the tree."""
             newest = session.heads[-1] if session.heads else None
             if newest is not None and newest.leaf == leaf and newest.token_ids is not None:
                 session.heads[-1] = replace(newest, token_ids=None)
@@ -254,10 +166,7 @@ class CallRunner:
         started_s = time.time()
         replay: list[Delta | Outcome] = []
         results: list[Sampled] = []
-        # One choice (nearly every call) is sampled in the caller's task, n in tasks.
-        items = (self._sample(session, request, prompt, 0, f"call-{secrets.token_hex(8)}",
-                              max_new_tokens) if request.n == 1
-                 else self._choices(session, request, prompt, max_new_tokens))
+        items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens)
         async with contextlib.aclosing(items):
             try:
                 async for item in items:
@@ -268,7 +177,7 @@ class CallRunner:
                     yield item
             except Exception as error:
                 raise api_error_of(error) from None
-        outcome = await self._record(session, request, prompt, results, started_s)
+        outcome = await self.recorder.record(session, request, prompt, results, started_s)
         replay.append(outcome)
         if request.fingerprint:
             session.remember_reply(request.fingerprint, replay)
@@ -282,183 +191,6 @@ class CallRunner:
                 isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
                              f"[0, {vocab_size})", param="prompt")
-
-    async def _choices(self, session: Session, request: CallRequest, prompt: Prompt,
-                       max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
-        """The deltas of `request.n` choices sampled side by side, as they come, and each
-        choice's result after its deltas."""
-        queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._run_choice(session, request, prompt, index,
-                                                      max_new_tokens, queue))
-                 for index in range(request.n)]
-        num_results = 0
-        try:
-            while num_results < request.n:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                num_results += isinstance(item, Sampled)
-                yield item
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    async def _run_choice(self, session: Session, request: CallRequest, prompt: Prompt,
-                          index: int, max_new_tokens: int, queue: asyncio.Queue) -> None:
-        """Samples one choice; its deltas, then its result (or its error, which `_generate`
-        translates) go to `queue`."""
-        try:
-            async for item in self._sample(session, request, prompt, index,
-                                           f"call-{secrets.token_hex(8)}", max_new_tokens):
-                queue.put_nowait(item)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:
-            queue.put_nowait(error)
-
-    async def _sample(self, session: Session, request: CallRequest, prompt: Prompt, index: int,
-                      call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
-        """One choice's `Delta`s as sampled, then its `Sampled` (for `_record`)."""
-        parser = self._parser(request, prompt) if request.messages is not None else None
-        detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
-        stops = StopTrimmer(request.sampling.stop)
-        token_ids, logprobs, versions, all_events = [], [], [], []
-        finish_reason, cached, first_token_s = None, 0, None
-        params = request.sampling.to_engine(max_new_tokens, index)
-        chunks = self.pool.generate(session.session_id, prompt.token_ids, params, call_id,
-                                    input_ids_json=prompt.token_ids_json)
-        async with contextlib.aclosing(chunks):  # closing this closes the generation
-            async for chunk in chunks:
-                first_token_s = first_token_s or time.time()
-                token_ids += chunk.token_ids
-                logprobs += chunk.logprobs
-                versions += chunk.weight_versions
-                finish_reason = chunk.finish_reason or finish_reason
-                cached = max(cached, chunk.cached_tokens)
-                text = stops.push(detokenizer.push(chunk.token_ids))
-                events = (parser.feed(text) if parser else [Content(text)]) if text else []
-                all_events += events
-                yield Delta(index, call_id, events, list(chunk.token_ids), list(chunk.logprobs))
-        text = stops.push(detokenizer.flush(), final=True)
-        events = (parser.feed(text) if parser and text else [Content(text)] if text else [])
-        events += parser.finish() if parser else []
-        all_events += events
-        self.metrics.unparsed_tool_calls.inc(sum(isinstance(e, Unparsed) for e in all_events),
-                                             parser=request.tool_parser or self.tool_parser)
-        yield Delta(index, call_id, events, [], [])
-        yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
-                      finish_reason or {"type": "stop", "matched": None}, cached,
-                      first_token_s, params)
-
-    async def _record(self, session: Session, request: CallRequest, prompt: Prompt,
-                      results: list[Sampled], started_s: float) -> Outcome:
-        """Applies the choices' records to the tree and writes their lines, all or none
-        (a failed write undoes the tree's change and raises `StoreUnavailable`, a 503);
-        only then leaves the session's heads, choice 0's last, so that it is the newest:
-        a scaffold that continues choice 0 (as they do) extends the newest head, with no
-        branch. (`HeadReplay` keeps that order after a restart.)"""
-        tree = self.store.tree(session.group)
-        num_prompt = len(prompt.token_ids)
-        head = (head_record(prompt, session.heads, self._parses_tools(request))
-                if request.messages is not None else None)
-        results = sorted(results, key=lambda item: item.index)
-        with tree.transaction():
-            records = [self._add_call(tree, session, request, prompt, result, head, started_s)
-                       for result in results]
-            written = self.store.submit(session.group, *(r.to_json() for r in records))
-        leaves = [call.leaf for call in tree.calls[-len(results):]]
-        choices = [self._choice(result, request) for result in results]
-        if request.messages is not None:
-            for choice, leaf in reversed(list(zip(choices, leaves, strict=True))):
-                self._leave_head(session, request, prompt, choice, leaf, num_prompt)
-        session.num_calls += 1
-        await written  # a done future (`flush` mode) is awaited without a loop turn
-        self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
-        self.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices),
-                                           api=request.api)
-        first = [r.first_token_s for r in results if r.first_token_s]
-        if first:
-            self.metrics.time_to_first_token_s.observe(min(first) - started_s, api=request.api)
-        return Outcome(choices, num_prompt, max(result.cached_tokens for result in results))
-
-    @staticmethod
-    def _add_call(tree, session: Session, request: CallRequest, prompt: Prompt, result: Sampled,
-                  head: dict | None, started_s: float):
-        branch = prompt.branch if result.index == 0 else "sample"
-        meta = {"api": request.api, "model": request.model,
-                "finish_reason": result.finish_reason, "sampling": result.sampling,
-                "cached_tokens": result.cached_tokens, "extends": prompt.extends,
-                "token_truth": prompt.token_truth,
-                **({"head": head} if head else {}),
-                "timings": {"start_s": started_s, "first_token_s": result.first_token_s,
-                            "end_s": time.time()}}
-        return tree.add_call(result.call_id, session.session_id, prompt.token_ids,
-                             result.token_ids, result.logprobs, result.weight_versions,
-                             branch=branch, meta=meta, extends_leaf=prompt.extends_leaf)
-
-    def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
-                    choice: Choice, leaf: int, num_prompt: int) -> None:
-        """The head this choice leaves for the session's next call. With one choice, the
-        head owns a new list of its path's IDs (the prompt's and the completion's), which
-        the next call takes over instead of copying 128k IDs out of the tree. The prompt's
-        own list is never extended: the pool, the engine request and a migration still
-        running may hold it as an unchanging list."""
-        token_ids = prompt.token_ids + choice.token_ids if request.n == 1 else None
-        ids_json = (prompt.token_ids_json.extend(choice.token_ids)
-                    if prompt.token_ids_json is not None else None)
-        session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
-                              choice.message, leaf, num_prompt,
-                              self.renderer.closing_text(choice.token_ids), prompt.messages,
-                              ids_json, token_ids,
-                              self.renderer.next_turn_start(choice.token_ids)),
-                         self.sessions.num_heads)
-
-    def _choice(self, result: Sampled, request: CallRequest) -> Choice:
-        message: dict[str, Any] = {"role": "assistant", "content": None}
-        if request.messages is not None:  # the events parsed while streaming
-            message = message_of_events(result.events, lambda: f"call_{secrets.token_hex(12)}")
-        return Choice(result.index, result.call_id, message, result.text,
-                      result.token_ids, result.logprobs, result.weight_versions,
-                      result.finish_reason)
-
-    def _parser(self, request: CallRequest, prompt: Prompt):
-        """A tool-call parser for one choice, told the tools and the prompt's last text."""
-        tail = self.renderer.decode(prompt.token_ids[-8:], skip_special_tokens=False)
-        return create_parser(request.tool_parser or self.tool_parser,
-                             parse_tools=self._parses_tools(request), tools=request.tools,
-                             prompt_tail=tail)
-
-    @staticmethod
-    def _parses_tools(request: CallRequest) -> bool:
-        return request.parse_tools and bool(request.tools)
-
-
-class StopTrimmer:
-    """The reply text up to (not including) the first stop string, as the APIs return it;
-    the tree keeps every sampled token. While streaming, the last characters that could
-    begin a stop string are held back until the next text shows they do not."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
-        self.text = ""
-        self._pending = ""
-        self._stopped = False
-
-    def push(self, text: str, final: bool = False) -> str:
-        if self._stopped or not self.stops:
-            self.text += "" if self._stopped else text
-            return "" if self._stopped else text
-        self._pending += text
-        cut = min((i for i in (self._pending.find(stop) for stop in self.stops) if i >= 0),
-                  default=-1)
-        if cut >= 0:
-            out, self._pending, self._stopped = self._pending[:cut], "", True
-        else:
-            keep = 0 if final else max(len(stop) for stop in self.stops) - 1
-            split = max(0, len(self._pending) - keep)
-            out, self._pending = self._pending[:split], self._pending[split:]
-        self.text += out
-        return out
 
 
 def api_error_of(error: BaseException) -> BaseException:

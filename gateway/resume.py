@@ -116,7 +116,7 @@ class HeadReplay:
                     next_turn_start=self.renderer.next_turn_start(completion_ids))
         if event.get("branch") == "sample" and session.heads:
             # choice i > 0 of the call whose choice 0 is the newest head: the live gateway
-            # left choice 0's head last (`CallRunner._record`), and so does replay
+            # left choice 0's head last (`CallRecorder.record`), and so does replay
             session.heads.insert(len(session.heads) - 1, head)
             del session.heads[:-self.sessions.num_heads]
         else:

@@ -232,7 +232,8 @@ def main(args) -> None:
     if args.num_steps > 0:
         record["rl"] = train(work, sft, args)
         for step, model in _checkpoints(work / "train"):
-            if step % args.eval_every == 0 or step == args.num_steps:
+            if step <= args.num_steps and (step % args.eval_every == 0
+                                           or step == args.num_steps):
                 evals.append({**evaluate(work, f"sft+rl{step}", model, args), "rl_step": step})
         _timed(record, "plot", ["plot", str(work / "train")], work / "plot.log", False)
     record["evaluations"] = evals

@@ -15,14 +15,15 @@ and what the driver does about it (each is read from the file named, and has a t
    (`protocol.SamplingParams.to_sglang`; the gateway picks and records it, `calls.py`).
 2. Noise is keyed on (seed, absolute position) (`srt/layers/sampler.py`,
    `multinomial_with_seed`): a resume with the same seed repeats itself, so the pool gives
-   each resume a seed of its own (`pool.py`).
+   each resume a seed of its own (`inflight.py`).
 3. `/abort_request` aborts every request whose rid starts with the one named
    (`srt/managers/scheduler.py`, `abort_request`); the rids sent must be prefix-free
-   (`protocol.GenerateRequest`, `pool.py`).
+   (`protocol.GenerateRequest`, `inflight.py`).
 4. and 5. A request aborted while it waits in the queue gets `_handle_abort_req`'s reply
    (`srt/managers/tokenizer_manager.py`): whole text and logprobs, `output_ids` whole or,
    with `--incremental-streaming-output`, the last ID only, and no `prompt_tokens` or
-   `cached_tokens`. `_StreamReader` reads it as cumulative and keeps the stream's counts.
+   `cached_tokens`. `sglang_replies.StreamReader` reads it as cumulative and keeps the
+   stream's counts.
 6. NaN and infinite logprobs are written as `null` (orjson, `srt/utils/json_response.py`):
    `EngineUnavailable`, never a `TypeError`.
 7. `GET /health` generates a token (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`, on by
@@ -53,7 +54,8 @@ Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `impo
 a real SGLang server reports it unsupported, and the vLLM driver answers False and has none
 of the other methods.
 
-`transport.py` holds what it shares with the vLLM driver in `vllm.py` (requests, SSE, errors).
+`transport.py` holds what it shares with the vLLM driver in `vllm.py` (requests, SSE, errors);
+`sglang_replies.py` reads SGLang's replies into the protocol's results and deltas.
 
     async with SGLangClient("http://127.0.0.1:30000") as engine:
         result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
@@ -71,8 +73,6 @@ import aiohttp
 from undertow.gateway.engines.protocol import (
     EngineError,
     EngineRejected,
-    EngineUnavailable,
-    FinishReason,
     GenerateChunk,
     GenerateRequest,
     GenerateResult,
@@ -80,6 +80,7 @@ from undertow.gateway.engines.protocol import (
     PauseMode,
     WeightsNotUpdated,
 )
+from undertow.gateway.engines.sglang_replies import StreamReader, num_prompt_ids, read_result
 from undertow.gateway.engines.transport import HttpEngine, HttpTransport
 
 __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
@@ -88,102 +89,6 @@ __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangC
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 # How SGLang 0.5.23's refused flush after a weight load begins (`weight_updater.py`).
 WEIGHTS_LOADED_CACHE_KEPT = "Weights were updated, but the cache was not flushed"
-
-
-def _logprobs(meta: dict) -> list[tuple[float, int]]:
-    """`meta_info.output_token_logprobs` as (logprob, token ID) pairs. SGLang 0.5.23 writes a
-    NaN or infinite logprob as `null` (`srt/utils/json_response.py`): such a reply cannot
-    be recorded, and the request is resumed elsewhere like one whose engine failed."""
-    try:
-        return [(float(entry[0]), int(entry[1]))
-                for entry in meta.get("output_token_logprobs") or ()]
-    except (TypeError, ValueError, IndexError) as error:
-        raise EngineUnavailable(
-            f"the engine sent a logprob entry that is not [logprob, token_id, text] ({error}); "
-            "SGLang writes NaN and infinite logprobs as null, so its model produced one: "
-            "check the engine's weights and numerics") from error
-
-
-def _num_prompt_ids(request: GenerateRequest) -> int:
-    """The prompt's length where the gateway knows it (0 for a text prompt)."""
-    return 0 if request.input_ids is None else len(request.input_ids)
-
-
-def _result(reply: dict, request: GenerateRequest) -> GenerateResult:
-    """A non-streamed reply. A request aborted while queued has no `prompt_tokens` or
-    `cached_tokens` (SGLang 0.5.23, `tokenizer_manager._handle_abort_req`): the prompt's
-    length stands in for the first, and the second is unknown (None)."""
-    meta = reply["meta_info"]
-    prompt_tokens = meta.get("prompt_tokens")
-    return GenerateResult(
-        rid=meta.get("id", request.rid), output_ids=list(reply.get("output_ids") or ()),
-        text=reply.get("text") or "",
-        finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
-        output_token_logprobs=_logprobs(meta),
-        prompt_tokens=_num_prompt_ids(request) if prompt_tokens is None else prompt_tokens,
-        completion_tokens=meta.get("completion_tokens", 0),
-        cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
-
-
-class _StreamReader:
-    """The deltas of one SGLang stream, from events in either form.
-
-    Invariant: `num_ids`, `num_logprobs` and `num_chars` count what the deltas so far hold.
-    Every event says the total `completion_tokens`; an event whose `output_ids` are that
-    many is cumulative (SGLang's default), a shorter one is a delta
-    (`--incremental-streaming-output`). The reply to a request aborted while queued
-    (SGLang 0.5.23, `tokenizer_manager._handle_abort_req`) is neither: it has no
-    `prompt_tokens`, its text and logprobs are whole and its `output_ids` whole or the last
-    ID only; it is read as cumulative, and the counts it lacks are the stream's earlier ones.
-    """
-
-    def __init__(self, rid: str, num_prompt_ids: int):
-        self.rid = rid
-        self.num_ids = self.num_logprobs = self.num_chars = 0
-        self.prompt_tokens = num_prompt_ids
-        self.cached_tokens: int | None = None
-
-    def chunk(self, event: dict) -> GenerateChunk:
-        meta = event["meta_info"]
-        finish = FinishReason.from_sglang(meta.get("finish_reason"))
-        output_ids = list(event.get("output_ids") or ())
-        text = event.get("text") or ""
-        logprobs = _logprobs(meta)
-        completion_tokens = meta.get("completion_tokens", self.num_ids + len(output_ids))
-        if finish is not None and finish.type == "abort" and "prompt_tokens" not in meta:
-            output_ids = self._queued_abort_ids(output_ids, logprobs, completion_tokens)
-            text, logprobs = text[self.num_chars:], logprobs[self.num_logprobs:]
-        elif self.num_ids and len(output_ids) == completion_tokens:  # cumulative form
-            output_ids = output_ids[self.num_ids:]
-            logprobs = logprobs[self.num_logprobs:]
-            text = text[self.num_chars:]
-        self.num_ids += len(output_ids)
-        self.num_logprobs += len(logprobs)
-        self.num_chars += len(text)
-        self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
-        if meta.get("cached_tokens") is not None:
-            self.cached_tokens = meta["cached_tokens"]
-        return GenerateChunk(
-            rid=meta.get("id", self.rid), output_ids=output_ids, text=text,
-            output_token_logprobs=logprobs, finish_reason=finish,
-            prompt_tokens=self.prompt_tokens, completion_tokens=completion_tokens,
-            cached_tokens=self.cached_tokens, weight_version=meta.get("weight_version"))
-
-    def _queued_abort_ids(self, output_ids: list[int], logprobs: list[tuple[float, int]],
-                          completion_tokens: int) -> list[int]:
-        """The IDs of a queued abort's reply that the stream has not delivered yet."""
-        num_new = completion_tokens - self.num_ids
-        if num_new <= 0:
-            return []
-        if len(output_ids) == completion_tokens:
-            return output_ids[self.num_ids:]
-        if len(output_ids) >= num_new:
-            return output_ids[len(output_ids) - num_new:]
-        if len(logprobs) == completion_tokens:
-            return [token_id for _, token_id in logprobs[self.num_ids:]]
-        raise EngineUnavailable(
-            f"request {self.rid} was aborted with {num_new} output IDs the stream never "
-            f"delivered and its reply does not hold them; resume it from its partial output")
 
 
 @dataclass(frozen=True)
@@ -242,15 +147,15 @@ class SGLangClient(HttpEngine):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))
-        return _result(reply, request)
+        return read_result(reply, request)
 
     def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         return self._chunks("/generate", request.sglang_body(stream=True), request)
 
     async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
                       ) -> AsyncIterator[GenerateChunk]:
-        """The deltas of a streamed `/generate`-shaped reply (see `_StreamReader`)."""
-        reader = _StreamReader(request.rid, _num_prompt_ids(request))
+        """The deltas of a streamed `/generate`-shaped reply (`sglang_replies.StreamReader`)."""
+        reader = StreamReader(request.rid, num_prompt_ids(request))
         async for event in self._http.sse(path, body):
             yield reader.chunk(event)
 

@@ -1,6 +1,7 @@
 """`undertow train` with `pool.backend: ray` on a Ray cluster of three nodes on this machine
-(`ray.cluster_utils.Cluster`: a head and two worker nodes, one CPU each, each declaring
-one cell's resource so that cell c's members and engine land on node c).
+(`ray.cluster_utils.Cluster` in a process of its own, `ray_cluster.py`: a head and two
+worker nodes, one CPU each, each declaring one cell's resource so that cell c's members
+and engine land on node c).
 
 The run is the one of `test_train_pool.py` (three cells, the elastic policy, the paced
 scripted rollouts with one slow session per group, real built-in engines behind the real
@@ -17,6 +18,7 @@ actor on their cells' nodes. It must show:
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -100,40 +103,55 @@ class ProcessWatch:
         return left
 
 
+@dataclass
+class RayCluster:
+    """The test's cluster: its GCS address and node c's ID at `cell_nodes[c]`."""
+
+    address: str
+    cell_nodes: list[str]
+
+
 @pytest.fixture
 def ray_cluster(monkeypatch):
-    """Three Ray nodes on 127.0.0.1: node c declares `cell_resource(c)`. Yields the
-    cluster, node c's ID at `cluster.cell_nodes[c]`, and the process watch; at teardown
-    the cluster is shut down and no process it started may be left."""
-    from ray.cluster_utils import Cluster
-
+    """Three Ray nodes on 127.0.0.1, node c declaring `cell_resource(c)`, held by their own
+    process (`ray_cluster.py`). Yields the cluster and the process watch; at teardown the
+    cluster is shut down and no process it started may be left."""
     from undertow.learner.pool.ray_backend import cell_resource
 
     temp_dir = tempfile.mkdtemp(prefix="ut-ray-")   # short: Ray's socket paths are bounded
     (Path(temp_dir) / "ray").mkdir()    # where Cluster writes the cluster's address
     monkeypatch.setenv("RAY_TMPDIR", temp_dir)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    # Read by `undertow train`'s Ray when imported: it then takes this machine's address
-    # to be 127.0.0.1, where the nodes listen, instead of the interface's.
+    # Read by `undertow train`'s Ray when imported: this machine's address is then
+    # 127.0.0.1, where the nodes listen, not the interface's.
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    spec = {"temp_dir": temp_dir,
+            "nodes": [{"CPU": 1, "resources": {cell_resource(c): 1}} for c in range(NUM_CELLS)]}
+    ready = Path(temp_dir) / "ready.json"
     watch = ProcessWatch()
-    node_args = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "temp_dir": temp_dir,
-                 "object_store_memory": 80 * 2**20}
-    cluster = Cluster(shutdown_at_exit=True)   # and a reaper, should this process die
+    holder = subprocess.Popen([sys.executable, "-m", "tests.e2e.ray_cluster", json.dumps(spec),
+                               str(ready)], cwd=REPO, stdin=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        nodes = [cluster.add_node(**node_args, include_dashboard=False,
-                                  resources={cell_resource(0): 1})]
-        nodes += [cluster.add_node(**node_args, resources={cell_resource(c): 1})
-                  for c in range(1, NUM_CELLS)]
-        cluster.wait_for_nodes()
-        cluster.cell_nodes = [node.node_id for node in nodes]
+        deadline = time.monotonic() + TIMEOUT_S
+        while not ready.exists() and holder.poll() is None and time.monotonic() < deadline:
+            watch.look()
+            time.sleep(0.5)
+        assert ready.exists(), f"the Ray cluster did not start (exit code {holder.poll()})"
+        started = json.loads(ready.read_text())
         watch.look()
-        yield cluster, watch
+        yield RayCluster(started["address"], started["node_ids"]), watch
     finally:
         watch.look()
-        cluster.shutdown()
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=TIMEOUT_S / 4)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
         shutil.rmtree(temp_dir, ignore_errors=True)
         left = watch.left_over()
+    assert holder.returncode == 0, f"the Ray cluster's process exited with {holder.returncode}"
     assert watch.seen, "no Ray process was seen; the check below would be vacuous"
     assert not left, f"processes left after the cluster's shutdown: {left}"
 

@@ -111,7 +111,9 @@ class Rollout:
                       else DockerHosts.of(connection))
         self.config = config
         self.run_id = config.run_id or new_run_id()
-        self.out_dir = Path(config.out_dir) / self.run_id
+        # absolute: each scaffold runs in its session's folder, so a relative path given
+        # to it (mini-swe-agent's `-o trajectory.json`) would land one folder deeper
+        self.out_dir = Path(config.out_dir).resolve() / self.run_id
         self.progress = Progress(len(self.tasks), len(self.tasks) * config.group_size,
                                  progress_stream if progress_stream is not None else sys.stderr,
                                  config.progress_interval_s)

@@ -42,3 +42,10 @@ def test_an_override_into_a_value_that_is_not_a_section_is_refused(tmp_path):
         read_config(path, ["rollout.sandbox.network=bridge"])
     with pytest.raises(ValueError, match=r"not of the form section\.key=value"):
         read_config(None, ["rollout.sandbox"])
+
+
+def test_a_float_written_without_a_dot_is_the_number_meant():
+    # YAML 1.1 reads `3e-3` as a string; `sft.lr=3e-3` on the command line means 0.003.
+    tree = read_config(None, ["rollout.timeout_s=3e-3", "rollout.sandbox.num_cpus=1e0"])
+    section = build_section(RolloutSection, tree["rollout"], "rollout")
+    assert (section.timeout_s, section.sandbox.num_cpus) == (0.003, 1.0)

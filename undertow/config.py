@@ -85,6 +85,12 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         return tuple(_coerce(item, v, where) for v in value)
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str):
+        # YAML 1.1 reads `3e-3` (no dot) as a string; Python reads it as the number meant
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{where}: expected float, got {value!r}") from None
     if hint is Path and isinstance(value, str):
         return Path(value)
     if hint is str and isinstance(value, int | float) and not isinstance(value, bool):

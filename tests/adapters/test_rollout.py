@@ -204,3 +204,19 @@ async def test_start_commands_run_before_the_scaffold_and_a_failing_one_is_under
     assert "$ exit 7\n# exit code 7" in (
         sessions / by_task[second].session_id / "sandbox.log").read_text()
     assert run_containers(rollout.run_id) == []
+
+
+@pytest.mark.docker
+async def test_a_relative_out_dir_gives_the_scaffold_its_own_session_folder(
+        scripted_gateway, bundled_tasks, connection, tmp_path, monkeypatch):
+    # Each scaffold runs in its session's folder: a relative path handed to it
+    # (mini-swe-agent's `-o .../trajectory.json`) would land one folder deeper.
+    monkeypatch.chdir(tmp_path)
+    scaffold = CommandScaffold("echo written > {session_dir}/marker.txt")
+    config = RolloutConfig(group_size=1, concurrency=1, timeout_s=30, out_dir="rel-out",
+                           progress_interval_s=0)
+    rollout = Rollout([bundled_tasks[sorted(bundled_tasks)[0]]], scaffold,
+                      scripted_gateway.admin, connection, config)
+    [session] = (await rollout.run()).sessions
+    marker = tmp_path / "rel-out" / rollout.run_id / "sessions" / session.session_id
+    assert (marker / "marker.txt").read_text() == "written\n"

@@ -33,6 +33,7 @@ import pytest
 import torch
 import yaml
 
+from tests.processes import alive, descendants
 from undertow.learner.checkpoint import latest_checkpoint
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trees import load_store_trees
@@ -50,53 +51,22 @@ NUM_TURNS = 2
 GROUPS = ("g000000-r0", "g000001-r0")
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (Linux /proc), zombies left out."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
-
-
 class ProcessWatch:
     """The processes started below this test process, seen as often as `look` is called."""
 
     def __init__(self):
-        self.before = _descendants(os.getpid())
+        self.before = descendants(os.getpid())
         self.seen: set[int] = set()
 
     def look(self) -> None:
-        self.seen |= _descendants(os.getpid()) - self.before
+        self.seen |= descendants(os.getpid()) - self.before
 
     def left_over(self, grace_s: float = 30.0) -> set[int]:
         """Those still alive after `grace_s`; they are killed, so the suite goes on."""
         deadline = time.monotonic() + grace_s
-        while _alive(self.seen) and time.monotonic() < deadline:
+        while alive(self.seen) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = _alive(self.seen)
+        left = alive(self.seen)
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

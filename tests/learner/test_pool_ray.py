@@ -14,13 +14,13 @@ import importlib.util
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.learner.test_losses import _advantages, _assert_gradients_close, _gradients
 from tests.learner.test_pool_local import TIMEOUT_S, RecordingEngines, _until
+from tests.processes import alive, descendants
 from undertow.learner.elastic import Coordinator
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
@@ -39,38 +39,6 @@ pytestmark = [
 NUM_CELLS = 3
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (Linux /proc), zombies left out."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
-
-
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """A local Ray with 2 CPUs, 3 declared (fake) GPUs and a resource per cell; at
@@ -78,17 +46,17 @@ def ray_cluster(tmp_path_factory):
     from undertow.learner.pool.ray_backend import cell_resource, local_cluster
 
     resources = {cell_resource(i): 1 for i in range(NUM_CELLS)}
-    before = _descendants(os.getpid())
+    before = descendants(os.getpid())
     with local_cluster(tmp_path_factory.mktemp("ray"), num_cpus=2, num_gpus=NUM_CELLS,
                        resources=resources) as node:
-        started = _descendants(os.getpid()) - before
+        started = descendants(os.getpid()) - before
         yield node
-        started |= _descendants(os.getpid()) - before
+        started |= descendants(os.getpid()) - before
     deadline = time.monotonic() + TIMEOUT_S
-    while _alive(started) and time.monotonic() < deadline:
+    while alive(started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert started, "the fixture saw no Ray process start; the check below would be vacuous"
-    assert not _alive(started), f"Ray processes left after ray.shutdown(): {_alive(started)}"
+    assert not alive(started), f"Ray processes left after ray.shutdown(): {alive(started)}"
 
 
 class RecordingMembers:

@@ -27,7 +27,7 @@ values are recorded in the context for the segments after it.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
@@ -51,19 +51,26 @@ class AttentionBlocks:
     query_offset: int = 0
 
 
-@dataclass
 class SegmentContext:
     """The attention "mask" of one segment [blocks.query_offset, end) of a long
     micro-batch: `past_keys[layer]`/`past_values[layer]` (1, KVH, start, D) are the
     keys and values of every position before the segment (None for the first), and
     the attention records the segment's own (1, KVH, n, D) in `own_keys`/`own_values`
-    by layer index."""
+    by layer index.
 
-    blocks: AttentionBlocks
-    past_keys: list[torch.Tensor] | None = None
-    past_values: list[torch.Tensor] | None = None
-    own_keys: dict[int, torch.Tensor] = field(default_factory=dict)
-    own_values: dict[int, torch.Tensor] = field(default_factory=dict)
+    Not a dataclass, on purpose: the layers must write into this very object. FSDP2
+    rebuilds the dataclasses, lists and dicts among a unit's inputs (to hook its
+    post-backward on every tensor that requires grad, to cast them under a mixed
+    precision policy, to move them to the device), so each layer would record its keys
+    into a copy of the one `segments.py` reads, and the past keys' gradients would
+    pass through every unit's post-backward hook."""
+
+    def __init__(self, blocks: AttentionBlocks, past_keys: list[torch.Tensor] | None = None,
+                 past_values: list[torch.Tensor] | None = None):
+        self.blocks = blocks
+        self.past_keys, self.past_values = past_keys, past_values
+        self.own_keys: dict[int, torch.Tensor] = {}
+        self.own_values: dict[int, torch.Tensor] = {}
 
     def keys_and_values(self, layer: int, key: torch.Tensor, value: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:

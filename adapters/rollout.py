@@ -54,7 +54,7 @@ from undertow.adapters.tree_value import estimate_tree_value
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.grading import Grade, GradingConfig, grade
 from undertow.sandboxes.hosts import DockerHost, DockerHosts
-from undertow.sandboxes.link import GatewayLink, start_linked_sandbox
+from undertow.sandboxes.link import GatewayRelay, start_linked_sandbox
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 from undertow.sandboxes.task import Task
 from undertow.sandboxes.task_setup import prepare_session_sandbox
@@ -119,7 +119,7 @@ class Rollout:
                                  config.progress_interval_s)
         self._slots = asyncio.Semaphore(config.concurrency)
         self._builds = asyncio.Semaphore(NUM_PARALLEL_IMAGE_BUILDS)
-        self._link: GatewayLink | None = None
+        self._link: GatewayRelay | None = None
         self.results: list[SessionResult] = []
 
     async def run(self) -> RolloutSummary:
@@ -130,7 +130,7 @@ class Rollout:
         try:
             if getattr(self.scaffold, "runs_in_sandbox", False):
                 gateway = urlsplit(self.admin.url)
-                self._link = await GatewayLink(gateway.hostname, gateway.port or 80).start()
+                self._link = await GatewayRelay(gateway.hostname, gateway.port or 80).start()
             # A TaskGroup, not gather: on cancellation it waits for every session's
             # clean-up, where gather returns as soon as the first child is cancelled.
             async with asyncio.TaskGroup() as groups:

@@ -105,8 +105,8 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, work: Pat
 
 
 def summarize(policy: str, run_dir: Path, total_s: float) -> dict:
+    from undertow.learner.elastic.loop import read_timeline
     from undertow.learner.metrics_log import read_metrics
-    from undertow.learner.pool.live import read_timeline
 
     events, records = read_timeline(run_dir), read_metrics(run_dir)
     first = next(e["begun_s"] for e in events if e["event"] == "DispatchBatch")

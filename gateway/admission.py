@@ -8,7 +8,7 @@ removal). `route_now` routes and pins a session without admitting anything (wher
 migration will resume it); `mark_dead` is the other way an engine leaves routing.
 
 Invariants:
-- An attempt counts on its engine (`Engine.attempts`, the load the router sees and the
+- An attempt counts on its engine (`EngineRecord.attempts`, the load the router sees and the
   in-flight gauge) from `admit` until `end`, and `end` is idempotent.
 - Routing and registering happen with no await between them, so the router's admission
   bounds (`RouterConfig`) hold however many generations arrive together.
@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from undertow.gateway.errors import PoolBusy, PoolUnavailable
-from undertow.gateway.fleet import Attempt, Engine, Fleet
+from undertow.gateway.fleet import Attempt, EngineRecord, Fleet
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.router import EngineLoad, Router
 
@@ -86,7 +86,7 @@ class Admission:
                                       f"within {self.resume_timeout_s} s")
             await self.fleet.wait_for_change(deadline - loop.time())
 
-    def _register(self, engine: Engine, session_id: str, token_ids: list[int],
+    def _register(self, engine: EngineRecord, session_id: str, token_ids: list[int],
                   rid: str) -> Attempt:
         self.router.assign(session_id, engine.engine_id, token_ids)
         attempt = Attempt(rid, engine, session_id=session_id, token_ids=token_ids)
@@ -103,7 +103,7 @@ class Admission:
             if self.fleet.has_waiters:  # a pause, drain or removal waits on the change
                 self._spawn(self.fleet.notify())
 
-    def route_now(self, session_id: str, token_ids: list[int]) -> Engine | None:
+    def route_now(self, session_id: str, token_ids: list[int]) -> EngineRecord | None:
         """Routes the session now, past the admission bounds, and pins it there (the engine
         its next attempt will use); None when no healthy engine is left."""
         decision = self.router.route(session_id, token_ids, self._loads(), bounded=False)
@@ -112,7 +112,7 @@ class Admission:
         self.router.assign(session_id, decision.engine_id, token_ids)
         return self.fleet.get(decision.engine_id)
 
-    async def mark_dead(self, engine: Engine, why: str) -> None:
+    async def mark_dead(self, engine: EngineRecord, why: str) -> None:
         """The fleet marks the engine dead (it probes it until it answers again) and the
         router forgets the sessions pinned to it."""
         if await self.fleet.mark_dead(engine, why):

@@ -41,9 +41,9 @@ from undertow.gateway.auto_sessions import AutoSessions
 from undertow.gateway.calls import CallRunner
 from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.drivers import driver_for_url
+from undertow.gateway.head_replay import HeadReplay
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.render import Renderer
-from undertow.gateway.resume import HeadReplay
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.toolparsers import resolve_parser

@@ -23,8 +23,8 @@ import time
 from typing import Any
 
 from undertow.gateway.call_types import CallRequest, Choice, Outcome, Sampled
+from undertow.gateway.head_replay import head_record, message_of_events
 from undertow.gateway.render import Renderer
-from undertow.gateway.resume import head_record, message_of_events
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import Head, Prompt

@@ -12,7 +12,7 @@ or recorded twice: if the original's reply was produced it is answered again fro
 memory; if the original is still generating, the retry waits for it and gets its
 reply (replayed after the fact, not live); only if the original failed or was
 abandoned is the retry generated. Each chat call also stores what token truth needs
-to resume after a restart (`resume.py`).
+to resume after a restart (`head_replay.py`).
 
 How it is built: `CallRunner` runs the call's flow (retry memory, prompt, context bounds,
 error translation) and composes `sampler.ChoiceSampler` (pool chunks -> `Delta`s and a

@@ -7,7 +7,7 @@ weights last pushed to the pool. Waiting for a change (an engine's state or load
 goes through the fleet's condition.
 
 Invariants:
-- `Engine.attempts` are exactly the requests the pool has in flight on that engine,
+- `EngineRecord.attempts` are exactly the requests the pool has in flight on that engine,
   so `len(attempts)` is its load, and `undertow_engine_in_flight` shows it.
 - `undertow_engine_state{engine, state}` is 1 for the engine's current state and 0
   for the others; an engine that left the pool has no samples.
@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from undertow.gateway.engines.protocol import Engine as EngineDriver
-from undertow.gateway.engines.protocol import EngineError
+from undertow.gateway.engines.protocol import EngineDriver, EngineError
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.router import EngineState
 
@@ -44,7 +43,7 @@ class Attempt:
     continues from `staged` (where the migration staged the history's KV) if set."""
 
     rid: str
-    engine: Engine
+    engine: EngineRecord
     interrupted_by: str | None = None
     session_id: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -54,7 +53,7 @@ class Attempt:
 
 
 @dataclass(eq=False)
-class Engine:
+class EngineRecord:
     """An engine in the pool (see the module's invariants)."""
 
     engine_id: str
@@ -79,29 +78,29 @@ class Fleet:
         self.health_timeout_s = health_timeout_s
         self.weights: tuple[str, str] | None = None  # (model_path, weight_version)
         self._driver_factory = driver_factory
-        self._engines: dict[str, Engine] = {}
+        self._engines: dict[str, EngineRecord] = {}
         self._engine_ids = (f"e{n}" for n in itertools.count())
         self._changed = asyncio.Condition()
         self._num_waiters = 0
 
     @property
-    def engines(self) -> list[Engine]:
+    def engines(self) -> list[EngineRecord]:
         return list(self._engines.values())
 
-    def get(self, engine_id: str) -> Engine | None:
+    def get(self, engine_id: str) -> EngineRecord | None:
         return self._engines.get(engine_id)
 
-    def by_url(self, url: str) -> Engine | None:
+    def by_url(self, url: str) -> EngineRecord | None:
         return next((e for e in self._engines.values() if e.url == url.rstrip("/")), None)
 
     def in_flight(self) -> list[Attempt]:
         return [attempt for engine in self._engines.values() for attempt in engine.attempts]
 
-    async def add(self, url: str, *, require_healthy: bool) -> Engine | None:
+    async def add(self, url: str, *, require_healthy: bool) -> EngineRecord | None:
         """A new engine record, healthy or (without `require_healthy`) dead until its
         health check passes; None when it is required healthy and is not."""
         url = url.rstrip("/")
-        engine = Engine(next(self._engine_ids), url, self._driver_factory(url))
+        engine = EngineRecord(next(self._engine_ids), url, self._driver_factory(url))
         healthy = await self.check(engine)
         if require_healthy and not healthy:
             await engine.client.close()
@@ -110,7 +109,7 @@ class Fleet:
         await self.set_state(engine, EngineState.HEALTHY if healthy else EngineState.DEAD)
         return engine
 
-    async def drop(self, engine: Engine) -> None:
+    async def drop(self, engine: EngineRecord) -> None:
         self._engines.pop(engine.engine_id, None)
         self.metrics.engine_state.remove(engine=engine.engine_id)
         self.metrics.engine_in_flight.remove(engine=engine.engine_id)
@@ -122,7 +121,7 @@ class Fleet:
             await engine.client.close()
         self._engines.clear()
 
-    async def set_state(self, engine: Engine, state: EngineState) -> None:
+    async def set_state(self, engine: EngineRecord, state: EngineState) -> None:
         engine.state = state
         for each in EngineState:
             self.metrics.engine_state.set(1 if each is state else 0,
@@ -130,7 +129,7 @@ class Fleet:
         self.publish_load(engine)
         await self.notify()
 
-    async def mark_dead(self, engine: Engine, why: str) -> bool:
+    async def mark_dead(self, engine: EngineRecord, why: str) -> bool:
         """True when this call found the engine alive and marked it dead."""
         if engine.state is EngineState.DEAD or engine.engine_id not in self._engines:
             return False
@@ -139,11 +138,11 @@ class Fleet:
         await self.set_state(engine, EngineState.DEAD)
         return True
 
-    def publish_load(self, engine: Engine) -> None:
+    def publish_load(self, engine: EngineRecord) -> None:
         if engine.engine_id in self._engines:
             self.metrics.engine_in_flight.set(len(engine.attempts), engine=engine.engine_id)
 
-    async def check(self, engine: Engine) -> bool:
+    async def check(self, engine: EngineRecord) -> bool:
         """True when the engine passes its driver's cheap health probe (SGLang: `/ready`,
         never the probe that generates, which blocks while the engine is paused or loads
         weights) and serves the fleet's weights; one

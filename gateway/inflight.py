@@ -46,7 +46,7 @@ from undertow.gateway.engines.protocol import (
     SamplingParams,
     TokenIdsJson,
 )
-from undertow.gateway.fleet import Attempt, Engine, Fleet
+from undertow.gateway.fleet import Attempt, EngineRecord, Fleet
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.migration import (
     MigrationConfig,
@@ -200,7 +200,7 @@ class InFlight:
         finally:
             self.admission.end(attempt)
 
-    async def migrate(self, engine: Engine) -> None:
+    async def migrate(self, engine: EngineRecord) -> None:
         """Interrupts every attempt on the engine and resumes each where its session is
         routed now, with its KV copied there first when both engines can."""
         await asyncio.gather(*(
@@ -226,7 +226,7 @@ class InFlight:
             pending = [a for a in pending if a in a.engine.attempts
                        and a.engine.state is not EngineState.DEAD]
 
-    async def abort_quietly(self, engine: Engine, rid: str) -> None:
+    async def abort_quietly(self, engine: EngineRecord, rid: str) -> None:
         with contextlib.suppress(EngineError, TimeoutError):
             async with asyncio.timeout(self.config.abort_timeout_s):
                 await engine.client.abort(rid)

@@ -42,7 +42,7 @@ from undertow.gateway.engines.protocol import (
     GenerateChunk,
     GenerateRequest,
 )
-from undertow.gateway.fleet import Attempt, Engine
+from undertow.gateway.fleet import Attempt, EngineRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,11 @@ class StagedResume:
     """Where the next attempt of a migrated generation finds its history's KV: `kv` (with
     the gateway's own digest of its prefix) staged on `engine`."""
 
-    engine: Engine
+    engine: EngineRecord
     kv: StagedKV
 
 
-async def migrate_attempt(attempt: Attempt, target: Engine | None, config: MigrationConfig,
+async def migrate_attempt(attempt: Attempt, target: EngineRecord | None, config: MigrationConfig,
                           interrupt: Callable[[list[Attempt]], Awaitable[None]]) -> int:
     """Move `attempt` to `target` as in the module doc; `interrupt` aborts it on its engine
     and returns once it has ended. Returns the number of tokens whose KV waits staged on
@@ -97,7 +97,7 @@ async def migrate_attempt(attempt: Attempt, target: Engine | None, config: Migra
         attempt.handover.set()
 
 
-async def _stage_while_running(attempt: Attempt, source: Engine, target: Engine,
+async def _stage_while_running(attempt: Attempt, source: EngineRecord, target: EngineRecord,
                                config: MigrationConfig, digest: PrefixDigest) -> StagedKV:
     """Stages of the copy while the source decodes; returns the staging so far."""
     staged: StagedKV | None = None
@@ -112,7 +112,7 @@ async def _stage_while_running(attempt: Attempt, source: Engine, target: Engine,
     return staged
 
 
-async def _cut_over(attempt: Attempt, source: Engine, target: Engine, staged: StagedKV,
+async def _cut_over(attempt: Attempt, source: EngineRecord, target: EngineRecord, staged: StagedKV,
                     digest: PrefixDigest,
                     interrupt: Callable[[list[Attempt]], Awaitable[None]]) -> int:
     """Stop on the source with the last delta, stage it, and leave the staging to the resume."""
@@ -146,7 +146,7 @@ def _digest_known(attempt: Attempt, digest: PrefixDigest, end: int) -> None:
         digest.update(output[digest.num_tokens - len(prompt):max(end - len(prompt), 0)])
 
 
-def resume_stream(engine: Engine, request: GenerateRequest,
+def resume_stream(engine: EngineRecord, request: GenerateRequest,
                   staged: StagedResume | None) -> AsyncIterator[GenerateChunk]:
     """The engine's stream for an attempt: from the staged KV when a migration staged the
     history on this engine, else (or when the engine refuses the staging) a plain one."""
@@ -156,7 +156,7 @@ def resume_stream(engine: Engine, request: GenerateRequest,
     return _staged_stream(engine, request, staged)
 
 
-async def _staged_stream(engine: Engine, request: GenerateRequest,
+async def _staged_stream(engine: EngineRecord, request: GenerateRequest,
                          staged: StagedResume) -> AsyncIterator[GenerateChunk]:
     refused: EngineRejected | None = None
     pieces = engine.client.generate_staged_stream(request, staged.kv)
@@ -176,7 +176,7 @@ async def _staged_stream(engine: Engine, request: GenerateRequest,
         yield piece
 
 
-async def _release_quietly(engine: Engine, handle: str) -> None:
+async def _release_quietly(engine: EngineRecord, handle: str) -> None:
     with contextlib.suppress(EngineError, TimeoutError):
         async with asyncio.timeout(RELEASE_TIMEOUT_S):
             await engine.client.release_kv(handle)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from undertow.gateway.head_replay import message_of_events
 from undertow.gateway.render import Renderer, TemplateError
-from undertow.gateway.resume import message_of_events
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import Head, build_prompt
 from undertow.gateway.toolparsers import PARSERS, create_parser, resolve_parser

@@ -51,7 +51,7 @@ the engines' lifecycle (add, drain, remove) and composes one collaborator per co
 - `weight_updates.WeightUpdates`: pause, resume and weight updates;
 - `fleet.Fleet`: the engine records, their health checks and the pool's weights;
 - `background.BackgroundTasks`: the tasks the pool does not await, cancelled on close.
-Engines are driven through the `Engine` protocol of `engines/protocol.py`
+Engines are driven through the `EngineRecord` protocol of `engines/protocol.py`
 (`SGLangClient` by default; pass `driver_factory` for another driver, e.g. vLLM's).
 
 Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`, defined in
@@ -68,10 +68,9 @@ from typing import Any
 from undertow.gateway.admission import Admission
 from undertow.gateway.background import BackgroundTasks
 from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.protocol import Engine as EngineDriver
-from undertow.gateway.engines.protocol import TokenIdsJson
+from undertow.gateway.engines.protocol import EngineDriver, TokenIdsJson
 from undertow.gateway.errors import PoolBusy, PoolError, PoolUnavailable, UnknownEngine
-from undertow.gateway.fleet import Engine, Fleet
+from undertow.gateway.fleet import EngineRecord, Fleet
 from undertow.gateway.inflight import (
     GenerationChunk,
     InFlight,
@@ -152,10 +151,10 @@ class EnginePool:
         await self.fleet.close()
 
     @property
-    def engines(self) -> list[Engine]:
+    def engines(self) -> list[EngineRecord]:
         return self.fleet.engines
 
-    def engine(self, engine_id: str) -> Engine:
+    def engine(self, engine_id: str) -> EngineRecord:
         engine = self.fleet.get(engine_id)
         if engine is None:
             raise UnknownEngine(f"no engine {engine_id!r} in the pool (have "
@@ -182,7 +181,7 @@ class EnginePool:
 
     # -- engine lifecycle ---------------------------------------------------------------
 
-    async def add_engine(self, url: str, *, require_healthy: bool = True) -> Engine:
+    async def add_engine(self, url: str, *, require_healthy: bool = True) -> EngineRecord:
         """Adds an engine (or returns one with the same URL, back to service if it was
         draining). An engine that fails its health check is refused."""
         engine = self.fleet.by_url(url)
@@ -196,7 +195,7 @@ class EnginePool:
                                   f"pool's weights {self.fleet.weights}; start it first")
         return engine
 
-    async def drain_engine(self, engine_id: str, *, migrate: bool = False) -> Engine:
+    async def drain_engine(self, engine_id: str, *, migrate: bool = False) -> EngineRecord:
         """No new generations go to the engine and its sessions are re-pinned elsewhere
         on their next call; its in-flight generations finish there, or with `migrate`
         are aborted and resumed on other engines (with their KV copied there first when

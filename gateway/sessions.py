@@ -5,7 +5,7 @@ group, its token-truth heads (`tokentruth.Head`, newest last, at most
 `num_heads` kept) and its recent replies by request fingerprint (so that an SDK's
 retry of a reply it never received is answered again, not recorded twice).
 
-Heads are rebuilt from the store on restart (`resume.py`), so token truth survives
+Heads are rebuilt from the store on restart (`head_replay.py`), so token truth survives
 it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
 retry waits for its original) live in memory only, as does `known_messages` (by API:
 the last request's messages as sent and as parsed, so that an API parses only what a

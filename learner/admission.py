@@ -1,6 +1,6 @@
 """Which finished groups a step trains: the admission rules of both training loops.
 
-The plain loop (`train.py`) and the pool's loop (`pool/live.py`) take finished groups
+The plain loop (`train.py`) and the pool's loop (`elastic/loop.py`) take finished groups
 from their rollout source and pass each through one `Admission`. Only real outcomes
 train (`advantages.valid_sessions`): a group left with fewer than two valid sessions
 (one when `group_size` is 1) is dropped, with its reason printed; with

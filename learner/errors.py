@@ -11,8 +11,8 @@ it); those defined here are the training path's (packing, losses, advantages, mo
     ├── DeviceError          a configured device that cannot be used here (`sharding.py`)
     ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
     ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
-    ├── MembershipError      an elastic step's member failed or timed out (`elastic.py`)
-    ├── PoolError            the cell pool (`pool/errors.py`: IllegalTransition,
+    ├── MembershipError      an elastic step's member failed or timed out (`elastic/step.py`)
+    ├── CellPoolError        the cell pool (`pool/errors.py`: IllegalTransition,
     │                        PolicyConfigError)
     └── SimulationError      (also a RuntimeError) a simulated run stalled (`sim/simulator.py`)
 """

@@ -27,7 +27,7 @@ class GatewayLinkError(LearnerError):
     """The gateway's admin API refused or failed a request."""
 
 
-class GatewayAdmin:
+class GatewayLink:
     """Admin calls to one gateway at `url` with the admin `token`."""
 
     def __init__(self, url: str, token: str, timeout_s: float = 600.0,

@@ -1,7 +1,7 @@
 """Where the learner's parameters live: the device, the precision, and FSDP2 shards in a cell.
 
 A training **cell** is a group of devices (GPUs, or CPU processes in tests) that trains
-as one member of an elastic step (`elastic.py`). Inside a cell the model is sharded
+as one member of an elastic step (`elastic/step.py`). Inside a cell the model is sharded
 with PyTorch's FSDP2 (`fully_shard`) over a `DeviceMesh` of the cell's processes: each
 decoder layer is one FSDP unit, and the decoder with the embedding and the final norm is
 the root unit. A head tied to the embedding (Qwen3 up to 4B) reads the root's gathered

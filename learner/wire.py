@@ -1,7 +1,7 @@
 """Packed steps and weights as bytes, for exchange between learner processes without pickle.
 
 The learner's processes hand each other two things: the start weights of a step and the
-packed micro-batches to train (`elastic.py` through its store, `sharding.py` by
+packed micro-batches to train (`elastic/step.py` through its store, `sharding.py` by
 broadcast within a cell). Unpickling bytes that another process wrote runs whatever
 code they name, so neither travels as a pickle: tensors are a safetensors blob (a JSON
 header with dtypes, shapes and offsets, then raw bytes), and the few non-tensor fields

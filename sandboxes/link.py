@@ -4,14 +4,14 @@ nothing else.
 Design. The container keeps Docker's `none` network: it has a loopback interface
 and no route anywhere, so no address (host, bridge, LAN, internet) is reachable
 by construction, not by a firewall rule that could be got wrong. One Unix socket
-is bind-mounted into it. On the host, a `GatewayLink` accepts connections on that
+is bind-mounted into it. On the host, a `GatewayRelay` accepts connections on that
 socket and forwards each to the gateway's TCP address. Inside, a relay started as
 root (so the agent's user cannot kill or replace it) listens on
 127.0.0.1:`relay_port` and forwards to the socket. The scaffold gets
 `base_url = http://127.0.0.1:<relay_port>` (`Sandbox.gateway_url`), and its only
 peer is the gateway.
 
-    scaffold --TCP--> relay (in container) --Unix socket--> GatewayLink (host) --TCP--> gateway
+    scaffold --TCP--> relay (in container) --Unix socket--> GatewayRelay (host) --TCP--> gateway
 """
 
 import asyncio
@@ -68,7 +68,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
 
 
-class GatewayLink:
+class GatewayRelay:
     """A host-side Unix socket that forwards every connection to the gateway's host and port."""
 
     def __init__(self, gateway_host: str, gateway_port: int):
@@ -77,7 +77,7 @@ class GatewayLink:
         self.socket_dir = Path(self._folder.name)
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self) -> "GatewayLink":
+    async def start(self) -> "GatewayRelay":
         path = self.socket_dir / SOCKET_NAME
         self._server = await asyncio.start_unix_server(self._forward, path=str(path))
         # The container's user (uid 1000) must be able to reach the socket.
@@ -106,14 +106,14 @@ class GatewayLink:
                 await asyncio.wait_for(self._server.wait_closed(), 5)
         self._folder.cleanup()
 
-    async def __aenter__(self) -> "GatewayLink":
+    async def __aenter__(self) -> "GatewayRelay":
         return await self.start()
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
 
-async def start_linked_sandbox(connection: Connection, image: str, link: GatewayLink, *,
+async def start_linked_sandbox(connection: Connection, image: str, link: GatewayRelay, *,
                                run: str, session: str, relay_port: int = 18080,
                                config: SandboxConfig | None = None, **options) -> Sandbox:
     """Starts a sandbox whose only network peer is the gateway, at `sandbox.gateway_url`."""

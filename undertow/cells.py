@@ -1,6 +1,6 @@
 """The rollout side of this machine's cells: one built-in engine process per rollout cell.
 
-`GatewayEngineSlots` is the `EngineSlots` of `learner/pool/local.py` for `undertow train`
+`GatewayEngineSlots` is the `EngineSlots` of `learner/elastic/local.py` for `undertow train`
 with a `pool` section, and the run's `WeightSink`:
 
 - `start_all()`: every cell starts its engine (the built-in one, `--num-threads

@@ -4,13 +4,13 @@
 and the rest of the run (the policy, `LocalPool`, `PoolLoop`, the elastic step) is the
 same code on both:
 
-- `members(address, ...)`, the training side (`local.MemberSlots`): `ProcessMembers`
-  here, `ray_backend.RayMembers` on Ray (each training cell a placement group, each
+- `members(address, ...)`, the training side (`elastic.local.MemberSlots`): `ProcessMembers`
+  here, `elastic.ray_members.RayMembers` on Ray (each training cell a placement group, each
   member a Ray actor, gloo on CPUs). Members reach the coordinator's store at this
   node's advertised host (`advertise_host`) with the store's port.
 - `engine_slots(...)`, the rollout side (`cells.GatewayEngineSlots`): on Ray,
   `RayEngineSlots`, whose engines are started by an `EngineHost` actor on the cell's
-  node (pinned there by the cell's resource, `ray_backend.pinned_resources`), bound to
+  node (pinned there by the cell's resource, `elastic.ray_members.pinned_resources`), bound to
   loopback on a one-address cluster and to every interface otherwise, and added at the
   gateway under the node's IP.
 - the gateway's bind address (`gateway_host`) and the URL handed to rollouts
@@ -38,8 +38,8 @@ from typing import Any
 
 from undertow.cells import GatewayEngineSlots
 from undertow.gateway.engines.launch import BuiltinLauncher, RunningEngine
-from undertow.learner.pool.config import PoolConfig
-from undertow.learner.pool.ray_backend import RayMembers
+from undertow.learner.elastic.ray_members import RayMembers
+from undertow.learner.pool.config import CellPoolConfig
 
 PLACEMENTS_FILE = "ray_placements.jsonl"
 ANY_ADDRESS = ("0.0.0.0", "::")
@@ -47,15 +47,15 @@ PROBE_TIMEOUT_S = 10.0
 
 
 class LocalBackend:
-    """The cells as processes of this machine (`local.ProcessMembers`, local engines)."""
+    """The cells as processes of this machine (`elastic.local.ProcessMembers`, local engines)."""
 
-    def __init__(self, pool: PoolConfig):
+    def __init__(self, pool: CellPoolConfig):
         self.pool = pool
         self.gateway_host = pool.gateway_host
         self.advertise_host = pool.advertise_host or _loopback_or(pool.gateway_host)
 
     def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
-        from undertow.learner.pool.local import ProcessMembers
+        from undertow.learner.elastic.local import ProcessMembers
 
         return ProcessMembers(address, model_dir,
                               processes_per_cell=self.pool.processes_per_cell, **options)
@@ -73,7 +73,7 @@ class LocalBackend:
 class RayBackend(LocalBackend):
     """The cells on the connected Ray cluster (see the module docstring)."""
 
-    def __init__(self, pool: PoolConfig, run_dir: Path):
+    def __init__(self, pool: CellPoolConfig, run_dir: Path):
         import ray
 
         super().__init__(pool)
@@ -83,7 +83,7 @@ class RayBackend(LocalBackend):
         self.gateway_url = ""
 
     def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
-        from undertow.learner.pool.ray_backend import RayCell, pinned_resources
+        from undertow.learner.elastic.ray_members import RayCell, pinned_resources
 
         cells = {cell_id: RayCell(num_cpus_per_member=self.pool.threads_per_cell,
                                   resources_per_member=pinned_resources(cell_id))
@@ -105,13 +105,13 @@ class RayBackend(LocalBackend):
 
 
 @contextlib.contextmanager
-def pool_backend(pool: PoolConfig, run_dir: Path) -> Iterator[LocalBackend]:
+def pool_backend(pool: CellPoolConfig, run_dir: Path) -> Iterator[LocalBackend]:
     """The backend `pool.backend` names, ready for the block (on Ray: connected, or a
     one-machine Ray started, and disconnected or stopped at the end)."""
     if pool.backend == "local":
         yield LocalBackend(pool)
         return
-    from undertow.learner.pool.ray_backend import connect
+    from undertow.learner.elastic.ray_members import connect
 
     # A one-machine Ray's files: under /tmp, as its socket paths must stay short (about
     # 100 bytes); a cluster keeps its own.
@@ -266,7 +266,7 @@ class RayEngineSlots(GatewayEngineSlots):
                             process=None, log_path=log_path, host=host)
 
     async def _host(self, cell_id: int) -> Any:
-        from undertow.learner.pool.ray_backend import pinned_resources
+        from undertow.learner.elastic.ray_members import pinned_resources
 
         if cell_id not in self.hosts:
             host = self.host_class.options(resources=pinned_resources(cell_id)).remote()

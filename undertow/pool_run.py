@@ -7,18 +7,18 @@ Started by `train_run.train` when the run config has a `pool` section
 - `cells.GatewayEngineSlots`: one built-in engine process per rollout cell, added at the
   gateway, drained with migration and stopped when its cell moves to training, started on
   the newest weights when it comes back;
-- `elastic.Coordinator` in the learner's process and one learner member process per
-  training cell (`local.ProcessMembers`, gloo on CPUs; Ray actors on their cells' nodes
+- `elastic.step.Coordinator` in the learner's process and one learner member process per
+  training cell (`elastic.local.ProcessMembers`, gloo on CPUs; Ray actors on their cells' nodes
   with `pool.backend: ray`, `pool_backends.py`), so the step's gradient is computed by
   whichever cells are training;
-- `local.LocalPool` carrying out the policy's decisions, and `live.PoolLoop` driving it:
-  rollout groups are launched when the policy dispatches a batch, and a step streams
+- `elastic.local.LocalPool` carrying out the policy's decisions, and `elastic.loop.PoolLoop`
+  driving it: rollout groups are launched when the policy dispatches a batch, and a step streams
   its groups to the training cells as they finish.
 
 Resume (`undertow train --resume`): the learner is restored from the latest checkpoint
 (weights, optimizer, the groups of unpublished steps that had finished), every cell's
 engine starts on the checkpoint's weights as their version, and the loop rebuilds the
-unpublished steps (`live.PoolLoop`), launching again the groups that were running; a
+unpublished steps (`elastic.loop.PoolLoop`), launching again the groups that were running; a
 group that had finished before the crash (all its sessions closed in the gateway's
 store, which the new gateway replays) is read back from the store instead of run again
 (`rollout_source.ThreadedGroupSource`).
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from undertow.learner.pool.config import PoolConfig
+from undertow.learner.pool.config import CellPoolConfig
 from undertow.rollout_source import (
     RolloutContext,
     ThreadedGroupSource,
@@ -85,7 +85,7 @@ def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
         yield gateway
 
 
-def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
+def train_with_pool(pool: CellPoolConfig, sections: dict[str, Any], model_dir: Path,
                     resolved: dict[str, Any], stop, resume: bool = False) -> str:
     """Runs (or, with `resume`, continues from the latest checkpoint) the training run
     of `sections` (run, rollout, learner, loss, advantages: built dataclasses) on
@@ -97,12 +97,12 @@ def train_with_pool(pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
         return _train_on(backend, pool, sections, model_dir, resolved, stop, resume)
 
 
-def _train_on(backend, pool: PoolConfig, sections: dict[str, Any], model_dir: Path,
+def _train_on(backend, pool: CellPoolConfig, sections: dict[str, Any], model_dir: Path,
               resolved: dict[str, Any], stop, resume: bool) -> str:
     from undertow.learner.checkpoint import latest_checkpoint
-    from undertow.learner.elastic import Coordinator
+    from undertow.learner.elastic.loop import ElasticLearner
+    from undertow.learner.elastic.step import Coordinator
     from undertow.learner.pool import Cell, make_policy
-    from undertow.learner.pool.live import ElasticLearner
 
     run, config, loss = sections["run"], sections["learner"], sections["loss"]
     if config.dtype != "float32":
@@ -147,18 +147,18 @@ def track(learner, resolved: dict[str, Any], model_dir: Path):
     return track_learner(learner, tracking, resolved, model_dir)
 
 
-def _run_cells(pool: PoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
+def _run_cells(pool: CellPoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
                learner, members, cells, policy, stop, backend) -> str:
-    from undertow.learner.gateway_link import GatewayAdmin
-    from undertow.learner.pool.live import PoolLoop
-    from undertow.learner.pool.local import LocalPool
+    from undertow.learner.elastic.local import LocalPool
+    from undertow.learner.elastic.loop import PoolLoop
+    from undertow.learner.gateway_link import GatewayLink
 
     run, config = sections["run"], sections["learner"]
     model_dir, weight_version = weights
     with background_loop() as loop, \
             engineless_gateway(loop, model_dir, run.run_dir / "store",
                                backend.gateway_host) as gateway:
-        admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+        admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
         gateway_url = backend.advertised_url(gateway.url)
         slots = backend.engine_slots(loop, admin, model_dir, run.run_dir / "engines",
                                      pool.threads_per_cell, config.push_mode)

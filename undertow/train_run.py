@@ -107,7 +107,7 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     from undertow.learner.advantages import AdvantageConfig
     from undertow.learner.checkpoint import latest_checkpoint
     from undertow.learner.config import TrainConfig
-    from undertow.learner.gateway_link import GatewayAdmin
+    from undertow.learner.gateway_link import GatewayLink
     from undertow.learner.losses import LossConfig
     from undertow.learner.trackers import TrackerConfig, track_learner
     from undertow.learner.train import Learner
@@ -138,7 +138,7 @@ def train(tree: dict[str, Any], resume: bool, stop: threading.Event) -> str:
     with background_loop() as loop, \
             held_on(loop, embedded_gateway(model_dir, run.run_dir / "store",
                                            run.engine_urls)) as gateway:
-        admin = GatewayAdmin(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+        admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
         if learner.state.step > 0:
             admin.push(latest_checkpoint(run.run_dir) / "model", learner.state.step)
         print(f"undertow train: gateway {gateway.url}, engines {list(gateway.engine_urls)}, "
@@ -179,9 +179,9 @@ def _train_with_pool(section: dict[str, Any] | None, resume: bool, stop: threadi
                      model_dir: Path, resolved: dict[str, Any], sections: dict[str, Any]) -> str:
     """The run (or its resume) on a cell pool (`pool_run.py`); without a `pool` section
     `train` runs as before."""
-    from undertow.learner.pool.config import PoolConfig
+    from undertow.learner.pool.config import CellPoolConfig
     from undertow.pool_run import train_with_pool
 
-    pool = build_section(PoolConfig, section, "pool")
+    pool = build_section(CellPoolConfig, section, "pool")
     return train_with_pool(pool, sections, model_dir, {**resolved, "pool": asdict(pool)}, stop,
                            resume)

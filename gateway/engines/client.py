@@ -50,7 +50,7 @@ Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumula
 
 Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `import_kv`,
 `stage_kv`, `release_kv`, `generate_staged_stream`, `KVPayload`, `StagedKV`, `PrefixDigest`;
-`supports_kv_transfer()`, declared on the `Engine` protocol, asks the engine), is optional:
+`supports_kv_transfer()`, declared on the `EngineDriver` protocol, asks the engine), is optional:
 a real SGLang server reports it unsupported, and the vLLM driver answers False and has none
 of the other methods.
 
@@ -135,7 +135,7 @@ class PrefixDigest:
 
 
 class SGLangClient(HttpEngine):
-    """The `Engine` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
+    """The `EngineDriver` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
     engine)."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
@@ -173,7 +173,7 @@ class SGLangClient(HttpEngine):
 
     async def update_weights_from_disk(self, model_path: str,
                                        weight_version: str | None = None) -> None:
-        """See `Engine.update_weights_from_disk` and the module docstring, item 8."""
+        """See `EngineDriver.update_weights_from_disk` and the module docstring, item 8."""
         body = {"model_path": str(model_path)}
         if weight_version is not None:
             body["weight_version"] = weight_version

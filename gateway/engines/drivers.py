@@ -10,13 +10,13 @@ each engine stays visible in `/admin/engines`; the same URLs work for
 from __future__ import annotations
 
 from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.protocol import Engine
+from undertow.gateway.engines.protocol import EngineDriver
 from undertow.gateway.engines.vllm import VLLMClient
 
 DRIVERS = {"sglang": SGLangClient, "vllm": VLLMClient}
 
 
-def driver_for_url(url: str) -> Engine:
+def driver_for_url(url: str) -> EngineDriver:
     """The driver for `url` (see the module docstring); an unknown `kind+` prefix is a
     `ValueError` naming the kinds there are."""
     scheme, separator, rest = url.partition("://")

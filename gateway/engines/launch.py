@@ -56,7 +56,7 @@ from typing import Protocol
 import aiohttp
 
 from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.protocol import Engine, EngineLaunchError
+from undertow.gateway.engines.protocol import EngineDriver, EngineLaunchError
 from undertow.gateway.engines.vllm import VLLMClient
 
 __all__ = [
@@ -101,9 +101,9 @@ class Launcher(Protocol):
 
     def environment(self) -> dict[str, str]: ...
 
-    def driver(self, url: str) -> Engine: ...
+    def driver(self, url: str) -> EngineDriver: ...
 
-    async def after_ready(self, driver: Engine) -> None: ...
+    async def after_ready(self, driver: EngineDriver) -> None: ...
 
 
 def _clean_environment(extra: Mapping[str, str]) -> dict[str, str]:
@@ -137,10 +137,10 @@ class BuiltinLauncher:
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
-    def driver(self, url: str) -> Engine:
+    def driver(self, url: str) -> EngineDriver:
         return SGLangClient(url)
 
-    async def after_ready(self, driver: Engine) -> None:
+    async def after_ready(self, driver: EngineDriver) -> None:
         return None
 
 
@@ -219,10 +219,10 @@ def node_launchers(num_gpus: int, tp_size: int = 1, *, num_engines: int | None =
     return [SGLangLauncher(tp_size=tp_size, gpu_ids=tuple(range(i * tp_size, (i + 1) * tp_size)),
                            **options) for i in range(num_engines)]
 
-    def driver(self, url: str) -> Engine:
+    def driver(self, url: str) -> EngineDriver:
         return SGLangClient(url)
 
-    async def after_ready(self, driver: Engine) -> None:
+    async def after_ready(self, driver: EngineDriver) -> None:
         return None
 
 
@@ -276,10 +276,10 @@ class VLLMLauncher:
                     "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         return _clean_environment({**defaults, **self.extra_env})
 
-    def driver(self, url: str) -> Engine:
+    def driver(self, url: str) -> EngineDriver:
         return VLLMClient(url)
 
-    async def after_ready(self, driver: Engine) -> None:
+    async def after_ready(self, driver: EngineDriver) -> None:
         # vLLM takes no weight version on its command line; its default is "default".
         await driver.set_weight_version(self.weight_version)
 
@@ -296,7 +296,7 @@ class RunningEngine:
     process: subprocess.Popen
     log_path: Path
 
-    def driver(self) -> Engine:
+    def driver(self) -> EngineDriver:
         """A new driver (client) for this engine; close it when done."""
         return self.launcher.driver(self.url)
 

@@ -1,6 +1,6 @@
 """The engine protocol: what the gateway needs from any inference engine.
 
-The gateway drives every engine through `Engine`, a small `typing.Protocol` whose methods
+The gateway drives every engine through `EngineDriver`, a small `typing.Protocol` whose methods
 mirror SGLang's native HTTP API (see docs/design.md, "The seams"). Two drivers implement it:
 `client.SGLangClient` (a real SGLang server, or Undertow's built-in engine, which speaks the
 same API) and `vllm.VLLMClient` (a real vLLM server, adapted). The records here are plain,
@@ -31,7 +31,7 @@ from undertow.gateway.errors import GatewayError
 
 __all__ = [
     "CAPABILITIES",
-    "Engine",
+    "EngineDriver",
     "EngineError",
     "EngineLaunchError",
     "EngineRejected",
@@ -50,7 +50,7 @@ __all__ = [
 
 PauseMode = Literal["abort", "in_place", "retract"]
 
-# Optional features an engine may lack; `Engine.capabilities` names those it has.
+# Optional features an engine may lack; `EngineDriver.capabilities` names those it has.
 CAPABILITIES = frozenset({
     "text_input",          # GenerateRequest.text instead of input_ids
     "cached_tokens",       # results report how many prompt tokens came from the prefix cache
@@ -203,7 +203,7 @@ class GenerateRequest:
     sample its continuation.
 
     Invariants: exactly one of `input_ids` and `text` is set; `rid` is unique among the
-    requests in flight on one engine (it is what `Engine.abort` names), and no other rid
+    requests in flight on one engine (it is what `EngineDriver.abort` names), and no other rid
     sent to that engine starts with it: SGLang 0.5.23 aborts every request whose rid starts
     with the one named (`srt/managers/scheduler.py`, `abort_request`). The default, a UUID's
     32 hex digits, and the gateway's `call-` plus 16 hex digits are fixed-width, so
@@ -352,7 +352,7 @@ class ModelInfo:
 
 
 @runtime_checkable
-class Engine(Protocol):
+class EngineDriver(Protocol):
     """One inference engine, reached over HTTP at `url`.
 
     `generate` and `generate_stream` raise `EngineRejected` for a request the engine refuses

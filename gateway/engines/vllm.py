@@ -114,7 +114,7 @@ def _weight_version(choice: dict) -> str | None:
 
 
 class VLLMClient(HttpEngine):
-    """The `Engine` protocol over a vLLM 0.32 server (started as `launch.py` starts it)."""
+    """The `EngineDriver` protocol over a vLLM 0.32 server (started as `launch.py` starts it)."""
 
     async def _body(self, request: GenerateRequest, *, stream: bool) -> dict:
         input_ids = request.input_ids

@@ -16,7 +16,7 @@ BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True)
-class PoolConfig:
+class CellPoolConfig:
     """One cell pool on this machine.
 
     `num_session_slots` is a cell's C_e in the waterlevel rule: how many sessions its
@@ -31,7 +31,7 @@ class PoolConfig:
     a model load; off, the member ends when its cell leaves training.
     `processes_per_cell` > 1 makes a training cell's learner member that many processes
     sharding one copy of the model (FSDP2 over gloo, one mesh per cell, each process
-    with `threads_per_cell` threads; `learner/cell.py`); 1 is one process holding a
+    with `threads_per_cell` threads; `learner/elastic/sharded_cell.py`); 1 is one process holding a
     whole replica. A sharded cell scores no KL reference: loss.kl_coef must be 0.
 
     `backend` says where the cells run: `local`, this machine's processes; `ray`, a Ray

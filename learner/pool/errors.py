@@ -1,7 +1,7 @@
 """Errors of the cell pool, under the learner's root (`learner/errors.py`).
 
     LearnerError
-    └── PoolError              base of everything the pool raises
+    └── CellPoolError          base of everything the pool raises
         ├── IllegalTransition  a cell was asked to change role along an edge the table lacks
         └── PolicyConfigError  (also a ValueError) an unknown policy name or a bad parameter
 """
@@ -9,13 +9,13 @@
 from undertow.learner.errors import LearnerError
 
 
-class PoolError(LearnerError):
+class CellPoolError(LearnerError):
     """Base of the pool's errors."""
 
 
-class IllegalTransition(PoolError):
+class IllegalTransition(CellPoolError):
     """A role change that `cell.TRANSITIONS` does not allow."""
 
 
-class PolicyConfigError(PoolError, ValueError):
+class PolicyConfigError(CellPoolError, ValueError):
     """A policy spec that names no known policy or carries a bad parameter."""

@@ -1,6 +1,6 @@
 """The rollout side of the simulator: sessions and the engines that serve them.
 
-An `Engine` is processor sharing in "virtual tokens": `position` counts the decode steps every
+An `SimEngine` is processor sharing in "virtual tokens": `position` counts the decode steps every
 generating sequence has taken since the engine started, and advances at `1 / decode_step_s(b, c)`
 per second. A generating session finishes its turn when `position` reaches its `finish_position`,
 so a change of batch only changes the rate, never the sessions' bookkeeping.
@@ -54,7 +54,7 @@ class SessionRun:
         return None if self.turn_index == len(self.plan.turns) else turn.tool_latency_s
 
 
-class Engine:
+class SimEngine:
     """One rollout cell's engine (see the module docstring). `version` invalidates old events."""
 
     def __init__(self, cell_id: int, model: EngineModel, now_s: float):

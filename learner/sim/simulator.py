@@ -33,7 +33,7 @@ from undertow.learner.pool import (
 )
 from undertow.learner.pool.cell import change_role
 from undertow.learner.sim.results import RoleSpan, SimResult, StepRecord, summarise
-from undertow.learner.sim.rollout import Engine, SessionRun
+from undertow.learner.sim.rollout import SessionRun, SimEngine
 from undertow.learner.sim.training import Learner, Phase
 from undertow.learner.sim.workload import Workload
 
@@ -83,7 +83,7 @@ class Simulator:
         self.num_cells, self.num_steps = num_cells, num_steps
         slots = workload.engine.num_session_slots
         self.cells = {i: Cell(i, Role.ROLLOUT, num_session_slots=slots) for i in range(num_cells)}
-        self.engines = {i: Engine(i, workload.engine, 0.0) for i in range(num_cells)}
+        self.engines = {i: SimEngine(i, workload.engine, 0.0) for i in range(num_cells)}
         self.sessions: dict[int, SessionRun] = {}
         self.waiting: collections.deque[int] = collections.deque()
         self.batches: dict[int, BatchRun] = {}
@@ -131,7 +131,7 @@ class Simulator:
             return self.learner.version == version
         return True
 
-    def _schedule_engine(self, engine: Engine) -> None:
+    def _schedule_engine(self, engine: SimEngine) -> None:
         finish_s = engine.next_finish_s()
         if math.isfinite(finish_s):
             self._push(max(finish_s, self.now_s), "gen", engine.cell_id, engine.version)
@@ -176,7 +176,7 @@ class Simulator:
             self.learner.set_cells(self.learner.num_cells + 1, self.now_s)
             self._schedule_learner()
         else:
-            self.engines[cell_id] = Engine(cell_id, self.workload.engine, self.now_s)
+            self.engines[cell_id] = SimEngine(cell_id, self.workload.engine, self.now_s)
             self._fill_slots()
 
     def _on_learner(self, _key: int) -> None:
@@ -201,7 +201,7 @@ class Simulator:
         session.generating, session.pending_steps = True, None
         self._schedule_engine(engine)
 
-    def _start_session(self, session: SessionRun, engine: Engine) -> None:
+    def _start_session(self, session: SessionRun, engine: SimEngine) -> None:
         session.engine_id = engine.cell_id
         engine.session_ids.add(session.plan.session_id)
         if session.started_s is None:

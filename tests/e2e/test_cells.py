@@ -13,7 +13,7 @@ import pytest
 from tests.engines.builtin_client import prompt
 from tests.gateway.capture import calls_of, captured
 from undertow.cells import GatewayEngineSlots
-from undertow.learner.gateway_link import GatewayAdmin
+from undertow.learner.gateway_link import GatewayLink
 from undertow.pool_run import engineless_gateway
 from undertow.rollout_source import background_loop
 
@@ -26,7 +26,7 @@ NUM_TOKENS = 200
 def cells(tiny_model_dir, tmp_path):
     with background_loop() as loop, \
             engineless_gateway(loop, tiny_model_dir, tmp_path / "store") as gateway:
-        admin = GatewayAdmin(gateway.url, gateway.admin_token)
+        admin = GatewayLink(gateway.url, gateway.admin_token)
         slots = GatewayEngineSlots(loop, admin, tiny_model_dir, tmp_path / "engines")
         try:
             slots.start_all([0, 1])

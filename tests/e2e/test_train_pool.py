@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from undertow.learner.checkpoint import latest_checkpoint
+from undertow.learner.elastic.loop import read_timeline
 from undertow.learner.metrics_log import read_metrics
-from undertow.learner.pool.live import read_timeline
 from undertow.learner.trees import load_store_trees
 
 pytestmark = pytest.mark.slow

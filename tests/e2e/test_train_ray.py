@@ -86,7 +86,7 @@ def ray_cluster(monkeypatch):
     """Three Ray nodes on 127.0.0.1, node c declaring `cell_resource(c)`, held by their own
     process (`ray_cluster.py`). Yields the cluster and the process watch; at teardown the
     cluster is shut down and no process it started may be left."""
-    from undertow.learner.pool.ray_backend import cell_resource
+    from undertow.learner.elastic.ray_members import cell_resource
 
     temp_dir = tempfile.mkdtemp(prefix="ut-ray-")   # short: Ray's socket paths are bounded
     (Path(temp_dir) / "ray").mkdir()    # where Cluster writes the cluster's address

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import (
-    Engine,
+    EngineDriver,
     EngineRejected,
     GenerateRequest,
     SamplingParams,
@@ -85,7 +85,7 @@ def prompt_ids(tokenizer) -> tuple[int, ...]:
     return tuple(tokenizer.encode(PROMPT_TEXT).ids)
 
 
-def require(engine: Engine, capability: str) -> None:
+def require(engine: EngineDriver, capability: str) -> None:
     if capability not in engine.capabilities:
         pytest.skip(f"{type(engine).__name__} has no {capability!r} (an SGLang-only feature)")
 

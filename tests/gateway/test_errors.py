@@ -1,7 +1,7 @@
 """The gateway's one exception tree (`gateway/errors.py`) at its seams: pool and engine
 errors become the API errors a scaffold gets in one place (`calls.api_error_of`, by
 `isinstance`), every error carries the status the gateway would answer with, and KV
-transfer is a capability every engine driver declares (`Engine.supports_kv_transfer`)."""
+transfer is a capability every engine driver declares (`EngineDriver.supports_kv_transfer`)."""
 
 import asyncio
 import socket

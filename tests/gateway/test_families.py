@@ -30,8 +30,8 @@ from undertow.adapters.rollout import Rollout, RolloutConfig
 from undertow.embedded import serve_gateway
 from undertow.gateway.app import STORE_KEY
 from undertow.gateway.engines.scripted import ScriptedEngine
+from undertow.gateway.head_replay import message_of_events
 from undertow.gateway.render import Renderer
-from undertow.gateway.resume import message_of_events
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import Head, build_prompt
 from undertow.gateway.toolparsers import PARSERS, create_parser, parser_of_template

@@ -20,7 +20,7 @@ from tests.gateway.capture import calls_of, captured
 from undertow.gateway.app import POOL_KEY
 from undertow.gateway.engines.client import PrefixDigest, SGLangClient, StagedKV
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
-from undertow.gateway.fleet import Engine
+from undertow.gateway.fleet import EngineRecord
 from undertow.gateway.migration import MigrationConfig, StagedResume, resume_stream
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
@@ -116,7 +116,7 @@ async def test_resume_refused_for_another_prefix_falls_back_to_the_whole_ids(eng
             await source.export_kv(input_ids=staged_ids[:-1], span_ids=True))
         digest = PrefixDigest()
         digest.update(resumed_ids[:-1])
-        engine = Engine("e1", target_url, target)
+        engine = EngineRecord("e1", target_url, target)
         request = GenerateRequest(input_ids=resumed_ids, return_logprob=True,
                                   sampling_params=SamplingParams(max_new_tokens=20,
                                                                  temperature=0.0))

@@ -18,11 +18,11 @@ from undertow.config import build_section, read_config
 from undertow.gateway.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import LONG_PATHS, TrainConfig
-from undertow.learner.elastic import Coordinator, Member
+from undertow.learner.elastic.loop import ElasticLearner
+from undertow.learner.elastic.step import Coordinator, Member
 from undertow.learner.errors import MicroBatchTooLongError
 from undertow.learner.losses import LossConfig
 from undertow.learner.packing import LONG_PATHS as PACKING_LONG_PATHS
-from undertow.learner.pool.live import ElasticLearner
 from undertow.learner.train import Learner
 
 MAX_TOKENS = 64

@@ -5,7 +5,7 @@ import json
 import pytest
 from aiohttp import web
 
-from undertow.sandboxes.link import GatewayLink, start_linked_sandbox
+from undertow.sandboxes.link import GatewayRelay, start_linked_sandbox
 from undertow.sandboxes.sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.docker
@@ -45,7 +45,7 @@ async def test_only_the_gateway_is_reachable(docker_connection, docker_run, fixt
     gateway, gateway_port = await _serve("gateway", "127.0.0.1")
     other, other_port = await _serve("other", "0.0.0.0")
     try:
-        async with GatewayLink("127.0.0.1", gateway_port) as link:
+        async with GatewayRelay("127.0.0.1", gateway_port) as link:
             box = await start_linked_sandbox(docker_connection, fixture_image, link,
                                              run=docker_run, session="linked")
             async with box:

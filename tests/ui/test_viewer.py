@@ -263,7 +263,7 @@ def test_live_sessions_stream_without_the_token_reaching_the_browser(
 def test_pool_run_draws_each_cells_roles_over_time(tiny_model_dir, browser, tmp_path):
     """A real pool run (3 cells, the elastic policy, as tests/e2e/test_train_pool.py): its
     run page draws each cell's role between the recorded decisions."""
-    from undertow.learner.pool.live import read_timeline
+    from undertow.learner.elastic.loop import read_timeline
 
     runs, log = tmp_path / "runs", tmp_path / "train.log"
     command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(runs / "pool"),

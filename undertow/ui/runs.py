@@ -36,7 +36,7 @@ from undertow.learner.trees import load_store_tree
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
 RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
-# Written by a pool run (`learner/pool/live.py`): every decision and step with the cells' roles.
+# Written by a pool run (`learner/elastic/loop.py`): every decision and step with the cells' roles.
 POOL_TIMELINE_FILE = "pool_timeline.jsonl"
 
 

@@ -91,7 +91,7 @@ class EngineConfig:
             raise ValueError(f"num_threads={self.num_threads} must be >= 1")
 
 
-class Engine:
+class BuiltinEngine:
     """Tokenizer, model, scheduler, and the bridge from the worker thread to the event loop."""
 
     def __init__(self, config: EngineConfig):
@@ -221,7 +221,7 @@ async def _errors(request: web.Request, handler):
         return error_response(f"the body is not valid JSON: {error}")
 
 
-def build_app(engine: Engine) -> web.Application:
+def build_app(engine: BuiltinEngine) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=256 * 2**20)
     app["engine"] = engine
     native_api.add_routes(app, engine)
@@ -240,7 +240,7 @@ def build_app(engine: Engine) -> web.Application:
 
 
 async def _serve(config: EngineConfig) -> None:
-    engine = Engine(config)
+    engine = BuiltinEngine(config)
     runner = web.AppRunner(build_app(engine), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)

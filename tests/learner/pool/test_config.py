@@ -3,12 +3,12 @@ with the local backend, each error naming the field and what to set."""
 
 import pytest
 
-from undertow.learner.pool.config import PoolConfig
+from undertow.learner.pool.config import CellPoolConfig
 
 
 def test_the_backend_defaults_to_local_and_takes_ray():
-    assert PoolConfig().backend == "local"
-    config = PoolConfig(backend="ray", ray_address="auto", gateway_host="0.0.0.0")
+    assert CellPoolConfig().backend == "local"
+    config = CellPoolConfig(backend="ray", ray_address="auto", gateway_host="0.0.0.0")
     assert (config.backend, config.ray_address, config.gateway_host) == ("ray", "auto", "0.0.0.0")
 
 
@@ -19,4 +19,4 @@ def test_the_backend_defaults_to_local_and_takes_ray():
 ])
 def test_a_bad_backend_setting_is_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):
-        PoolConfig(**fields)
+        CellPoolConfig(**fields)

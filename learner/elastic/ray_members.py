@@ -4,12 +4,12 @@
 Ray, so `LocalPool` carries out the same decisions of the same policy on it. Each cell
 owns one actor group: a placement group packed on one node (`STRICT_PACK`, like the
 cell's devices) with one bundle per member, and one actor per bundle running the elastic
-learner's `elastic.Member`. A GPU cell of 8 devices is a group of 8 members with
+learner's `step.Member`. A GPU cell of 8 devices is a group of 8 members with
 `num_gpus_per_member=1`; Ray then hands each actor its own device (CUDA_VISIBLE_DEVICES)
 and no other actor can take those devices until the group is removed.
 
 Lifecycle, mirroring `ThreadMembers`:
-    start(c)     reserves c's placement group (fails fast with PoolError when the
+    start(c)     reserves c's placement group (fails fast with CellPoolError when the
                  cluster cannot hold it) and creates its actors (each loads the model)
     join(c, s)   queues `join(s)` on every actor of c; an actor runs its calls in
                  order, so the actor's task queue is the member's inbox
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from undertow.learner.pool.errors import PoolError
-from undertow.learner.pool.local import member_name
+from undertow.learner.elastic.local import member_name
+from undertow.learner.pool.errors import CellPoolError
 
 # What a member or an engine asks of its cell's resource: a sliver, so that the actors
 # of a cell (its members and its engine host) all fit on the node that declares it.
@@ -110,7 +110,7 @@ class MemberActor:
                  num_threads: int, member_options: dict[str, Any]):
         import torch
 
-        from undertow.learner.elastic import Member
+        from undertow.learner.elastic.step import Member
 
         torch.set_num_threads(num_threads)
         self.member = Member(address, name, model_dir, timeout_s=timeout_s, **member_options)
@@ -154,8 +154,8 @@ class RayMembers:
         import ray
 
         if not ray.is_initialized():
-            raise PoolError("RayMembers needs a running Ray: call ray.init(address=...) or "
-                            "use ray_backend.local_cluster() first")
+            raise CellPoolError("RayMembers needs a running Ray: call ray.init(address=...) or "
+                            "use ray_members.local_cluster() first")
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.cells, self.placement_timeout_s = cells, placement_timeout_s
         self.num_threads, self.member_options = num_threads, member_options
@@ -170,13 +170,13 @@ class RayMembers:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if cell_id in self.groups:
-            raise PoolError(f"cell {cell_id} already has members; stop them first")
+            raise CellPoolError(f"cell {cell_id} already has members; stop them first")
         cell = self.cell(cell_id)
         group = placement_group([cell.bundle()] * cell.num_members, strategy="STRICT_PACK",
                                 name=f"undertow-{member_name(cell_id)}")
         if not group.wait(self.placement_timeout_s):
             remove_placement_group(group)
-            raise PoolError(
+            raise CellPoolError(
                 f"Ray could not place cell {cell_id} ({cell.num_members} x {cell.bundle()} on "
                 f"one node) within {self.placement_timeout_s} s; the cluster has "
                 f"{_available()} free: declare the resources (ray start --num-gpus/--resources) "
@@ -205,10 +205,10 @@ class RayMembers:
         try:
             ray.get(group.pending, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError as error:
-            raise PoolError(f"the members of cell {cell_id} did not finish within "
+            raise CellPoolError(f"the members of cell {cell_id} did not finish within "
                             f"{self.timeout_s} s and were killed") from error
         except ray.exceptions.RayError as error:
-            raise PoolError(f"the members of cell {cell_id} failed: {error}") from error
+            raise CellPoolError(f"the members of cell {cell_id} failed: {error}") from error
         finally:
             _remove(group)
 
@@ -265,7 +265,7 @@ def local_cluster(temp_dir: str | Path, num_cpus: int, num_gpus: int = 0,
         import ray
 
         if ray.is_initialized():
-            raise PoolError("Ray is already initialised in this process; call ray.shutdown() "
+            raise CellPoolError("Ray is already initialised in this process; call ray.shutdown() "
                             "first or use the running instance")
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
                  include_dashboard=False, _temp_dir=str(Path(temp_dir).resolve()),
@@ -296,12 +296,12 @@ def connect(address: str, temp_dir: str | Path, num_cpus: int) -> Iterator[None]
     import ray
 
     if ray.is_initialized():
-        raise PoolError("Ray is already initialised in this process; call ray.shutdown() "
+        raise CellPoolError("Ray is already initialised in this process; call ray.shutdown() "
                         "first or use the running instance")
     try:
         ray.init(address=address)
     except ConnectionError as error:
-        raise PoolError(f"no Ray cluster at pool.ray_address={address!r} ({error}); start "
+        raise CellPoolError(f"no Ray cluster at pool.ray_address={address!r} ({error}); start "
                         "one with `ray start --head` or leave pool.ray_address empty for a "
                         "one-machine Ray") from error
     try:

@@ -1,4 +1,4 @@
-"""The pool run's loop (`learner/pool/live.py`): it streams each step's groups into the
+"""The pool run's loop (`learner/elastic/loop.py`): it streams each step's groups into the
 open elastic step as they finish, and a stopped run resumes from its checkpoint.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
@@ -22,17 +22,17 @@ import time
 import pytest
 import torch
 
+from tests.learner.elastic.test_local import RecordingEngines
 from tests.learner.random_trees import build_random_tree
-from tests.learner.test_pool_local import RecordingEngines
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import latest_checkpoint, load_checkpoint
 from undertow.learner.config import TrainConfig
-from undertow.learner.elastic import Coordinator
+from undertow.learner.elastic.local import LocalPool, ThreadMembers
+from undertow.learner.elastic.loop import ElasticLearner, PoolLoop, read_timeline
+from undertow.learner.elastic.step import Coordinator
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.pool import Cell, make_policy
-from undertow.learner.pool.live import ElasticLearner, PoolLoop, read_timeline
-from undertow.learner.pool.local import LocalPool, ThreadMembers
 from undertow.learner.train import FinishedGroup
 
 pytestmark = pytest.mark.slow

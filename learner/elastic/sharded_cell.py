@@ -1,6 +1,6 @@
-"""A sharded training cell as one member of the elastic step (`elastic.py`).
+"""A sharded training cell as one member of the elastic step (`step.py`).
 
-An elastic step's members are cells. A cell of one process is `elastic.Member`; a cell of
+An elastic step's members are cells. A cell of one process is `step.Member`; a cell of
 W processes keeps one copy of the model sharded over them (FSDP2, `sharding.py`) and takes
 part in the step as one member: its **leader** (cell rank 0) is the only process that
 talks to the coordinator's store. It registers the cell on the roster, reads the start
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import distribute_tensor
 
-from undertow.learner.elastic import (
+from undertow.learner.elastic.step import (
     END,
     OPEN,
     reduce_to_coordinator,
@@ -210,7 +210,7 @@ class CellMember:
 
 
 def weights_digest_of(policy: PolicyModel) -> str:
-    """`elastic.weights_digest` of a sharded policy's whole weights (a collective)."""
+    """`step.weights_digest` of a sharded policy's whole weights (a collective)."""
     return tensors_digest(full_parameters(policy).items())
 
 

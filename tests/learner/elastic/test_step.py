@@ -31,7 +31,8 @@ import torch
 from tests.learner.random_trees import build_random_tree
 from tests.learner.test_losses import VARIANTS, _assert_gradients_close, _gradients
 from undertow.learner.advantages import AdvantageConfig, group_advantages
-from undertow.learner.elastic import (
+from undertow.learner.elastic.local import ProcessMembers, member_name
+from undertow.learner.elastic.step import (
     Coordinator,
     MembershipError,
     weights_digest,
@@ -41,7 +42,6 @@ from undertow.learner.losses import LOSSES, LossConfig, chunk_weights, step_coun
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, backward_step
 from undertow.learner.packing import pack_step
-from undertow.learner.pool.local import ProcessMembers, member_name
 
 pytestmark = pytest.mark.slow
 

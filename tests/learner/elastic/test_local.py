@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from tests.learner.test_losses import _advantages, _assert_gradients_close, _gradients
-from undertow.learner.elastic import Coordinator
+from undertow.learner.elastic.local import LocalPool, ProcessMembers, ThreadMembers, member_name
+from undertow.learner.elastic.step import Coordinator
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
@@ -34,15 +35,14 @@ from undertow.learner.packing import pack_step
 from undertow.learner.pool import (
     BatchProgress,
     Cell,
+    CellPoolError,
     IllegalTransition,
     MoveToRollout,
     MoveToTraining,
-    PoolError,
     Role,
     StartTraining,
     make_policy,
 )
-from undertow.learner.pool.local import LocalPool, ProcessMembers, ThreadMembers, member_name
 
 TIMEOUT_S = 120.0
 
@@ -145,12 +145,12 @@ def test_the_pool_refuses_what_the_table_forbids(pool_parts):
     pool, _coordinator, engines, _dispatched = pool_parts
     with pytest.raises(IllegalTransition, match="must head to training"):
         pool.carry_out([MoveToRollout(0)])
-    with pytest.raises(PoolError, match="not the open step"):
+    with pytest.raises(CellPoolError, match="not the open step"):
         pool.step_published(0)
     pool.carry_out([StartTraining(0)])
-    with pytest.raises(PoolError, match="still open"):
+    with pytest.raises(CellPoolError, match="still open"):
         pool.carry_out([StartTraining(1)])
-    with pytest.raises(PoolError, match="starts in training"):
+    with pytest.raises(CellPoolError, match="starts in training"):
         LocalPool([Cell(0, Role.TRAINING)], engines, pool.members)
     assert engines.log == [] and pool.cells[0].role is Role.ROLLOUT
 
@@ -196,8 +196,8 @@ def test_a_sharded_cell_trains_the_pool_step_one_process_trains(tiny_untied_mode
 
 
 def test_a_sharded_cell_refuses_a_kl_reference(tiny_model_dir):
-    with pytest.raises(PoolError, match="kl_coef"):
+    with pytest.raises(CellPoolError, match="kl_coef"):
         ProcessMembers(("127.0.0.1", 1), tiny_model_dir, processes_per_cell=2,
                        reference_dir=str(tiny_model_dir))
-    with pytest.raises(PoolError, match="processes_per_cell"):
+    with pytest.raises(CellPoolError, match="processes_per_cell"):
         ProcessMembers(("127.0.0.1", 1), tiny_model_dir, processes_per_cell=0)

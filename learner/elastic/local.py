@@ -1,19 +1,19 @@
 """The local backend of the cell pool: carries out the policy's decisions on this machine.
 
 A CPU cell is one slot that, at any time, either serves one engine (rollout) or runs one
-member of the elastic learner (training, `learner/elastic.py`). `LocalPool` keeps the
-cells' roles with the transition table of `cell.py` and, for each decision of the policy
-(`policy.py`, the same code the simulator runs), drives two small interfaces:
+member of the elastic learner (training, `learner/elastic/step.py`). `LocalPool` keeps the
+cells' roles with the transition table of `pool/cell.py` and, for each decision of the policy
+(`pool/policy.py`, the same code the simulator runs), drives two small interfaces:
 
 - `EngineSlots`, the rollout side: `drain(cell_id)` stops new calls to the cell's engine,
   hands its sessions to other engines and stops it; `serve(cell_id, weight_version)`
   starts it again with the newest weights. The gateway provides this in `undertow train`.
 - `MemberSlots`, the training side: `start(cell_id)` starts the cell's learner member,
   `join(cell_id, step)` sends it into an elastic step (it waits there until the learner
-  opens the step through its `elastic.Coordinator`), `stop(cell_id)` ends it once it has
+  opens the step through its `step.Coordinator`), `stop(cell_id)` ends it once it has
   finished its step. `ProcessMembers` runs each member in its own spawned process (a
   cell as a process), or, with `processes_per_cell` > 1, as that many processes that
-  shard one copy of the model (FSDP2 over one mesh per cell, `learner/cell.py`) and
+  shard one copy of the model (FSDP2 over one mesh per cell, `learner/elastic/sharded_cell.py`) and
   take part in the step as one member; `ThreadMembers` runs them as threads of this
   process (a cell as a thread, cheap enough for tests and tiny models).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from undertow.learner.pool.cell import Cell, Role, change_role, finish_switch
-from undertow.learner.pool.errors import PoolError
+from undertow.learner.pool.errors import CellPoolError
 from undertow.learner.pool.state import (
     BatchProgress,
     Decision,
@@ -74,7 +74,7 @@ def member_name(cell_id: int) -> str:
 class LocalPool:
     """The cells of this machine and what they are doing.
 
-    Invariants: `cells` follow `cell.TRANSITIONS` only; a cell has a running member
+    Invariants: `cells` follow `pool.cell.TRANSITIONS` only; a cell has a running member
     exactly while it is in training; `open_step` is the step being trained (None
     between steps), and every training cell has been sent into it.
     """
@@ -87,7 +87,7 @@ class LocalPool:
         self.open_step: int | None = None
         for cell in cells:
             if cell.role is not Role.ROLLOUT:
-                raise PoolError(f"cell {cell.cell_id} starts in {cell.role.value}; "
+                raise CellPoolError(f"cell {cell.cell_id} starts in {cell.role.value}; "
                                 "the local pool starts every cell in rollout")
 
     def update_sessions(self, num_sessions: dict[int, int]) -> None:
@@ -95,7 +95,7 @@ class LocalPool:
         for cell_id, num in num_sessions.items():
             cell = self.cells[cell_id]
             if cell.role is not Role.ROLLOUT and num:
-                raise PoolError(f"cell {cell_id} is in {cell.role.value}; it holds no sessions")
+                raise CellPoolError(f"cell {cell_id} is in {cell.role.value}; it holds no sessions")
             self._set(Cell(cell_id, cell.role, cell.num_session_slots, num, cell.heading))
 
     def snapshot(self, batches: tuple[BatchProgress, ...], num_steps: int) -> PoolState:
@@ -114,12 +114,12 @@ class LocalPool:
             elif isinstance(decision, DispatchBatch):
                 self.dispatch(decision.step)
             else:
-                raise PoolError(f"unknown decision {decision!r}")
+                raise CellPoolError(f"unknown decision {decision!r}")
 
     def step_published(self, step: int) -> None:
         """The learner published the weights of `step`; its members are free again."""
         if self.open_step != step:
-            raise PoolError(f"step {step} is not the open step ({self.open_step})")
+            raise CellPoolError(f"step {step} is not the open step ({self.open_step})")
         self.open_step, self.weight_version = None, step + 1
 
     def _move_to_training(self, cell_id: int) -> None:
@@ -138,7 +138,7 @@ class LocalPool:
 
     def _start_training(self, step: int) -> None:
         if self.open_step is not None:
-            raise PoolError(f"step {self.open_step} is still open; cannot start step {step}")
+            raise CellPoolError(f"step {self.open_step} is still open; cannot start step {step}")
         self.open_step = step
         for cell in self.cells.values():
             if cell.role is Role.TRAINING:
@@ -162,7 +162,7 @@ class _RunningMember:
 class ProcessMembers:
     """Each cell's member in its own process ("spawn"), fed step numbers by a queue; with
     `processes_per_cell` > 1, a cell's member is that many processes, one FSDP2 mesh
-    over gloo (`cell.cell_main`), each fed the same step numbers.
+    over gloo (`sharded_cell.cell_main`), each fed the same step numbers.
 
     Invariants: a running cell has all its processes started and one inbox per process;
     a sharded cell's processes leave together (each ends on None, or on its step's
@@ -173,9 +173,9 @@ class ProcessMembers:
         import torch.multiprocessing
 
         if processes_per_cell < 1:
-            raise PoolError(f"processes_per_cell must be >= 1, got {processes_per_cell}")
+            raise CellPoolError(f"processes_per_cell must be >= 1, got {processes_per_cell}")
         if processes_per_cell > 1 and member_options.get("reference_dir"):
-            raise PoolError("a sharded cell (processes_per_cell > 1) does not score a KL "
+            raise CellPoolError("a sharded cell (processes_per_cell > 1) does not score a KL "
                             "reference model; set loss.kl_coef to 0 or "
                             "pool.processes_per_cell to 1")
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
@@ -188,7 +188,7 @@ class ProcessMembers:
         if self.processes_per_cell > 1:
             self.running[cell_id] = self._start_cell(cell_id)
             return
-        from undertow.learner.elastic import member_main
+        from undertow.learner.elastic.step import member_main
 
         inbox = self.context.Queue()
         process = self.context.Process(
@@ -204,8 +204,8 @@ class ProcessMembers:
 
         import torch.distributed as dist
 
-        from undertow.learner.cell import cell_main
-        from undertow.learner.elastic import HOST
+        from undertow.learner.elastic.sharded_cell import cell_main
+        from undertow.learner.elastic.step import HOST
 
         size = self.processes_per_cell
         cell_store = dist.TCPStore(HOST, 0, world_size=size + 1, is_master=True,
@@ -242,11 +242,11 @@ class ProcessMembers:
             process.terminate()
             process.join(timeout=10)
         if stuck:
-            raise PoolError(f"the member of cell {cell_id} did not exit within "
+            raise CellPoolError(f"the member of cell {cell_id} did not exit within "
                             f"{self.timeout_s} s and was terminated")
         failed = [p.exitcode for p in running.processes if p.exitcode != 0]
         if failed:
-            raise PoolError(f"the member of cell {cell_id} exited with {failed[0]}; "
+            raise CellPoolError(f"the member of cell {cell_id} exited with {failed[0]}; "
                             "see its output above")
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -291,10 +291,11 @@ class ThreadMembers:
         inbox.put(None)
         thread.join(timeout=self.timeout_s)
         if thread.is_alive():
-            raise PoolError(f"the member of cell {cell_id} did not finish within "
+            raise CellPoolError(f"the member of cell {cell_id} did not finish within "
                             f"{self.timeout_s} s")
         if cell_id in self.errors:
-            raise PoolError(f"the member of cell {cell_id} failed") from self.errors.pop(cell_id)
+            failure = self.errors.pop(cell_id)
+            raise CellPoolError(f"the member of cell {cell_id} failed") from failure
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Asks every member to end and waits up to `timeout_s` each (threads cannot be
@@ -306,7 +307,7 @@ class ThreadMembers:
             thread.join(timeout=timeout_s)
 
     def _run(self, cell_id: int, inbox: queue.Queue) -> None:
-        from undertow.learner.elastic import Member
+        from undertow.learner.elastic.step import Member
 
         try:
             with self.loading:

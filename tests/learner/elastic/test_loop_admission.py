@@ -1,4 +1,4 @@
-"""Which finished groups a pool run trains (`learner/pool/live.py` with `admission.py`):
+"""Which finished groups a pool run trains (`learner/elastic/loop.py` with `admission.py`):
 the plain loop's rules, carried out inside the pool's steps.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
@@ -23,8 +23,8 @@ import threading
 
 import pytest
 
-from tests.learner.test_pool_live import IdleRollout
-from tests.learner.test_pool_local import RecordingEngines
+from tests.learner.elastic.test_local import RecordingEngines
+from tests.learner.elastic.test_loop import IdleRollout
 from tests.learner.test_train_admission import (
     NullSink,
     PlannedSource,
@@ -34,13 +34,13 @@ from tests.learner.test_train_admission import (
 )
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
-from undertow.learner.elastic import Coordinator
+from undertow.learner.elastic.local import LocalPool, ThreadMembers
+from undertow.learner.elastic.loop import ElasticLearner, PoolLoop, read_timeline
+from undertow.learner.elastic.step import Coordinator
 from undertow.learner.errors import RunFailedError
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.pool import Cell, make_policy
-from undertow.learner.pool.live import ElasticLearner, PoolLoop, read_timeline
-from undertow.learner.pool.local import LocalPool, ThreadMembers
 from undertow.learner.train import Learner
 
 pytestmark = pytest.mark.slow

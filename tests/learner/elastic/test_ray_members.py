@@ -1,6 +1,6 @@
 """The Ray backend runs the local pool's elastic trace and gets the same outcome.
 
-The trace is the one of `test_pool_local.py`: three cells with two session slots each
+The trace is the one of `test_local.py`: three cells with two session slots each
 roll out six sessions; the elastic policy moves cell 2 into a step that it opens, then
 cell 1 into the running step (joining mid-step), and both back to rollout once the
 weights are published. It runs twice in one test, with the members as threads
@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from tests.learner.elastic.test_local import TIMEOUT_S, RecordingEngines, _until
 from tests.learner.test_losses import _advantages, _assert_gradients_close, _gradients
-from tests.learner.test_pool_local import TIMEOUT_S, RecordingEngines, _until
 from tests.processes import alive, descendants
-from undertow.learner.elastic import Coordinator
+from undertow.learner.elastic.local import LocalPool, ThreadMembers, member_name
+from undertow.learner.elastic.step import Coordinator
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step
-from undertow.learner.pool import BatchProgress, Cell, PoolError, Role, make_policy
-from undertow.learner.pool.local import LocalPool, ThreadMembers, member_name
+from undertow.learner.pool import BatchProgress, Cell, CellPoolError, Role, make_policy
 
 # Imported by the fixture, not here: Ray decides at import time whether to bind to loopback.
 pytestmark = [
@@ -43,7 +43,7 @@ NUM_CELLS = 3
 def ray_cluster(tmp_path_factory):
     """A local Ray with 2 CPUs, 3 declared (fake) GPUs and a resource per cell; at
     teardown, every process it started must have exited."""
-    from undertow.learner.pool.ray_backend import cell_resource, local_cluster
+    from undertow.learner.elastic.ray_members import cell_resource, local_cluster
 
     resources = {cell_resource(i): 1 for i in range(NUM_CELLS)}
     before = descendants(os.getpid())
@@ -94,7 +94,7 @@ class TraceRecord:
 
 def run_trace(policy_model, coordinator, members, chunks, config,
               while_both_train=lambda: None) -> TraceRecord:
-    """The trace of `test_pool_local.py`, recorded instead of asserted; calls
+    """The trace of `test_local.py`, recorded instead of asserted; calls
     `while_both_train` while cells 1 and 2 are both in the step."""
     record, policy = TraceRecord(), make_policy("elastic")
     engines, recording = RecordingEngines(range(NUM_CELLS)), RecordingMembers(members)
@@ -148,7 +148,7 @@ def step(tiny_model_dir, random_trees):
 def _run(backend, step, tiny_model_dir, work_dir):
     import ray
 
-    from undertow.learner.pool.ray_backend import RayCell, RayMembers, cell_resource
+    from undertow.learner.elastic.ray_members import RayCell, RayMembers, cell_resource
 
     policy_model, chunks, config, _expected, _loss = step
     coordinator = Coordinator(policy_model, work_dir, timeout_s=TIMEOUT_S)
@@ -178,7 +178,7 @@ def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
         ray_cluster, step, tiny_model_dir, tmp_path):
     import ray
 
-    from undertow.learner.pool.ray_backend import cell_resource
+    from undertow.learner.elastic.ray_members import cell_resource
 
     _policy, chunks, _config, expected, expected_loss = step
     local = _run("local", step, tiny_model_dir, tmp_path / "local")
@@ -215,11 +215,11 @@ def test_the_ray_backend_runs_the_same_trace_as_the_local_one(
 def test_a_cell_the_cluster_cannot_hold_is_refused(ray_cluster, tiny_model_dir):
     import ray
 
-    from undertow.learner.pool.ray_backend import RayCell, RayMembers
+    from undertow.learner.elastic.ray_members import RayCell, RayMembers
 
     wide = RayMembers(("127.0.0.1", 1), tiny_model_dir,
                       RayCell(num_members=2, num_gpus_per_member=2), placement_timeout_s=2.0)
-    with pytest.raises(PoolError, match="could not place cell 0"):
+    with pytest.raises(CellPoolError, match="could not place cell 0"):
         wide.start(0)    # four GPUs on one node; the node has three
     assert wide.groups == {}
     _until(lambda: ray.available_resources().get("GPU", 0) == NUM_CELLS, "nothing is held")

@@ -6,7 +6,7 @@ step is published:
 1. Wait up to `POLL_S` for finished groups, and count the closed sessions of the others
    (the gateway's session list), so that w(t) of the waterlevel rule moves per session.
 2. Decide: snapshot the pool (each rollout cell's live sessions, each unpublished
-   batch's progress) -> the policy (`policy.py`, the code the simulator runs) -> carry
+   batch's progress) -> the policy (`pool/policy.py`, the code the simulator runs) -> carry
    out its decisions with `LocalPool`: `DispatchBatch(s)` launches the groups of step s
    on the group source; `MoveToTraining(c)` drains c's engine at the gateway (its
    sessions move, its in-flight generations resume elsewhere) and starts c's learner
@@ -19,7 +19,7 @@ step is published:
    (`ElasticLearner.add_group`), so the members on the training cells train the
    finished groups while the slow ones still run. When the last group is in,
    `train_step` finishes the step: the members' gradients are summed and normalised
-   over the whole step (`elastic.py`: exactly the fixed-membership gradient), this
+   over the whole step (`step.py`: exactly the fixed-membership gradient), this
    process clips it and steps the optimizer; then the weights are pushed and the step
    is published.
 
@@ -64,9 +64,9 @@ from undertow.gateway.tree import Tree
 from undertow.learner.admission import Admission, StepCounts, note_drop
 from undertow.learner.advantages import group_advantages
 from undertow.learner.checkpoint import PendingGroup
-from undertow.learner.elastic import Coordinator, ElasticStepResult
+from undertow.learner.elastic.local import LocalPool
+from undertow.learner.elastic.step import Coordinator, ElasticStepResult
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.pool.local import LocalPool
 from undertow.learner.pool.policy import Policy
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
 from undertow.learner.train import (
@@ -99,7 +99,7 @@ class RolloutSide(Protocol):
 
 
 class ElasticLearner(Learner):
-    """A `Learner` whose backward pass is one streaming elastic step (`elastic.py`).
+    """A `Learner` whose backward pass is one streaming elastic step (`step.py`).
 
     `open_step` opens the step on the coordinator, `add_group` appends one complete
     group's micro-batches to it (its advantages are known once every session is

@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.learner.elastic.test_step import _chunks, _whole_step
 from tests.learner.random_trees import build_random_tree
-from tests.learner.test_elastic import _chunks, _whole_step
 from tests.learner.test_losses import _assert_gradients_close, _gradients
-from undertow.learner.elastic import Coordinator, weights_digest
+from undertow.learner.elastic.local import ProcessMembers, member_name
+from undertow.learner.elastic.step import Coordinator, weights_digest
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
-from undertow.learner.pool.local import ProcessMembers, member_name
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ CONFIG = LossConfig(name="grpo", correction="decoupled_ppo", max_importance_weig
 def _cell_process(rank: int, cell_port: int, address, model_dir: str, step: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from undertow.learner.cell import CellMember
+    from undertow.learner.elastic.sharded_cell import CellMember
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", cell_port, is_master=False,

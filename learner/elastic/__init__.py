@@ -1,0 +1,16 @@
+"""The elastic learner's runtime: the live side of the cell pool.
+
+`learner/pool/` decides (pure code, shared with the simulator); this package carries the
+decisions out and trains:
+
+    step.py          one training step whose data-parallel membership grows while it
+                     runs: `Coordinator` (the learner's process) and `Member` (one per
+                     training cell), exact whatever joins, and when
+    sharded_cell.py  a cell of several processes that shards one copy of the model with
+                     FSDP2 and takes part in the step as one member
+    local.py         `LocalPool`, which carries out the policy's decisions, and the
+                     members as processes or threads of this machine
+    ray_members.py   the members as Ray actors, one placement group per cell
+    loop.py          `PoolLoop`, the live loop of `undertow train` with a `pool` section,
+                     and `ElasticLearner`, the learner whose backward is an elastic step
+"""

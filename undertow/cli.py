@@ -179,14 +179,15 @@ def _train(args) -> int:
     import threading
 
     from undertow.learner.errors import RunFailedError
-    from undertow.train_run import resolve_config, train
+    from undertow.run_sections import load_sections
+    from undertow.train_run import train
 
-    tree = resolve_config(args.config, args.overrides, args.run_dir, args.resume)
+    sections = load_sections(args.config, args.overrides, args.run_dir, args.resume)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
     try:
-        outcome = train(tree, args.resume, stop)
+        outcome = train(sections, args.resume, stop)
     except RunFailedError as error:   # one clear line, not a traceback
         print(f"undertow train: error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -47,11 +47,14 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
 
 def build_section(cls: type[T], data: dict[str, Any] | None, name: str) -> T:
     """Builds the frozen dataclass `cls` from one section, naming any bad key or value."""
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"{name}: expected a mapping of {cls.__name__}'s fields, got {data!r}")
     data = dict(data or {})
     fields = {field.name: field for field in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(f"[{name}] unknown keys {unknown}; known: {sorted(fields)}")
+        dotted = ", ".join(f"{name}.{key}" for key in unknown)
+        raise ValueError(f"[{name}] unknown keys {unknown} ({dotted}); known: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():
@@ -108,7 +111,7 @@ def config_keys(cls: type, prefix: str = "", exclude: frozenset[str] = frozenset
         key = prefix + field.name
         if key in exclude:
             continue
-        nested = _dataclass_of(hints[field.name])
+        nested = dataclass_of(hints[field.name])
         if nested is not None:
             if field.default is None:   # an optional part, off unless its keys are set
                 lines.append(f"  {key} = None")
@@ -118,7 +121,7 @@ def config_keys(cls: type, prefix: str = "", exclude: frozenset[str] = frozenset
     return lines
 
 
-def _dataclass_of(hint: Any) -> type | None:
+def dataclass_of(hint: Any) -> type | None:
     """The dataclass `hint` names, alone or in a union with None."""
     candidates = typing.get_args(hint) if typing.get_origin(hint) in (
         typing.Union, types.UnionType) else (hint,)

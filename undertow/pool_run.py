@@ -44,6 +44,7 @@ from undertow.rollout_source import (
     load_source,
 )
 from undertow.run_report import print_results, step_printer
+from undertow.run_sections import RunSections
 
 
 class ResidentMembers:
@@ -85,26 +86,27 @@ def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
         yield gateway
 
 
-def train_with_pool(pool: CellPoolConfig, sections: dict[str, Any], model_dir: Path,
-                    resolved: dict[str, Any], stop, resume: bool = False) -> str:
+def train_with_pool(sections: RunSections, model_dir: Path, stop, resume: bool = False) -> str:
     """Runs (or, with `resume`, continues from the latest checkpoint) the training run
-    of `sections` (run, rollout, learner, loss, advantages: built dataclasses) on
-    `pool.num_cells` cells, on the backend `pool.backend` names (`pool_backends.py`);
-    returns "done" or "stopped"."""
+    of `sections` (whose `pool` is set) on `pool.num_cells` cells, on the backend
+    `pool.backend` names (`pool_backends.py`); returns "done" or "stopped"."""
     from undertow.pool_backends import pool_backend
 
-    with pool_backend(pool, sections["run"].run_dir) as backend:
-        return _train_on(backend, pool, sections, model_dir, resolved, stop, resume)
+    if sections.pool is None:
+        raise ValueError("a pool run needs the config's pool section")
+    with pool_backend(sections.pool, sections.run.run_dir) as backend:
+        return _train_on(backend, sections, model_dir, stop, resume)
 
 
-def _train_on(backend, pool: CellPoolConfig, sections: dict[str, Any], model_dir: Path,
-              resolved: dict[str, Any], stop, resume: bool) -> str:
+def _train_on(backend, sections: RunSections, model_dir: Path, stop, resume: bool) -> str:
     from undertow.learner.checkpoint import latest_checkpoint
     from undertow.learner.elastic.loop import ElasticLearner
     from undertow.learner.elastic.step import Coordinator
     from undertow.learner.pool import Cell, make_policy
+    from undertow.learner.trackers import track_learner
 
-    run, config, loss = sections["run"], sections["learner"], sections["loss"]
+    run, config, loss, pool = sections.run, sections.learner, sections.loss, sections.pool
+    resolved = sections.resolved()
     if config.dtype != "float32":
         raise ValueError(f"learner.dtype={config.dtype!r}: a pool run's members train in "
                          "float32; set learner.dtype=float32 or remove the pool section")
@@ -112,7 +114,7 @@ def _train_on(backend, pool: CellPoolConfig, sections: dict[str, Any], model_dir
         raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
                          "engines; remove one of them")
     learner = (ElasticLearner.restore if resume else ElasticLearner)(
-        config, loss, sections["advantages"], model_dir, run.run_dir, resolved)
+        config, loss, sections.advantages, model_dir, run.run_dir, resolved)
     weights = (model_dir, 0)
     if learner.state.step > 0:   # the engines serve the checkpoint's weights from the start
         weights = (latest_checkpoint(run.run_dir) / "model", learner.state.step)
@@ -124,7 +126,7 @@ def _train_on(backend, pool: CellPoolConfig, sections: dict[str, Any], model_dir
     if pool.resident_members:
         members = ResidentMembers(members)
     cells = [Cell(i, num_session_slots=pool.num_session_slots) for i in range(pool.num_cells)]
-    trackers = track(learner, resolved, model_dir)
+    trackers = track_learner(learner, sections.logging, resolved, model_dir)
     try:
         outcome = _run_cells(pool, sections, weights, learner, members, cells,
                              make_policy(pool.policy_spec()), stop, backend)
@@ -133,27 +135,17 @@ def _train_on(backend, pool: CellPoolConfig, sections: dict[str, Any], model_dir
         members.close()
         learner.coordinator.close()
         trackers.close()
-    print_results(run.run_dir, sections["rollout"])
+    print_results(run.run_dir, sections.rollout)
     return outcome
 
 
-def track(learner, resolved: dict[str, Any], model_dir: Path):
-    """The run's trackers (`logging` section; `steps.jsonl` always), fed by the
-    learner's metrics log as in a run without a pool. Close them when done."""
-    from undertow.config import build_section
-    from undertow.learner.trackers import TrackerConfig, track_learner
-
-    tracking = build_section(TrackerConfig, resolved.get("logging"), "logging")
-    return track_learner(learner, tracking, resolved, model_dir)
-
-
-def _run_cells(pool: CellPoolConfig, sections: dict[str, Any], weights: tuple[Path, int],
+def _run_cells(pool: CellPoolConfig, sections: RunSections, weights: tuple[Path, int],
                learner, members, cells, policy, stop, backend) -> str:
     from undertow.learner.elastic.local import LocalPool
     from undertow.learner.elastic.loop import PoolLoop
     from undertow.learner.gateway_link import GatewayLink
 
-    run, config = sections["run"], sections["learner"]
+    run, config = sections.run, sections.learner
     model_dir, weight_version = weights
     with background_loop() as loop, \
             engineless_gateway(loop, model_dir, run.run_dir / "store",
@@ -169,8 +161,7 @@ def _run_cells(pool: CellPoolConfig, sections: dict[str, Any], weights: tuple[Pa
                   f"({pool.policy}, {pool.backend}), run {run.run_dir}, from step "
                   f"{weight_version}", flush=True)
             context = RolloutContext(gateway_url, gateway.admin_token, run.run_dir,
-                                     sections["rollout"], run.docker_url,
-                                     sections.get("sandbox"))
+                                     sections.rollout, run.docker_url, sections.sandbox)
             source = ThreadedGroupSource(loop, load_source(context), admin,
                                          learner.state.num_resumes)
             cell_pool = LocalPool(cells, slots, members, weight_version=weight_version)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from undertow.sandboxes.hosts import HostsConfig
 from undertow.sandboxes.sandbox import SandboxConfig
 
 CHAT = "chat"
@@ -81,7 +82,7 @@ class RolloutContext:
     run_dir: Path
     rollout: RolloutSection
     docker_url: str | None
-    hosts: Any = None   # sandboxes.hosts.HostsConfig; None: the one daemon of docker_url
+    hosts: HostsConfig | None = None   # None: the one daemon of docker_url
 
 
 RunGroup = Callable[[Any], Awaitable[str]]
@@ -230,7 +231,7 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
     from undertow.adapters.gateway_client import GatewayAdmin
     from undertow.adapters.registry import create_scaffold
     from undertow.adapters.rollout import Rollout, RolloutConfig
-    from undertow.sandboxes.hosts import DockerHosts, HostsConfig
+    from undertow.sandboxes.hosts import DockerHosts
     from undertow.sandboxes.task import load_tasks
     from undertow.sandboxes.taskset import BUNDLED_DIR
 

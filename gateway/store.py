@@ -89,6 +89,7 @@ class _GroupFile:
 
     fd: int
     size: int
+    path: Path
     broken: str | None = None
 
 
@@ -193,8 +194,8 @@ class TreeStore:
 
     def _write(self, group: str, data: bytes) -> None:
         """Appends whole lines, or nothing: a partial write is cut off again."""
-        path = self.directory / f"{group}.jsonl"
-        group_file = self._open(group, path)
+        group_file = self._open(group)
+        path = group_file.path
         if group_file.broken is not None:
             raise StoreUnavailable(f"{path} cannot be written ({group_file.broken}); restart "
                                    "the gateway once the disk is fixed")
@@ -213,15 +214,16 @@ class TreeStore:
                                    "nothing of this was recorded, retry later") from error
         group_file.size += len(data)
 
-    def _open(self, group: str, path: Path) -> _GroupFile:
+    def _open(self, group: str) -> _GroupFile:
         group_file = self._files.get(group)
         if group_file is None:
+            path = self.directory / f"{group}.jsonl"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as error:
                 raise StoreUnavailable(f"the tree store could not open {path} "
                                        f"({error.strerror or error}); retry later") from error
-            group_file = self._files[group] = _GroupFile(fd, os.fstat(fd).st_size)
+            group_file = self._files[group] = _GroupFile(fd, os.fstat(fd).st_size, path)
         return group_file
 
     async def _sync_forever(self) -> None:

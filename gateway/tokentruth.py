@@ -149,8 +149,13 @@ def _digest(text: str) -> str:
 def tools_key(tools: Sequence[dict] | None, template_kwargs: dict | None = None) -> str:
     """The digest of what a request gives the template besides its messages: its tools,
     and its template arguments (a call with other arguments is no retry of this one)."""
+    if not tools and not template_kwargs:
+        return _NO_TOOLS_KEY
     given = [list(tools or []), template_kwargs] if template_kwargs else list(tools or [])
     return _digest(json.dumps(given, sort_keys=True, ensure_ascii=False))
+
+
+_NO_TOOLS_KEY = _digest(json.dumps([]))  # `tools_key` of a call without either
 
 
 def same_assistant(sent: dict, returned: dict) -> bool:

@@ -24,6 +24,16 @@ token each), instead of activations for all T positions.
 As torch's reentrant checkpoint does, the backward accumulates into the parameters'
 `.grad` by its own backward call: a loss over these scores must be backpropagated with
 `.backward()`, not `torch.autograd.grad`.
+
+Under FSDP2 (`sharding.py`) each segment's run is a forward of every unit (all-gather,
+reshard after) and each segment's backward call one backward of every unit (all-gather
+at the unit's output, reduce-scatter at its input, the root's at the end of the call),
+so the reduced gradient is the sum over segments. That holds only if the backward
+enters every unit through its output: a segment without terms, or the last one, still
+backpropagates its (empty) logprobs with zero gradients, because the gradients sent to
+its own keys alone would reach a layer's key and value projections with no all-gather
+before them (FSDP2 gathers a layer's weights when the gradient at its output arrives),
+and the LM head's reduce-scatter would be skipped on this process but not on others.
 """
 
 from __future__ import annotations
@@ -144,11 +154,11 @@ class _SegmentedScores(torch.autograd.Function):
                 past_values = scorer.past(scorer.values, index, True)
                 context, logprobs, entropy = scorer.run(index, past_keys, past_values,
                                                         ctx.with_entropy)
+                reshard_inner_units(scorer.model)
                 outputs, grads = _segment_grads(scorer, index, context, logprobs, entropy,
                                                 grad_logprobs, grad_entropy, grad_keys,
                                                 grad_values)
-                if outputs:
-                    torch.autograd.backward(outputs, grads)
+                torch.autograd.backward(outputs, grads)
             for past, grad_store in ((past_keys, grad_keys), (past_values, grad_values)):
                 for leaf, grad in zip(past or [], grad_store, strict=False):
                     if leaf.grad is not None:
@@ -159,12 +169,14 @@ class _SegmentedScores(torch.autograd.Function):
 
 def _segment_grads(scorer: SegmentedScorer, index: int, context: SegmentContext,
                    logprobs, entropy, grad_logprobs, grad_entropy, grad_keys, grad_values):
-    """The outputs of segment `index` that receive a gradient, and those gradients."""
+    """The outputs of segment `index` that receive a gradient, and those gradients.
+    The logprobs are always among them (zeros for a segment without terms), so that
+    every segment's backward runs through the LM head and every layer (module
+    docstring: FSDP2 gathers a unit's weights before its backward only then)."""
     terms = scorer.terms[index]
-    outputs, grads = [], []
-    if grad_logprobs is not None and terms.numel():
-        outputs.append(logprobs)
-        grads.append(grad_logprobs[terms])
+    outputs = [logprobs]
+    grads = [logprobs.new_zeros(terms.numel()) if grad_logprobs is None
+             else grad_logprobs[terms]]
     if entropy is not None and grad_entropy is not None and terms.numel():
         outputs.append(entropy)
         grads.append(grad_entropy[terms])
@@ -174,3 +186,19 @@ def _segment_grads(scorer: SegmentedScorer, index: int, context: SegmentContext,
             outputs += [context.own_keys[layer], context.own_values[layer]]
             grads += [grad_keys[layer][:, :, start:end], grad_values[layer][:, :, start:end]]
     return outputs, grads
+
+
+def reshard_inner_units(model: nn.Module) -> None:
+    """Frees the gathered weights of every FSDP2 unit nested in another (the decoder
+    layers of a sharded model), as FSDP2 does after a forward everywhere but inside a
+    backward, where it takes the forward for activation checkpointing's recompute and
+    keeps them for the unit's backward. A segment's forward in `_SegmentedScores.backward`
+    is an ordinary forward: resharded, it holds one layer's weights at a time, and it
+    issues the all-gathers an ordinary forward and backward does. No-op unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            for inner in unit.modules():
+                if inner is not unit and isinstance(inner, FSDPModule):
+                    inner.reshard()

@@ -156,8 +156,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure_itl(model_dir: Path, chunk_size: int, builtin_threads: int | None) -> dict:
-    threads = ("--num-threads", str(builtin_threads)) if builtin_threads else ()
-    launcher = BuiltinLauncher(extra_args=(*threads, "--chunked-prefill-size", str(chunk_size)))
+    launcher = BuiltinLauncher(overrides={**builtin_overrides(builtin_threads),
+                                          "chunked_prefill_size": chunk_size})
     async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
             timeout=TIMEOUT) as session:
         sessions = [TokenTimes() for _ in range(ITL_SESSIONS)]
@@ -221,10 +221,14 @@ def main_itl(args) -> None:
     print(itl_markdown(rows))
 
 
+def builtin_overrides(builtin_threads: int | None) -> dict:
+    """The built-in engine's `num_threads`, when one is asked for (None: torch's default)."""
+    return {"num_threads": builtin_threads} if builtin_threads else {}
+
+
 def launchers(names: list[str], builtin_threads: int | None) -> dict:
-    threads = ("--num-threads", str(builtin_threads)) if builtin_threads else ()
     available = {
-        "builtin": BuiltinLauncher(extra_args=threads),
+        "builtin": BuiltinLauncher(overrides=builtin_overrides(builtin_threads)),
         "vllm": VLLMLauncher(max_model_len=4096),
     }
     return {name: available[name] for name in names}

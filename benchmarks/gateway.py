@@ -4,7 +4,7 @@
 
 (a) Added latency per call, measured in pairs. One built-in engine (tiny model) and, in
     front of it, the gateway (`undertow gateway serve`, a subprocess; once with the default
-    `--store-sync flush` and once with `fsync`) and LiteLLM's own proxy server (`litellm
+    `store_sync=flush` and once with `fsync`) and LiteLLM's own proxy server (`litellm
     --config`, a subprocess, forwarding to the engine's `/v1/chat/completions` as
     `openai/<name>`). The request: one short user message, `max_tokens` 2, greedy; the
     gateway gets a new session per call, so every call renders its prompt in full. Each
@@ -41,7 +41,7 @@
     default template and Hermes (`gateway_formats.py`; `--only-formats` runs just this
     part and writes `benchmarks/results/gateway_formats.json`).
 
-Store modes (`--store-sync`): `flush` (default) writes each call's record to the OS before
+Store modes (`store_sync=`): `flush` (default) writes each call's record to the OS before
 the reply's last byte (survives the gateway being killed) and fsyncs in the background
 within 1 s; `fsync` also waits for the fsync before the last byte (survives a power loss).
 The headline figures use the default, `flush`; `fsync` is reported beside it.

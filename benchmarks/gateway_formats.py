@@ -1,7 +1,7 @@
 """Part (d) of the gateway benchmark: the latency a reasoning template and a tool-call
 format other than Hermes add, against the default template and Hermes.
 
-For each case a gateway (`undertow gateway serve`, `--tool-parser auto`) runs in front of a
+For each case a gateway (`undertow gateway serve`, `tool_parser=auto`) runs in front of a
 scripted engine (served in this process) that streams one completion token by token: a
 reasoning block and a tool call in the case's format (about 80 tokens). The cases:
 

@@ -109,12 +109,11 @@ def evaluate(work: Path, name: str, model: Path, args) -> dict:
     num_tasks = min(num_heldout, args.eval_sessions)
     group_size = math.ceil(args.eval_sessions / num_tasks)
     out = work / "eval" / name
-    argv = ["rollout", "--tasks", str(heldout), "--num-tasks", str(num_tasks), "--group-size",
-            str(group_size), "--scaffold", "mini-swe-agent", "--model", str(model), "--out",
-            str(out), "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
-            "--progress-interval-s", "0"]
-    for option in scaffold_options(args):
-        argv += ["-o", option]
+    argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
+            str(model), "--out", str(out), f"num_tasks={num_tasks}", f"group_size={group_size}",
+            f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
+            "progress_interval_s=0",
+            *(f"scaffold_options.{option}" for option in scaffold_options(args))]
     row: dict = {}
     _timed(row, "rollout", argv, work / f"eval-{name}.log", any(out.glob("*/summary.json")))
     summary = json.loads(sorted(out.glob("*/summary.json"))[-1].read_text())

@@ -125,8 +125,7 @@ async def warm_source(url: str, input_ids: list[int]) -> None:
 
 async def measure(model_dir: Path, contexts: list[int], modes: list[str],
                   reps: dict[tuple[str, int], int]) -> list[dict]:
-    launcher = BuiltinLauncher(extra_args=("--num-threads", "1", "--cache-bytes",
-                                           str(CACHE_BYTES)))
+    launcher = BuiltinLauncher(overrides={"num_threads": 1, "cache_bytes": CACHE_BYTES})
     moved = MovedLog()
     logging.getLogger("undertow.gateway.migration").addHandler(moved)
     logging.getLogger("undertow.gateway.migration").setLevel(logging.INFO)

@@ -42,7 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "sft_pass_rate.json"
 TASKS = "sandboxes/tasks/bundled"
-EVAL_OPTIONS = ("-o", "step_limit=3", "-o", "temperature=0", "-o", "max_tokens=768")
+EVAL_OPTIONS = ("scaffold_options.step_limit=3", "scaffold_options.temperature=0",
+                "scaffold_options.max_tokens=768")
 
 
 def run(argv: list[str], log: Path, env: dict | None = None) -> tuple[float, str]:

@@ -11,8 +11,8 @@ the family's own format. Token truth holds when every later prompt is the previo
 prompt + those IDs verbatim + the new messages as the template renders them (no call
 would be labelled `rewrite`).
 
-The report also names the tool-call parser the template calls for (`--tool-parser
-auto` picks it), the reasoning format, the stop and EOS IDs, and what to set when
+The report also names the tool-call parser the template calls for (`tool_parser=auto`
+picks it), the reasoning format, the stop and EOS IDs, and what to set when
 something does not hold.
 """
 

@@ -135,11 +135,31 @@ def test_the_readme_commands_still_parse_and_build():
 
 
 def test_the_builtin_launchers_command_line_builds_the_engine_config_it_means(tmp_path):
-    """`BuiltinLauncher` (used by `undertow/cells.py` and `pool_backends.py`) still passes
-    the old `--weight-version` and `--num-threads` flags; they must reach `EngineConfig`."""
+    """`BuiltinLauncher` (used by `undertow/cells.py`, `pool_backends.py` and the
+    benchmarks) passes `EngineConfig` keys as `KEY=VALUE`, never a hidden alias flag, and
+    each value arrives as given: a weight version that YAML would read as a number stays
+    text."""
+    from undertow.commands.engine import ALIASES
     from undertow.gateway.engines.launch import BuiltinLauncher
 
-    launcher = BuiltinLauncher(weight_version="7", extra_args=("--num-threads", "2"))
+    launcher = BuiltinLauncher(weight_version="007", overrides={
+        "num_threads": 2, "cache_bytes": 2**20, "device": "cpu", "dtype": "float32",
+        "incremental_streaming_output": True, "served_model_name": "null"})
     argv = launcher.command(tmp_path, None)
+    assert not set(argv) & set(ALIASES), argv
     config = build(argv[argv.index("engine"):])
-    assert (config.model_dir, config.weight_version, config.num_threads) == (tmp_path, "7", 2)
+    assert config == EngineConfig(
+        model_dir=tmp_path, host="127.0.0.1", port=0, weight_version="007", num_threads=2,
+        cache_bytes=2**20, device="cpu", dtype="float32", incremental_streaming_output=True,
+        served_model_name="null")
+
+
+def test_a_shell_command_as_a_scaffold_option_override_is_text(tmp_path):
+    """What the hidden `-o command=...` did, in the documented style: the command line
+    quoted as a YAML (JSON) string under `scaffold_options.command`."""
+    import json
+
+    command = "if [ -f {instance_id}.diff ]; then echo 'a: b' # x; fi"
+    old = build([*BASE["rollout"], "-o", f"command={command}"])
+    new = build([*BASE["rollout"], f"scaffold_options.command={json.dumps(command)}"])
+    assert new.scaffold_options == old.scaffold_options == {"command": command}

@@ -3,7 +3,7 @@
 `GatewayEngineSlots` is the `EngineSlots` of `learner/elastic/local.py` for `undertow train`
 with a `pool` section, and the run's `WeightSink`:
 
-- `start_all()`: every cell starts its engine (the built-in one, `--num-threads
+- `start_all()`: every cell starts its engine (the built-in one, `num_threads=
   threads_per_cell`, on the base weights) and the engine is added at the gateway.
 - `drain(c)`: moving cell c to training. The gateway drains c's engine with migration and
   removes it once nothing of the gateway runs on it (`DELETE /admin/engines/{id}?migrate=
@@ -122,7 +122,7 @@ class GatewayEngineSlots:
         self.num_started += 1
         model_dir, version = self.weights
         launcher = BuiltinLauncher(weight_version=str(version),
-                                   extra_args=("--num-threads", str(self.threads_per_cell)))
+                                   overrides={"num_threads": self.threads_per_cell})
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return await start_engine(launcher, model_dir, log_path=self.log_dir /
                                   f"cell-{cell_id}-{self.num_started}.log")

@@ -1,8 +1,9 @@
 """Launchers: start an engine server process, wait until it is ready, give its URL, stop it.
 
 One small protocol, `Launcher`, with one implementation per engine kind, chosen by name:
-- `builtin`: Undertow's own engine, `python -m undertow.cli engine serve --model DIR --port 0`
-  (it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
+- `builtin`: Undertow's own engine, `python -m undertow.cli engine serve --model DIR --port 0
+  weight_version=V KEY=VALUE...` (its `EngineConfig` keys as overrides, the documented style;
+  it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
 - `sglang`: `python -m sglang.launch_server --model-path DIR --host 127.0.0.1 --port P` with the
   flags RL needs (`--weight-version`, `--enable-deterministic-inference` so that logprobs
   are reproducible and `sampling_seed` is honoured: SGLang 0.5.23 ignores the seed without
@@ -40,6 +41,7 @@ processes), then SIGKILL after a grace period.
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -51,7 +53,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -115,9 +117,15 @@ def _clean_environment(extra: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BuiltinLauncher:
-    """The built-in engine, run by this python."""
+    """The built-in engine, run by this python.
+
+    `overrides` are keys of its `EngineConfig` (`gateway/engines/builtin/server.py`), e.g.
+    `{"num_threads": 2, "device": "cuda"}`, passed as `KEY=VALUE` with `weight_version`;
+    each value is written as JSON, which the command reads back as the same YAML value.
+    `extra_args` go on the command line as they are (e.g. `-c engine.yaml`)."""
 
     weight_version: str = "0"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     python: Path = Path(sys.executable)
     name: str = "builtin"
@@ -130,9 +138,11 @@ class BuiltinLauncher:
             raise EngineLaunchError(f"python not found at {self.python}")
 
     def command(self, model_dir: Path, port: int | None) -> list[str]:
+        settings = {"weight_version": self.weight_version, **self.overrides}
         return [str(self.python), "-m", "undertow.cli", "engine", "serve", "--model",
                 str(model_dir), "--host", HOST, "--port", str(port or 0),
-                "--weight-version", self.weight_version, *self.extra_args]
+                *(f"{key}={json.dumps(value)}" for key, value in settings.items()),
+                *self.extra_args]
 
     def environment(self) -> dict[str, str]:
         return dict(os.environ)

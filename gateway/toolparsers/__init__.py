@@ -1,5 +1,5 @@
 """Tool-call and reasoning parsers, chosen by name (`GatewayConfig.tool_parser`,
-`--tool-parser`), or `auto`: detected from the model directory's chat template
+`gateway serve tool_parser=NAME`), or `auto`: detected from the model directory's chat template
 (`detect.py`).
 
 A parser turns a completion's text, fed as it streams, into `Content`, `Reasoning`

@@ -1,4 +1,4 @@
-"""Which parser a model directory's chat template calls for (`--tool-parser auto`).
+"""Which parser a model directory's chat template calls for (`tool_parser=auto`).
 
 A template writes its family's tool-call format itself (to render earlier calls and
 to describe the tools), so its text names the format; the markers are checked from

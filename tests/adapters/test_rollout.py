@@ -124,9 +124,9 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
     token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(BUNDLED),
-        "--scaffold", "command", "-o", "command=sleep 600", "--gateway", scripted_gateway.url,
+        "--scaffold", "command", "--gateway", scripted_gateway.url,
         "--out", str(tmp_path), "num_tasks=1", "group_size=2", "concurrency=2", "timeout_s=600",
-        "progress_interval_s=1",
+        "progress_interval_s=1", "scaffold_options.command=sleep 600",
         env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output = b""

@@ -179,9 +179,10 @@ def test_import_rollout_export_and_the_official_verdict(imported_set, tiny_model
     task_set, imported, command = imported_set
     out = tmp_path / "runs"
     capsys.readouterr()
-    assert main(["rollout", "--tasks", str(task_set), "--scaffold", "command", "-o",
-                 f"command={command}", "--model", str(tiny_model_dir), "--out", str(out),
-                 "timeout_s=300", "progress_interval_s=0"]) == 0
+    assert main(["rollout", "--tasks", str(task_set), "--scaffold", "command", "--model",
+                 str(tiny_model_dir), "--out", str(out), "timeout_s=300",
+                 "progress_interval_s=0", f"scaffold_options.command={json.dumps(command)}"]
+                ) == 0
     [run] = [path.parent for path in out.glob("*/summary.json")]
     sessions = {s["instance_id"]: s for s in json.loads((run / "summary.json").read_text())[
         "sessions"]}

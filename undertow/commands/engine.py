@@ -4,8 +4,9 @@ Its configuration is `EngineConfig` (`gateway/engines/builtin/server.py`): `-c F
 and `KEY=VALUE` overrides (`undertow/config.py`), e.g. `device=cuda
 chunked_prefill_size=0`; `--help` lists the keys and their defaults. The flags are what
 one types every time: the model directory, host and port. The old flags of the other
-keys (`--num-threads N`, `--weight-version V`, ...) still work, hidden, because the engine
-launchers (`gateway/engines/launch.py`, `undertow/cells.py`) pass them.
+keys (`--num-threads N`, `--weight-version V`, ...) still work, hidden, for users' old
+scripts only: Undertow's own engine launcher (`gateway/engines/launch.py` BuiltinLauncher)
+passes `KEY=VALUE`.
 """
 
 from __future__ import annotations

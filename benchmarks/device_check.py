@@ -238,7 +238,7 @@ async def engine_decode(model_dir: Path) -> dict[int, float]:
     from benchmarks.engine import TIMEOUT, complete, decode_throughput, token_ids
     from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
 
-    launcher = BuiltinLauncher(extra_args=("--device", "cuda"))
+    launcher = BuiltinLauncher(overrides={"device": "cuda"})
     async with launch_engine(launcher, model_dir) as engine, \
             aiohttp.ClientSession(timeout=TIMEOUT) as session:
         model = str(model_dir)

@@ -200,10 +200,11 @@ class EngineHost:
         from undertow.gateway.engines.launch import start_engine
 
         node_ip = ray.util.get_node_ip_address()
-        extra = ("--num-threads", str(num_threads))
+        extra = ()
         if not node_ip.startswith("127."):
-            extra += ("--host", "0.0.0.0")   # the last --host wins; readiness is probed locally
-        launcher = BuiltinLauncher(weight_version=str(weight_version), extra_args=extra)
+            extra = ("--host", "0.0.0.0")   # the last --host wins; readiness is probed locally
+        launcher = BuiltinLauncher(weight_version=str(weight_version),
+                                   overrides={"num_threads": num_threads}, extra_args=extra)
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         engine = asyncio.run(start_engine(launcher, model_dir, log_path=Path(log_path)))
         url = f"http://{_url_host(node_ip)}:{engine.url.rsplit(':', 1)[1]}"

@@ -163,3 +163,60 @@ def test_a_shell_command_as_a_scaffold_option_override_is_text(tmp_path):
     old = build([*BASE["rollout"], "-o", f"command={command}"])
     new = build([*BASE["rollout"], f"scaffold_options.command={json.dumps(command)}"])
     assert new.scaffold_options == old.scaffold_options == {"command": command}
+
+
+def _alias_tables() -> dict[tuple[str, ...], set[str]]:
+    """Each command's words, and its hidden alias flags (`-o` too, for rollout)."""
+    from undertow.commands import engine, gateway, rollout
+
+    return {("engine", "serve"): set(engine.ALIASES),
+            ("gateway", "serve"): set(gateway.ALIASES),
+            ("rollout",): {*rollout.ALIASES, "-o", "--option"}}
+
+
+def _string_runs(node) -> list[list[str]]:
+    """The string constants of each list or tuple literal, and of each call's positional
+    arguments (`create_subprocess_exec(python, "-m", ...)`), under `node`, in order."""
+    import ast
+
+    items = [literal.elts if isinstance(literal, ast.List | ast.Tuple) else literal.args
+             for literal in ast.walk(node) if isinstance(literal, ast.List | ast.Tuple | ast.Call)]
+    return [[item.value for item in elts
+             if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+            for elts in items]
+
+
+def _contains(words: list[str], command: tuple[str, ...]) -> bool:
+    return any(tuple(words[i:i + len(command)]) == command for i in range(len(words)))
+
+
+def test_undertows_own_code_launches_its_commands_in_the_documented_style():
+    """The hidden alias flags are for users' old scripts: no command line that Undertow's
+    code, tests or benchmarks build for `engine serve`, `gateway serve` or `rollout` uses
+    one, and neither does a `BuiltinLauncher`'s `extra_args`."""
+    import ast
+
+    repo = README.parent
+    tables = _alias_tables()
+    found = []
+    for folder in ("gateway", "adapters", "learner", "sandboxes", "undertow", "benchmarks",
+                   "tests"):
+        for path in (repo / folder).rglob("*.py"):
+            if path.name == "test_cli_config.py" or path.parent.name == "commands":
+                continue   # the alias tables themselves, and the test of the aliases
+            tree = ast.parse(path.read_text())
+            for words in _string_runs(tree):
+                for command, aliases in tables.items():
+                    if _contains(words, command) and set(words) & aliases:
+                        found.append((path.relative_to(repo), sorted(set(words) & aliases)))
+            for call in ast.walk(tree):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == \
+                        "BuiltinLauncher":
+                    flags = {word for run in _string_runs(call) for word in run}
+                    if flags & tables[("engine", "serve")]:
+                        found.append((path.relative_to(repo), sorted(flags)))
+    for line in readme_commands():   # and the README shows the documented style only
+        words = line.split()
+        found += [("README.md", line) for command, aliases in tables.items()
+                  if _contains(words, command) and set(words) & aliases]
+    assert not found, found

@@ -35,11 +35,24 @@ optimizer state in float32 (the master weights) and computes in bfloat16: under 
 its `MixedPrecisionPolicy` all-gathers bf16 copies and reduce-scatters gradients in
 float32; a single process uses `torch.autocast`.
 
-A sharded policy does not score a micro-batch in segments (`segments.py`, for one longer
-than `learner.max_segment_tokens` under block attention): the segments' backward runs its
-own `torch.autograd.backward` inside the step's backward, as torch's reentrant checkpoint
-does, and FSDP2's per-unit gradient reduction does not follow it (the gradient comes out
-wrong, measured on a one-process mesh). `check_unsegmented` refuses such a micro-batch.
+Long micro-batches (`segments.py`: one longer than `learner.max_segment_tokens` under
+block attention is scored in S segments) cost more than one forward and backward: S
+forwards in the scores, then in the step's backward S forwards each with its own
+backward. The processes of a mesh must issue the same all-gathers and reduce-scatters in
+the same order, so a round (`round_pass`) is planned from every micro-batch in it: when
+the longest has S > 1 segments, each process runs S forwards, then S forwards each with
+a backward, filling what its own micro-batch lacks with idle forwards (no graph) before
+it and idle passes after it (a micro-batch scored whole counts as one forward with a
+backward, an absent one as none). An idle process thus costs up to 2S one-token passes
+instead of one. What makes each pass issue the same collectives wherever it runs: every
+unit prefetches the next one's weights in the backward by an explicit list
+(`shard_policy`), not by FSDP2's default, which follows the recorded order of forwards,
+and FSDP2 records no forward that runs inside a backward (a segment's); a segment's
+forward frees each layer's gathered weights after it, as an ordinary forward does
+(`segments.reshard_inner_units`); and every segment's backward runs through every unit.
+The segments' keys and values travel in an `attention.SegmentContext`, which FSDP2 does
+not copy. The gradient is then the sum over segments, reduce-scattered segment by
+segment, and equals one unsharded process's (tests/learner/test_sharding.py).
 
 The micro-batch token budget can be derived from the device's free memory
 (`micro_batch_token_budget`): what is left after the parameters, gradients and AdamW
@@ -52,6 +65,7 @@ import contextlib
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +241,7 @@ def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> No
     # The root unit is the decoder, not the causal LM: `PolicyModel.score` calls the
     # decoder and applies the head itself, so the causal LM's forward hook never runs.
     fully_shard(model.model, **options)
+    _prefetch_in_layer_order(model.model)
     if model.config.tie_word_embeddings:
         model.lm_head = _TiedHead(model.model.embed_tokens)
     else:
@@ -243,35 +258,53 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
     device = _device_of(policy)
     step = step_to(step, device)
     weights = step_weights(config, step)
-    for micro_batch in step.micro_batches:   # every process refuses, none waits on another
-        check_unsegmented(policy, micro_batch)
     num_rounds = math.ceil(len(step.micro_batches) / world_size)
     totals: dict[str, float] = defaultdict(float)
     for round_index in range(num_rounds):
-        index = round_index * world_size + rank
-        if index >= len(step.micro_batches):
-            idle_pass(policy, device)
-            continue
-        for name, value in backward_micro_batch(policy, step, weights, index, config,
-                                                reference).items():
+        first = round_index * world_size
+        index = first + rank
+        stats = round_pass(policy, device, step.micro_batches[first:first + world_size], rank,
+                           lambda index=index: backward_micro_batch(
+                               policy, step, weights, index, config, reference))
+        for name, value in stats.items():
             totals[name] += value
     mean_to_sum(policy, world_size)
     return dict(totals)
 
 
-def check_unsegmented(policy: PolicyModel, micro_batch: MicroBatch) -> None:
-    """DeviceError if `policy.score` would score `micro_batch` in segments, which a
-    sharded policy does not support (module docstring)."""
+def round_pass(policy: PolicyModel, device: torch.device, micro_batches: list[MicroBatch],
+               rank: int, backward: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """This process's part of one round of a sharded step, in which process i trains
+    `micro_batches[i]` (processes past the list's end have none): `backward()` (the
+    forward, loss and backward of `micro_batches[rank]`, returning its stats) or an idle
+    pass, padded with idle forwards and passes to the round's longest micro-batch so
+    that every process of the mesh issues the same collectives (module docstring).
+    Returns the stats, empty for an idle process."""
+    num_segments = max(segments_of(policy, micro_batch) for micro_batch in micro_batches)
+    own = segments_of(policy, micro_batches[rank]) if rank < len(micro_batches) else 0
+    if num_segments == 1:
+        if own:
+            return backward()
+        idle_pass(policy, device)
+        return {}
+    own_forwards = own if own > 1 else 0     # a whole micro-batch's forward is in its pass
+    for _ in range(num_segments - own_forwards):
+        idle_forward(policy, device)
+    stats = backward() if own else {}
+    for _ in range(num_segments - own):
+        idle_pass(policy, device)
+    return stats
+
+
+def segments_of(policy: PolicyModel, micro_batch: MicroBatch) -> int:
+    """How many segments `PolicyModel.score` scores the micro-batch in (1: whole)."""
     attention = policy.attention
     if attention == "auto":
         tree = policy.model.config._attn_implementation == TREE_ATTENTION
         attention = "blocks" if tree else "dense"
     if attention == "blocks" and 0 < policy.max_segment_tokens < micro_batch.num_tokens:
-        raise DeviceError(
-            f"a micro-batch of {micro_batch.num_tokens} tokens would be scored in segments of "
-            f"{policy.max_segment_tokens} (learner.max_segment_tokens), which FSDP2 sharding "
-            "does not support; set learner.long_paths: split, or learner.max_segment_tokens "
-            "at least learner.max_tokens, or pool.processes_per_cell: 1")
+        return math.ceil(micro_batch.num_tokens / policy.max_segment_tokens)
+    return 1
 
 
 def mean_to_sum(policy: PolicyModel, world_size: int) -> None:
@@ -296,10 +329,33 @@ def idle_pass(policy: PolicyModel, device: torch.device) -> None:
     """A forward and backward on one token with a zero loss, through the decoder and the
     head's scores as a micro-batch goes, so that a process with no micro-batch left joins
     every unit's all-gathers and reduce-scatters."""
+    (_idle_scores(policy, device).sum() * 0.0).backward()
+
+
+def idle_forward(policy: PolicyModel, device: torch.device) -> None:
+    """`idle_pass`'s forward alone, with no graph: the all-gathers of one segment's
+    forward in the scores of a segmented micro-batch."""
+    with torch.no_grad():
+        _idle_scores(policy, device)
+
+
+def _idle_scores(policy: PolicyModel, device: torch.device) -> torch.Tensor:
     token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)              # (1, 1)
     hidden = policy.model.model(input_ids=token_ids, use_cache=False).last_hidden_state[0]
-    logprobs, _ = policy.score_hidden(hidden, token_ids[0], False)
-    (logprobs.sum() * 0.0).backward()
+    return policy.score_hidden(hidden, token_ids[0], False)[0]                 # (1,)
+
+
+def _prefetch_in_layer_order(decoder: nn.Module) -> None:
+    """Sets each unit of the sharded decoder to prefetch, in the backward, the weights
+    of the unit whose backward comes next: the root the last layer's, each layer the one
+    below, the first layer the root's (gathered already: no collective). FSDP2's default
+    picks the unit recorded before this one among the forwards since the last backward,
+    which skips a forward that runs inside a backward (a segment's), so two processes
+    could prefetch differently and their collectives would no longer pair up."""
+    layers = list(decoder.layers)
+    decoder.set_modules_to_backward_prefetch([layers[-1]])
+    for below, layer in zip([decoder, *layers[:-1]], layers, strict=True):
+        layer.set_modules_to_backward_prefetch([below])
 
 
 def _device_of(policy: PolicyModel) -> torch.device:

@@ -8,7 +8,8 @@ weights, draws up to W tickets per round from the claim queue, and hands each ro
 micro-batches to the cell's processes over the cell's own process group (bytes by
 `dist.broadcast`, decoded by `wire.py`: no pickle). Every process trains one micro-batch
 per round, or an idle pass, because FSDP2's all-gathers and reduce-scatters need the
-whole mesh (`sharding.sharded_backward_step`'s rounds). When the leader draws the
+whole mesh (`sharding.round_pass`, which also pads a round whose micro-batches are scored
+in different numbers of segments). When the leader draws the
 queue's end, the cell gathers its summed gradient whole at the leader, which joins the
 coordinator's final reduce with it like any member; the claim and normaliser rules are
 the elastic step's, so the step's gradient stays exact whatever cells join, and when.
@@ -23,6 +24,7 @@ weights once per step per cell; inside a step nothing is re-formed.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from typing import Any
 
@@ -42,10 +44,9 @@ from undertow.learner.losses import LossConfig, chunk_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
 from undertow.learner.sharding import (
-    check_unsegmented,
     full_parameters,
-    idle_pass,
     mean_to_sum,
+    round_pass,
     shard_policy,
     step_to,
 )
@@ -120,20 +121,16 @@ class CellMember:
                 chunk = step_to(decode_step(self._broadcast_bytes(data)), self.device)
                 chunks[chunk_id] = (chunk, chunk_weights(config, chunk))
             entries = picks["entries"]
-            for _ticket, where in entries:   # every process refuses, none waits on another
-                chunk = chunks[where["chunk"]][0]
-                check_unsegmented(self.policy, chunk.micro_batches[where["index"]])
             if not entries:
                 continue
+            micro_batches = [chunks[where["chunk"]][0].micro_batches[where["index"]]
+                             for _ticket, where in entries]
+            backward = functools.partial(self._backward, chunks, entries, config)
+            for key, value in round_pass(self.policy, self.device, micro_batches, self.rank,
+                                         backward).items():
+                stats[key] = stats.get(key, 0.0) + value
             if self.rank < len(entries):
-                ticket, where = entries[self.rank]
-                chunk, weights = chunks[where["chunk"]]
-                for key, value in backward_micro_batch(self.policy, chunk, weights,
-                                                       where["index"], config).items():
-                    stats[key] = stats.get(key, 0.0) + value
-                claimed.append(ticket)
-            else:
-                idle_pass(self.policy, self.device)
+                claimed.append(entries[self.rank][0])
         mean_to_sum(self.policy, self.size)
         claims = self._gather_json({"claimed": claimed, "stats": stats})
         total: dict[str, float] = {}
@@ -142,6 +139,13 @@ class CellMember:
                 total[key] = total.get(key, 0.0) + value
         return {"name": self.name, "stats": total,
                 "claimed": sorted(t for part in claims for t in part["claimed"])}
+
+    def _backward(self, chunks: dict[int, tuple], entries: list, config: LossConfig
+                  ) -> dict[str, float]:
+        """The forward, loss and backward of this process's micro-batch of the round."""
+        where = entries[self.rank][1]
+        chunk, weights = chunks[where["chunk"]]
+        return backward_micro_batch(self.policy, chunk, weights, where["index"], config)
 
     def _draw_round(self, store, seen: set[int]) -> dict[str, Any]:
         """The leader draws up to one ticket per process; stops at the queue's end.

@@ -7,7 +7,15 @@
   gradient clipping and AdamW, and gather the gradients and parameters: each gradient
   equals the unsharded one within 1e-5 of its scale and each parameter within 1e-5
   what one unsharded process gets from `backward_step` on the same step, which moved
-  them; the processes' losses and term counts sum to the single process's.
+  them; the processes' losses and term counts sum to the single process's. Long
+  micro-batches are scored in segments (`segments.py`), by both: the tied model in
+  segments of 20 (two or three per micro-batch, rounds whose two micro-batches have
+  different counts, a segment without terms), the untied one in segments of 32 (rounds
+  of one segmented and one whole micro-batch, rounds of whole ones, segments without
+  terms); in both the idle round pads a segmented one. (The single process scores in
+  segments too because AdamW's first step moves a weight by up to its learning rate
+  whatever its gradient's size: a gradient of 1e-9, which summing in another order
+  (segments or not) turns into 4e-9, moved a weight 8e-5 apart on one process.)
 - The device and the micro-batch token budget: "auto" is the CPU here, "cuda" without a
   GPU says what to do, and the budget grows with checkpointing and with shards.
 """
@@ -32,10 +40,10 @@ from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step
 from undertow.learner.sharding import (
     DeviceError,
-    check_unsegmented,
     full_parameters,
     micro_batch_token_budget,
     resolve_device,
+    segments_of,
     shard_policy,
     sharded_backward_step,
 )
@@ -46,6 +54,7 @@ CONFIG = LossConfig(name="grpo", correction="decoupled_ppo", entropy_coef=0.01,
                     max_importance_weight=1.5)
 LR = 1e-3
 HEAD_CHUNK_TOKENS = 16   # the LM head in several chunks per micro-batch
+SEGMENT_TOKENS = {"tiny_model_dir": 20, "tiny_untied_model_dir": 32}   # module docstring
 
 
 def _packed_step():
@@ -67,7 +76,8 @@ def _train_one_step(policy, step_fn):
     return stats, grads
 
 
-def _cell_member(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+def _cell_member(rank: int, port: int, model_dir: str, out_dir: str,
+                 segment_tokens: int) -> None:
     """One process of the cell: shard, train the step, write the gathered parameters."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -77,7 +87,8 @@ def _cell_member(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,))
         policy = PolicyModel.load(model_dir, max_query_tokens=8,
-                                  head_chunk_tokens=HEAD_CHUNK_TOKENS)
+                                  head_chunk_tokens=HEAD_CHUNK_TOKENS,
+                                  max_segment_tokens=segment_tokens)
         policy.model.train()
         shard_policy(policy, mesh)
         head = policy.model.get_output_embeddings().weight
@@ -106,19 +117,23 @@ def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(model_dir_fixt
     store = dist.TCPStore("127.0.0.1", 0, world_size=WORLD_SIZE + 1, is_master=True,
                           wait_for_workers=False)
     context = mp.get_context("spawn")
+    segment_tokens = SEGMENT_TOKENS[model_dir_fixture]
     processes = [context.Process(target=_cell_member,
-                                 args=(rank, store.port, str(tiny_model_dir), str(tmp_path)))
+                                 args=(rank, store.port, str(tiny_model_dir), str(tmp_path),
+                                       segment_tokens))
                  for rank in range(WORLD_SIZE)]
     for process in processes:
         process.start()
 
     policy = PolicyModel.load(tiny_model_dir, max_query_tokens=8,
-                              head_chunk_tokens=HEAD_CHUNK_TOKENS)
+                              head_chunk_tokens=HEAD_CHUNK_TOKENS,
+                              max_segment_tokens=segment_tokens)
     policy.model.train()
     assert policy.model.config.tie_word_embeddings is not untied
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
     step = _packed_step()
     assert len(step.micro_batches) % WORLD_SIZE == 1   # one process runs an idle round
+    _assert_segments_as_described(policy, step, segment_tokens, untied)
     expected_stats, expected_grads = _train_one_step(
         policy, lambda: backward_step(policy, step, CONFIG))
 
@@ -140,22 +155,39 @@ def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(model_dir_fixt
                         rel_tol=1e-5, abs_tol=1e-6)
 
 
-def test_a_sharded_step_refuses_micro_batches_it_would_score_in_segments(policy32):
-    """Segmented scoring's reentrant backward gives FSDP2 a wrong gradient (a one-process
-    mesh measured 1.2x the gradient's scale off), so a sharded step refuses it up front."""
+def _assert_segments_as_described(policy, step, segment_tokens: int, untied: bool) -> None:
+    """The segment counts per round and the segments without terms of the module
+    docstring (`policy` scores in segments of `segment_tokens`)."""
+    counts = [segments_of(policy, micro_batch) for micro_batch in step.micro_batches]
+    rounds = [counts[i:i + WORLD_SIZE] for i in range(0, len(counts), WORLD_SIZE)]
+    assert rounds[-1][0] > 1 and len(rounds[-1]) == 1          # the idle round is padded
+    if untied:
+        assert [2, 1] in rounds and [1, 1] in rounds
+    else:
+        assert max(counts) == 3 and min(counts) == 2 and [2, 3] in rounds
+    empty = [(micro_batch, start) for micro_batch, count in zip(step.micro_batches, counts,
+                                                                strict=True) if count > 1
+             for start in range(0, micro_batch.num_tokens, segment_tokens)
+             if not ((micro_batch.term_predictor_index >= start)
+                     & (micro_batch.term_predictor_index < start + segment_tokens)).any()]
+    assert empty
+
+
+def test_segments_of_counts_what_the_policy_scores_in_segments(policy32):
     step = _packed_step()
     longest = max(step.micro_batches, key=lambda mb: mb.num_tokens)
     saved = policy32.max_segment_tokens, policy32.attention
-    policy32.model.zero_grad(set_to_none=True)
     try:
         policy32.max_segment_tokens = longest.num_tokens - 1
-        with pytest.raises(DeviceError, match=r"learner\.max_segment_tokens"):
-            sharded_backward_step(policy32, step, CONFIG, rank=0, world_size=1)
-        assert policy32.model.model.embed_tokens.weight.grad is None   # refused before any
+        assert segments_of(policy32, longest) == 2
+        policy32.max_segment_tokens = 10
+        assert segments_of(policy32, longest) == math.ceil(longest.num_tokens / 10)
         policy32.attention = "dense"          # dense attention never segments
-        check_unsegmented(policy32, longest)
+        assert segments_of(policy32, longest) == 1
         policy32.attention, policy32.max_segment_tokens = "blocks", longest.num_tokens
-        check_unsegmented(policy32, longest)
+        assert segments_of(policy32, longest) == 1
+        policy32.max_segment_tokens = 0       # 0: never
+        assert segments_of(policy32, longest) == 1
     finally:
         policy32.max_segment_tokens, policy32.attention = saved
 

@@ -21,3 +21,31 @@ def test_the_local_backend_shards_cells_as_the_run_config_asks(tiny_model_dir):
             address, tiny_model_dir, reference_dir=str(tiny_model_dir))
     with pytest.raises(ValueError, match=r"pool\.processes_per_cell"):
         CellPoolConfig(processes_per_cell=2, backend="ray")
+
+
+def test_ray_members_ask_for_the_gpus_their_device_needs():
+    from undertow.pool_backends import ray_gpus_per_member
+
+    assert ray_gpus_per_member(None, "cuda") == 1.0
+    assert ray_gpus_per_member(None, "cpu") == 0.0
+    assert ray_gpus_per_member(0.5, "cuda") == 0.5          # members share a GPU
+    assert ray_gpus_per_member(2, "cpu") == 2.0
+    with pytest.raises(ValueError, match=r"pool\.gpus_per_member=0 .* learner\.device"):
+        ray_gpus_per_member(0, "cuda")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA is here")
+def test_cuda_without_cuda_is_refused_before_ray_starts(tmp_path):
+    import sys
+
+    from undertow.learner.config import TrainConfig
+    from undertow.pool_backends import pool_backend
+
+    ray_loaded = "ray" in sys.modules
+    pool = CellPoolConfig(backend="ray")
+    with pytest.raises(ValueError, match=r"learner\.device is 'cuda'"), \
+            pool_backend(pool, tmp_path, TrainConfig(device="cuda")):
+        pytest.fail("the backend started")
+    assert ("ray" in sys.modules) == ray_loaded   # nothing of Ray was even imported
+    with pool_backend(CellPoolConfig(), tmp_path, TrainConfig(device="auto")) as backend:
+        assert backend.pool.backend == "local"

@@ -17,6 +17,13 @@ same code on both:
   (`advertised_url`), so that the gateway is reachable from every node. On Ray each
   engine host checks that from its node when it starts and the answer is recorded.
 
+Devices: the members get the run's `learner` section (`members(..., learner=...)`) and
+train on its device (`learner/elastic/devices.py`). `pool_backend` checks it before it
+starts anything (Ray included): `learner.device: cuda` with no CUDA, or a cell of more
+GPUs than the node has, is refused naming the field. On Ray each member actor asks for
+`ray_gpus_per_member` GPUs (`pool.gpus_per_member`, else 1 on CUDA and 0 on the CPU),
+and a cell that no node of the cluster could hold is refused before any actor starts.
+
 Where everything ran is written, one JSON object a line, to `ray_placements.jsonl` in
 the run directory: each member's and engine's cell, Ray node ID, process and URL, and
 whether its node reached the gateway.
@@ -83,9 +90,20 @@ class RayBackend(LocalBackend):
         self.gateway_url = ""
 
     def members(self, address: tuple[str, int], model_dir: Path, **options: Any) -> Any:
+        import ray
+        import torch
+
+        from undertow.learner.elastic.devices import check_cell_gpus, member_device_name
         from undertow.learner.elastic.ray_members import RayCell, pinned_resources
 
+        learner = options.get("learner")
+        device = "cpu" if learner is None else member_device_name(
+            learner.device, torch.cuda.is_available())
+        gpus = ray_gpus_per_member(self.pool.gpus_per_member, device)
+        check_cell_gpus(gpus, [node["Resources"].get("GPU", 0.0) for node in ray.nodes()
+                               if node.get("Alive")])
         cells = {cell_id: RayCell(num_cpus_per_member=self.pool.threads_per_cell,
+                                  num_gpus_per_member=gpus,
                                   resources_per_member=pinned_resources(cell_id))
                  for cell_id in range(self.pool.num_cells)}
         members = RecordedRayMembers((self.advertise_host, address[1]), model_dir, cells,
@@ -104,10 +122,40 @@ class RayBackend(LocalBackend):
         return self.gateway_url
 
 
+def ray_gpus_per_member(gpus_per_member: float | None, member_device: str) -> float:
+    """What each member actor asks Ray for: `pool.gpus_per_member`, or 1 when the
+    members train on CUDA (`member_device`, "auto" already resolved) and 0 on the CPU;
+    ValueError for CUDA members with 0 GPUs (Ray would hide every GPU from them)."""
+    if gpus_per_member is None:
+        return 1.0 if member_device == "cuda" else 0.0
+    if member_device == "cuda" and gpus_per_member <= 0:
+        raise ValueError("pool.gpus_per_member=0 but learner.device is 'cuda': Ray hides "
+                         "the GPUs from an actor that asks for none; set pool.gpus_per_member "
+                         "> 0 (or remove it) or learner.device: cpu")
+    return float(gpus_per_member)
+
+
+def check_devices(pool: CellPoolConfig, learner: Any) -> None:
+    """Refuses a `learner.device` the pool cannot honour on this node, before anything
+    starts (`devices.check_member_devices`)."""
+    import torch
+
+    from undertow.learner.elastic.devices import check_member_devices
+
+    available = torch.cuda.is_available()
+    check_member_devices(learner.device, available,
+                         torch.cuda.device_count() if available else 0,
+                         pool.processes_per_cell)
+
+
 @contextlib.contextmanager
-def pool_backend(pool: CellPoolConfig, run_dir: Path) -> Iterator[LocalBackend]:
+def pool_backend(pool: CellPoolConfig, run_dir: Path,
+                 learner: Any = None) -> Iterator[LocalBackend]:
     """The backend `pool.backend` names, ready for the block (on Ray: connected, or a
-    one-machine Ray started, and disconnected or stopped at the end)."""
+    one-machine Ray started, and disconnected or stopped at the end). With the run's
+    `learner` section, its device is checked first (`check_devices`)."""
+    if learner is not None:
+        check_devices(pool, learner)
     if pool.backend == "local":
         yield LocalBackend(pool)
         return

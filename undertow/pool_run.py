@@ -94,7 +94,7 @@ def train_with_pool(sections: RunSections, model_dir: Path, stop, resume: bool =
 
     if sections.pool is None:
         raise ValueError("a pool run needs the config's pool section")
-    with pool_backend(sections.pool, sections.run.run_dir) as backend:
+    with pool_backend(sections.pool, sections.run.run_dir, sections.learner) as backend:
         return _train_on(backend, sections, model_dir, stop, resume)
 
 
@@ -107,9 +107,6 @@ def _train_on(backend, sections: RunSections, model_dir: Path, stop, resume: boo
 
     run, config, loss, pool = sections.run, sections.learner, sections.loss, sections.pool
     resolved = sections.resolved()
-    if config.dtype != "float32":
-        raise ValueError(f"learner.dtype={config.dtype!r}: a pool run's members train in "
-                         "float32; set learner.dtype=float32 or remove the pool section")
     if run.engine_urls:
         raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
                          "engines; remove one of them")
@@ -121,7 +118,7 @@ def _train_on(backend, sections: RunSections, model_dir: Path, stop, resume: boo
     learner.coordinator = Coordinator(learner.policy, run.run_dir / "elastic",
                                       timeout_s=pool.timeout_s)
     members = backend.members(learner.coordinator.address, model_dir, timeout_s=pool.timeout_s,
-                              num_threads=pool.threads_per_cell,
+                              num_threads=pool.threads_per_cell, learner=config,
                               reference_dir=str(model_dir) if loss.kl_coef else None)
     if pool.resident_members:
         members = ResidentMembers(members)

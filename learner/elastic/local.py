@@ -17,6 +17,14 @@ cells' roles with the transition table of `pool/cell.py` and, for each decision 
   take part in the step as one member; `ThreadMembers` runs them as threads of this
   process (a cell as a thread, cheap enough for tests and tiny models).
 
+Devices: both take the run config's `learner` section as the member option `learner`
+(`TrainConfig`; without it a member trains in float32 on the CPU). Before any member
+starts they check it (`devices.check_member_devices`: `learner.device: cuda` with no
+CUDA, or more processes per cell than GPUs, is refused naming the field) and resolve
+"auto" once, here; with CUDA, cell c's process r trains on
+`devices.local_device_index(c, r, ...)`, and a sharded cell's processes form their
+mesh over NCCL (`sharded_cell.cell_main`).
+
 Carrying out a decision:
     MoveToTraining(c)  rollout -> switching: drain c's engine; switching -> training:
                        start c's member and, if a step is open, send it in (it joins
@@ -159,10 +167,45 @@ class _RunningMember:
     cell_store: Any = None
 
 
+def member_learner(member_options: dict[str, Any], processes_per_cell: int = 1) -> Any:
+    """The `learner` member option, checked for this machine's devices (before any member
+    starts) and with "auto" resolved; None when the members were given none."""
+    import dataclasses
+
+    import torch
+
+    from undertow.learner.elastic.devices import check_member_devices, member_device_name
+
+    learner = member_options.get("learner")
+    if learner is None:
+        return None
+    available = torch.cuda.is_available()
+    check_member_devices(learner.device, available, torch.cuda.device_count() if available
+                         else 0, processes_per_cell)
+    return dataclasses.replace(learner, device=member_device_name(learner.device, available))
+
+
+def with_learner(member_options: dict[str, Any], learner: Any) -> dict[str, Any]:
+    """The member options with the checked `learner` in place of the given one."""
+    return {**member_options, **({"learner": learner} if learner is not None else {})}
+
+
+def device_index(learner: Any, cell_id: int, rank: int = 0, processes_per_cell: int = 1
+                 ) -> int | None:
+    """The GPU of process `rank` of cell `cell_id` here, or None off CUDA."""
+    if learner is None or learner.device != "cuda":
+        return None
+    import torch
+
+    from undertow.learner.elastic.devices import local_device_index
+
+    return local_device_index(cell_id, rank, processes_per_cell, torch.cuda.device_count())
+
+
 class ProcessMembers:
     """Each cell's member in its own process ("spawn"), fed step numbers by a queue; with
     `processes_per_cell` > 1, a cell's member is that many processes, one FSDP2 mesh
-    over gloo (`sharded_cell.cell_main`), each fed the same step numbers.
+    (gloo on CPUs, NCCL on GPUs: `sharded_cell.cell_main`), each fed the same step numbers.
 
     Invariants: a running cell has all its processes started and one inbox per process;
     a sharded cell's processes leave together (each ends on None, or on its step's
@@ -180,7 +223,8 @@ class ProcessMembers:
                             "pool.processes_per_cell to 1")
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.processes_per_cell = processes_per_cell
-        self.member_options = member_options
+        self.learner = member_learner(member_options, processes_per_cell)
+        self.member_options = with_learner(member_options, self.learner)
         self.context = torch.multiprocessing.get_context("spawn")
         self.running: dict[int, _RunningMember] = {}
 
@@ -194,7 +238,8 @@ class ProcessMembers:
         process = self.context.Process(
             target=member_main, name=member_name(cell_id), daemon=True,
             args=(self.address, member_name(cell_id), self.model_dir, inbox),
-            kwargs={"timeout_s": self.timeout_s, **self.member_options})
+            kwargs={"timeout_s": self.timeout_s, **self.member_options,
+                    "device_index": device_index(self.learner, cell_id)})
         process.start()
         self.running[cell_id] = _RunningMember([process], [inbox])
 
@@ -218,7 +263,8 @@ class ProcessMembers:
                 target=cell_main, name=f"{member_name(cell_id)}-{rank}", daemon=True,
                 args=(rank, size, (HOST, cell_store.port), self.address,
                       member_name(cell_id), self.model_dir, inbox),
-                kwargs={"timeout_s": self.timeout_s, **self.member_options})
+                kwargs={"timeout_s": self.timeout_s, **self.member_options,
+                        "device_index": device_index(self.learner, cell_id, rank, size)})
             process.start()
             running.processes.append(process)
             running.inboxes.append(inbox)
@@ -269,7 +315,8 @@ class ThreadMembers:
     def __init__(self, address: tuple[str, int], model_dir: str | Path,
                  timeout_s: float = 300.0, **member_options: Any):
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
-        self.member_options = member_options
+        self.learner = member_learner(member_options)
+        self.member_options = with_learner(member_options, self.learner)
         self.running: dict[int, tuple[threading.Thread, queue.Queue]] = {}
         self.errors: dict[int, BaseException] = {}
         # transformers' model loading is not thread-safe (it patches module-level
@@ -312,7 +359,8 @@ class ThreadMembers:
         try:
             with self.loading:
                 member = Member(self.address, member_name(cell_id), self.model_dir,
-                                timeout_s=self.timeout_s, **self.member_options)
+                                timeout_s=self.timeout_s, **self.member_options,
+                                device_index=device_index(self.learner, cell_id))
             while (step := inbox.get()) is not None:
                 member.join(step)
         except BaseException as error:  # reported by stop(), in the pool's thread

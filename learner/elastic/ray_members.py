@@ -16,6 +16,13 @@ Lifecycle, mirroring `ThreadMembers`:
     stop(c)      waits for c's queued joins, then kills the actors and removes the
                  placement group, which gives the cell's devices back to Ray
 
+Devices: the actors get the run config's `learner` section as the member option
+`learner` ("auto" resolved by the driver, `local.member_learner`) and train through the
+same `step.Member` as the local backend; an actor of a GPU cell (`num_gpus_per_member`
+> 0; `undertow train` sets it from `pool.gpus_per_member`) trains on the GPU Ray
+assigned it (`devices.assigned_device_index` of `ray.get_gpu_ids()` in the actor's
+CUDA_VISIBLE_DEVICES). The step's final sum stays gloo's, over CPU copies.
+
 A cell's custom resource (`cell_resource`) lets a cluster pin a cell to the node that
 holds its devices: declare it on that node (`ray start --resources`) and ask for it in
 `RayCell.resources_per_member`. The engine side (`EngineSlots`) stays with the gateway.
@@ -113,7 +120,8 @@ class MemberActor:
         from undertow.learner.elastic.step import Member
 
         torch.set_num_threads(num_threads)
-        self.member = Member(address, name, model_dir, timeout_s=timeout_s, **member_options)
+        self.member = Member(address, name, model_dir, timeout_s=timeout_s, **member_options,
+                             device_index=actor_device_index(member_options.get("learner")))
 
     def join(self, step: int) -> bool:
         return self.member.join(step)
@@ -125,6 +133,19 @@ class MemberActor:
         context = ray.get_runtime_context()
         return {"name": self.member.name, "pid": os.getpid(), "node_id": context.get_node_id(),
                 "gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()]}
+
+
+def actor_device_index(learner: Any) -> int | None:
+    """The CUDA index of the GPU Ray assigned this actor, or None when its member does
+    not train on CUDA (no `learner`, or a CPU one)."""
+    if learner is None or learner.device != "cuda":
+        return None
+    import ray
+
+    from undertow.learner.elastic.devices import assigned_device_index
+
+    return assigned_device_index([str(gpu) for gpu in ray.get_gpu_ids()],
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 @dataclass
@@ -156,9 +177,12 @@ class RayMembers:
         if not ray.is_initialized():
             raise CellPoolError("RayMembers needs a running Ray: call ray.init(address=...) or "
                             "use ray_members.local_cluster() first")
+        from undertow.learner.elastic.local import member_learner, with_learner
+
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.cells, self.placement_timeout_s = cells, placement_timeout_s
-        self.num_threads, self.member_options = num_threads, member_options
+        self.num_threads = num_threads
+        self.member_options = with_learner(member_options, member_learner(member_options))
         self.actor_class = ray.remote(max_restarts=0)(MemberActor)
         self.groups: dict[int, _Group] = {}
 

@@ -19,6 +19,14 @@ new cell (new process group, new mesh, the model re-sharded from the next step's
 weights, which every join reads anyway). What that costs: one rendezvous of the cell's
 processes (about a second on one node, more across nodes for NCCL), and the start
 weights once per step per cell; inside a step nothing is re-formed.
+
+Devices (issue 15): the cell's processes load the model in `learner.dtype` and place it
+as the plain run does (`sharding.place`: device, attention, activation checkpointing),
+then shard it with `learner.mixed_precision` as FSDP2's mixed-precision policy (no
+autocast: FSDP2 casts the gathered parameters). On CUDA each process takes the GPU its
+starter chose (`devices.local_device_index`), the cell's group is NCCL's and its mesh
+`init_device_mesh("cuda", ...)`; the leader's part in the coordinator's final sum is
+the elastic step's (a float32 CPU copy over gloo, `step.reduce_buffer`).
 """
 
 from __future__ import annotations
@@ -32,9 +40,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import distribute_tensor
 
+from undertow.learner.config import TrainConfig
 from undertow.learner.elastic.step import (
+    CPU_LEARNER,
     END,
     OPEN,
+    load_member_policies,
+    reduce_buffer,
     reduce_to_coordinator,
     step_store,
     tensors_digest,
@@ -63,16 +75,17 @@ class CellMember:
     """
 
     def __init__(self, address: tuple[str, int] | None, name: str, model_dir: str,
-                 mesh, backend: str = "gloo", timeout_s: float = 300.0):
+                 mesh, backend: str = "gloo", timeout_s: float = 300.0,
+                 learner: TrainConfig = CPU_LEARNER):
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.name, self.backend, self.timeout_s = name, backend, timeout_s
         self.store = None
         if self.rank == 0:
             self.store = dist.TCPStore(address[0], address[1], is_master=False,
                                        timeout=datetime.timedelta(seconds=timeout_s))
-        self.policy = PolicyModel.load(model_dir)
-        self.policy.model.train()
-        shard_policy(self.policy, mesh)
+        # The process's GPU is already current (`cell_main`), so no index here.
+        self.policy, _, _ = load_member_policies(learner, model_dir, None, None)
+        shard_policy(self.policy, mesh, learner.mixed_precision)
         self.device = next(self.policy.model.parameters()).to_local().device
 
     def join(self, step: int) -> bool:
@@ -92,8 +105,8 @@ class CellMember:
         if store is not None and world_size:
             report["weights_digest"] = digest
             store.set(f"report/{self.name}", json.dumps(report))
-            reduce_to_coordinator(self.backend, store, rank_in_step, world_size, full,
-                                   self.timeout_s)
+            reduce_to_coordinator(self.backend, store, rank_in_step, world_size,
+                                   reduce_buffer(self.backend, full), self.timeout_s)
         self.policy.model.zero_grad(set_to_none=True)
         return world_size > 0
 
@@ -218,6 +231,12 @@ def weights_digest_of(policy: PolicyModel) -> str:
     return tensors_digest(full_parameters(policy).items())
 
 
+def cell_device_type(device: str, cuda_available: bool) -> str:
+    """The mesh's device type for `learner.device` (`sharding.resolve_device`'s rule:
+    "auto" is CUDA where torch sees a GPU)."""
+    return "cuda" if device == "cuda" or (device == "auto" and cuda_available) else "cpu"
+
+
 def _wait_get(store, key: str) -> bytes:
     store.wait([key])
     return store.get(key)
@@ -225,24 +244,30 @@ def _wait_get(store, key: str) -> bytes:
 
 def cell_main(rank: int, size: int, cell_address: tuple[str, int], address: tuple[str, int],
               name: str, model_dir: str, inbox: Any, backend: str = "gloo",
-              timeout_s: float = 300.0, num_threads: int = 1) -> None:
+              timeout_s: float = 300.0, num_threads: int = 1,
+              learner: TrainConfig = CPU_LEARNER, device_index: int | None = None) -> None:
     """One process of a training cell of `size` processes (start each with the "spawn"
     context): joins the cell's process group at `cell_address` (a TCPStore its starter
     serves), shards the model over the cell's mesh, and joins each step number it reads
     from `inbox` (every process of the cell reads the same numbers) until it reads None.
-    Rank 0 is the cell's leader on the coordinator's store at `address`."""
+    Rank 0 is the cell's leader on the coordinator's store at `address`. `backend` is
+    the coordinator's final sum's; the cell's own group is NCCL's on CUDA (the process
+    on cuda:`device_index`), gloo's on the CPU."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(num_threads)
+    device_type = cell_device_type(learner.device, torch.cuda.is_available())
+    if device_type == "cuda" and device_index is not None:
+        torch.cuda.set_device(device_index)
     store = dist.TCPStore(cell_address[0], cell_address[1], is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store,
+                            rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        # `CellMember` shards the model where `PolicyModel.load` puts it, the CPU; a cell
-        # of GPUs would first move it to each process's device (not built yet).
         member = CellMember(address if rank == 0 else None, name, model_dir,
-                            init_device_mesh("cpu", (size,)), backend, timeout_s)
+                            init_device_mesh(device_type, (size,)), backend, timeout_s,
+                            learner)
         while (step := inbox.get()) is not None:
             member.join(step)
     finally:

@@ -60,8 +60,24 @@ CPU trains; on GPUs that is 2 bytes per parameter per joiner in bf16 (a 7B model
 14 GB per join, about 12 s at 10 Gb/s), where an NCCL broadcast from rank 0 would
 be the faster path (not built yet).
 
-Backends: "gloo" (CPU, tested here) and "nccl" (GPU; the gradient buffer then lives on
-the member's device). Everything else is backend-independent.
+Devices (issue 15): a member trains with the run config's `learner` section, through
+the plain run's `sharding.place` (device, attention, activation checkpointing) and
+`Placement.compute` (bf16 autocast under `learner.mixed_precision: bf16`), and loads
+its model in `learner.dtype`; with `device: cuda` it first makes its GPU
+(`device_index`, chosen by `devices.py`) the process's current device. The step's
+micro-batches go to that device when decoded; the gradient is summed over the
+member's micro-batches on its device, in its `.grad`, as in the plain run.
+
+The final sum's backend: "gloo" by default, on every device, over float32 CPU copies
+of the flattened gradients (each member moves its sum to the CPU once per step: 4
+bytes per parameter over PCIe, about 0.2 s for a 0.6B model). Why not NCCL: the group
+is formed anew for every step, and NCCL pays a communicator set-up per new group
+(seconds, and GPU memory) and refuses two ranks on one GPU, which the coordinator and
+the members of a one-node pool often are (and two members sharing cuda:0 in the
+device check). The exact-gradient invariant does not depend on it: the reduce sums in
+float32 whatever the parameters' dtype, so only the order of float additions differs
+from one process. "nccl" still works where every rank has a GPU of its own (the
+buffers then stay on the devices).
 """
 
 from __future__ import annotations
@@ -79,11 +95,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from undertow.learner.config import TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, LearnerError
 from undertow.learner.losses import LossConfig, chunk_weights, step_count
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch
 from undertow.learner.packing import PackedStep
+from undertow.learner.sharding import Placement, place
 from undertow.learner.wire import (
     decode_step,
     delete_blob,
@@ -98,6 +116,8 @@ HOST = "127.0.0.1"
 POLL_S = 0.02
 OPEN, CLOSED = "open:", "closed:"
 END = "end"
+CPU_LEARNER = TrainConfig(device="cpu")
+"""What a member trains with when it is given no `learner` section: float32 on the CPU."""
 
 
 class MembershipError(LearnerError):
@@ -183,6 +203,14 @@ def reduce_to_coordinator(backend: str, store: dist.Store, rank: int, size: int,
     group.reduce([buffer], options).wait()
 
 
+def reduce_buffer(backend: str, flat: torch.Tensor) -> torch.Tensor:
+    """`flat` as the final sum takes it: float32 (whatever the parameters' dtype, so the
+    sum over members rounds no more than one process's), on the CPU for gloo and on
+    the process's device for NCCL."""
+    device = flat.device if backend == "nccl" else torch.device("cpu")
+    return flat.to(device=device, dtype=torch.float32)
+
+
 def _flat_gradient(model: torch.nn.Module) -> torch.Tensor:
     """(P,) every parameter's gradient (zeros where it has none), flattened in order."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
@@ -190,10 +218,12 @@ def _flat_gradient(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _set_flat_gradient(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Each parameter's `.grad` from `flat`, in the parameter's dtype and on its device."""
     offset = 0
     for parameter in model.parameters():
         size = parameter.numel()
-        parameter.grad = flat[offset:offset + size].view_as(parameter).clone()
+        piece = flat[offset:offset + size].view_as(parameter)
+        parameter.grad = piece.to(device=parameter.device, dtype=parameter.dtype, copy=True)
         offset += size
 
 
@@ -291,7 +321,7 @@ class Coordinator:
         names = self._close_roster(store)
         store.set("world_size", str(len(names) + 1))
         drained_s = time.perf_counter()
-        buffer = torch.zeros_like(_flat_gradient(self.policy.model))
+        buffer = torch.zeros_like(reduce_buffer(self.backend, _flat_gradient(self.policy.model)))
         reduce_to_coordinator(self.backend, store, 0, len(names) + 1, buffer, self.timeout_s)
         reduced_s = time.perf_counter()
         _set_flat_gradient(self.policy.model, buffer / self._count)
@@ -369,20 +399,21 @@ class Member:
 
     Invariants: a member trains a step only if it is on the step's roster, and then
     only with that step's start weights; its gradient enters the step only if the
-    roster closed with it on it; it holds no gradient between steps.
+    roster closed with it on it; it holds no gradient between steps. It trains on
+    `placement.device` in `learner.dtype`, as the plain run places its policy.
     """
 
     def __init__(self, address: tuple[str, int], name: str, model_dir: str | Path,
                  reference_dir: str | Path | None = None, backend: str = "gloo",
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, learner: TrainConfig = CPU_LEARNER,
+                 device_index: int | None = None):
         if "," in name or ":" in name:
             raise ValueError(f"member name {name!r} must not contain ',' or ':'")
         self.name, self.backend, self.timeout_s = name, backend, timeout_s
         self.store = dist.TCPStore(address[0], address[1], is_master=False,
                                    timeout=datetime.timedelta(seconds=timeout_s))
-        self.policy = PolicyModel.load(model_dir)
-        self.policy.model.train()
-        self.reference = PolicyModel.load(reference_dir) if reference_dir else None
+        self.policy, self.reference, self.placement = load_member_policies(
+            learner, model_dir, reference_dir, device_index)
 
     def join(self, step: int) -> bool:
         """Joins `step` (waiting up to `timeout_s` for it to open), trains what it
@@ -403,7 +434,8 @@ class Member:
         if world_size:
             store.set(f"report/{self.name}", json.dumps(report))
             reduce_to_coordinator(self.backend, store, rank, world_size,
-                                   _flat_gradient(self.policy.model), self.timeout_s)
+                                   reduce_buffer(self.backend, _flat_gradient(self.policy.model)),
+                                   self.timeout_s)
         self.policy.model.zero_grad(set_to_none=True)
         return world_size > 0
 
@@ -436,23 +468,52 @@ class Member:
                 break
             where = json.loads(entry)
             if where["chunk"] not in chunks:
-                chunk = decode_step(get_blob(store, f"chunk/{where['chunk']}"))
+                chunk = self.placement.prepare(
+                    decode_step(get_blob(store, f"chunk/{where['chunk']}")))
                 chunks[where["chunk"]] = (chunk, chunk_weights(config, chunk))
             chunk, weights = chunks[where["chunk"]]
-            for key, value in backward_micro_batch(self.policy, chunk, weights, where["index"],
-                                                   config, self.reference).items():
+            with self.placement.compute():
+                values = backward_micro_batch(self.policy, chunk, weights, where["index"],
+                                              config, self.reference)
+            for key, value in values.items():
                 stats[key] = stats.get(key, 0.0) + value
             claimed.append(index)
         return {"name": self.name, "claimed": claimed, "stats": stats,
                 "weights_digest": digest}
 
 
+def use_gpu(learner: TrainConfig, device_index: int | None) -> None:
+    """Makes cuda:`device_index` this process's (this thread's) current device when the
+    member trains on CUDA, so that `sharding.place` puts it there; a member asked for
+    CUDA where there is none is left to `place`, which says so naming learner.device."""
+    wants_cuda = learner.device == "cuda" or (learner.device == "auto"
+                                              and torch.cuda.is_available())
+    if wants_cuda and device_index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(device_index)
+
+
+def load_member_policies(learner: TrainConfig, model_dir: str | Path,
+                         reference_dir: str | Path | None, device_index: int | None
+                         ) -> tuple[PolicyModel, PolicyModel | None, Placement]:
+    """A member's policy (and reference) loaded in `learner.dtype` and placed as the plain
+    run places them (`sharding.place`: device, attention, activation checkpointing)."""
+    use_gpu(learner, device_index)
+    options = {"dtype": torch_dtype(learner.dtype),
+               "head_chunk_tokens": learner.head_chunk_tokens}
+    policy = PolicyModel.load(model_dir, **options)
+    policy.model.train()
+    reference = PolicyModel.load(reference_dir, **options) if reference_dir else None
+    return policy, reference, place(learner, policy, reference)
+
+
 def member_main(address: tuple[str, int], name: str, model_dir: str,
                 inbox: Any, reference_dir: str | None = None, backend: str = "gloo",
-                timeout_s: float = 300.0, num_threads: int = 1) -> None:
+                timeout_s: float = 300.0, num_threads: int = 1,
+                learner: TrainConfig = CPU_LEARNER, device_index: int | None = None) -> None:
     """A training cell's process: joins each step number it reads from `inbox` (a
     multiprocessing queue) until it reads None. Start it with the "spawn" context."""
     torch.set_num_threads(num_threads)
-    member = Member(address, name, model_dir, reference_dir, backend, timeout_s)
+    member = Member(address, name, model_dir, reference_dir, backend, timeout_s, learner,
+                    device_index)
     while (step := inbox.get()) is not None:
         member.join(step)

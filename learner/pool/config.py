@@ -42,6 +42,15 @@ class CellPoolConfig:
     ("0.0.0.0" for every interface) and `advertise_host` the one handed to rollouts and
     to the other nodes ("": the bound address, or this node's IP as Ray sees it when
     bound to every interface).
+
+    Devices: the members train on `learner.device` with the learner section's dtype,
+    mixed precision, activation checkpointing and attention, as the plain run does
+    (`learner/elastic/devices.py`). On the local backend with CUDA, cell c's process r
+    takes GPU (c * processes_per_cell + r) modulo the GPUs visible, block by block (so
+    cells may share a GPU; the processes of one sharded cell never do, and a sharded
+    cell's mesh is NCCL's). `gpus_per_member` is what each member actor asks Ray for
+    (`ray` backend only): None is 1 when the members train on CUDA and 0 on the CPU; a
+    fraction lets members share a GPU.
     """
 
     policy: str = "elastic"
@@ -57,6 +66,7 @@ class CellPoolConfig:
     ray_address: str = ""
     gateway_host: str = "127.0.0.1"
     advertise_host: str = ""
+    gpus_per_member: float | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -83,6 +93,19 @@ class CellPoolConfig:
             raise ValueError(f"pool.max_staleness must be >= 0, got {self.max_staleness}")
         if self.timeout_s <= 0:
             raise ValueError(f"pool.timeout_s must be positive, got {self.timeout_s}")
+        self._check_gpus()
+
+    def _check_gpus(self) -> None:
+        gpus = self.gpus_per_member
+        if gpus is None:
+            return
+        if isinstance(gpus, bool) or not isinstance(gpus, int | float) or gpus < 0:
+            raise ValueError(f"pool.gpus_per_member must be a number >= 0 (or null: 1 on "
+                             f"CUDA, 0 on the CPU), got {gpus!r}")
+        if self.backend != "ray":
+            raise ValueError(f"pool.gpus_per_member={gpus} is read by the ray backend only; "
+                             "set pool.backend=ray or remove it (the local backend gives "
+                             "each member process a GPU of its own)")
 
     def policy_spec(self) -> dict:
         """The spec `policy.make_policy` takes."""

@@ -16,7 +16,15 @@ def test_the_backend_defaults_to_local_and_takes_ray():
     ({"backend": "slurm"}, "pool.backend must be one of"),
     ({"ray_address": "auto"}, "set pool.backend=ray"),
     ({"backend": "ray", "processes_per_cell": 2}, "sharded cells run on the local backend"),
+    ({"gpus_per_member": 1}, "read by the ray backend only"),
+    ({"backend": "ray", "gpus_per_member": -1}, "gpus_per_member must be a number >= 0"),
+    ({"backend": "ray", "gpus_per_member": True}, "gpus_per_member must be a number >= 0"),
 ])
 def test_a_bad_backend_setting_is_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):
         CellPoolConfig(**fields)
+
+
+def test_gpus_per_member_is_a_ray_setting_that_may_be_a_fraction():
+    assert CellPoolConfig().gpus_per_member is None
+    assert CellPoolConfig(backend="ray", gpus_per_member=0.5).gpus_per_member == 0.5

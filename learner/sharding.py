@@ -44,7 +44,10 @@ the longest has S > 1 segments, each process runs S forwards, then S forwards ea
 a backward, filling what its own micro-batch lacks with idle forwards (no graph) before
 it and idle passes after it (a micro-batch scored whole counts as one forward with a
 backward, an absent one as none). An idle process thus costs up to 2S one-token passes
-instead of one. What makes each pass issue the same collectives wherever it runs: every
+instead of one, and a segment all-gathers each layer three times (its forward in the
+scores, its forward again in the backward, its backward), where a micro-batch scored
+whole does twice: the price of holding one layer's weights at a time, as the token
+budget assumes. What makes each pass issue the same collectives wherever it runs: every
 unit prefetches the next one's weights in the backward by an explicit list
 (`shard_policy`), not by FSDP2's default, which follows the recorded order of forwards,
 and FSDP2 records no forward that runs inside a backward (a segment's); a segment's

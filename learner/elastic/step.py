@@ -211,6 +211,14 @@ def reduce_buffer(backend: str, flat: torch.Tensor) -> torch.Tensor:
     return flat.to(device=device, dtype=torch.float32)
 
 
+def _zero_buffer(backend: str, model: torch.nn.Module) -> torch.Tensor:
+    """(P,) float32 zeros where `reduce_buffer` puts the coordinator's sum (no copy of
+    the model's gradient made to size it)."""
+    device = next(model.parameters()).device if backend == "nccl" else torch.device("cpu")
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return torch.zeros(num_parameters, dtype=torch.float32, device=device)
+
+
 def _flat_gradient(model: torch.nn.Module) -> torch.Tensor:
     """(P,) every parameter's gradient (zeros where it has none), flattened in order."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
@@ -321,7 +329,7 @@ class Coordinator:
         names = self._close_roster(store)
         store.set("world_size", str(len(names) + 1))
         drained_s = time.perf_counter()
-        buffer = torch.zeros_like(reduce_buffer(self.backend, _flat_gradient(self.policy.model)))
+        buffer = _zero_buffer(self.backend, self.policy.model)
         reduce_to_coordinator(self.backend, store, 0, len(names) + 1, buffer, self.timeout_s)
         reduced_s = time.perf_counter()
         _set_flat_gradient(self.policy.model, buffer / self._count)

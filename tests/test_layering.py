@@ -1,5 +1,11 @@
 """The import edges of docs/design.md ("Layout"), checked in fresh processes; no import cycle
-among modules; one exception root per package, drawn in its `errors.py`."""
+among modules; one exception root per package, drawn in its `errors.py`.
+
+Each module is imported in a process of its own, forked from one probe process per package
+(a fresh interpreter per module cost a minute, most of it torch's import in each learner
+module, gateway modules aiohttp). The probe has imported no Undertow module, only the outside
+packages the package's modules import at module level, so that each fork does not pay for
+them again."""
 
 import ast
 import functools
@@ -10,10 +16,44 @@ from pathlib import Path
 
 import pytest
 
+# Argument: JSON {"preload", "forbidden", "modules"}. Prints JSON {module: the torch and
+# Undertow modules importing it loads, or {"error": its traceback}}. Fork, not a fresh
+# interpreter, so that the preloaded (outside) modules are paid for once.
 PROBE = """
-import importlib, json, sys
-importlib.import_module({module!r})
-print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'undertow'))))
+import importlib, json, os, sys, traceback
+request = json.loads(sys.argv[1])
+for name in request["preload"]:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass   # a name that is no module; or a missing one, which fails its importer's fork
+    loaded = [m for m in sys.modules for p in ['undertow', *request["forbidden"]]
+              if m == p or m.startswith(p + '.')]
+    assert not loaded, f'importing {name} loads {loaded[:3]}'
+
+
+def probe(module):
+    try:
+        importlib.import_module(module)
+    except BaseException:
+        return {'error': traceback.format_exc()}
+    return sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'undertow'))
+
+
+found = {}
+for module in request["modules"]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        with os.fdopen(write_end, 'w') as out:
+            json.dump(probe(module), out)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as reply:
+        found[module] = json.loads(reply.read())
+    os.waitpid(pid, 0)
+print(json.dumps(found))
 """
 
 # package -> module prefixes it must never import
@@ -35,12 +75,42 @@ def _all_modules(package: str) -> list[str]:
     return names
 
 
+def _preload(package: str) -> list[str]:
+    """The outside packages that the package's modules import at module level: the probe
+    imports them once, before it forks, so that each fork pays only for Undertow's own
+    code. One that loads a module the package must not import (torch, say) fails the
+    probe, as the import of the module that names it would have failed the test."""
+    named = set()
+    for module in _all_modules(package):
+        if module.startswith(TORCH_ALLOWED) or module not in _sources():
+            continue   # never probed: the built-in engine's torch modules
+        for node in _syntax(module).body:
+            if isinstance(node, ast.Import):
+                named.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                named.add(node.module)   # and each name, in case it is a module
+                named.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return sorted(n for n in named if n.partition(".")[0] not in ("undertow", "__future__"))
+
+
 @functools.cache
-def _imported_by(module: str) -> list[str]:
-    """Modules imported by importing `module` in a fresh process (cached: one process each)."""
-    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
+def _imported_by_package(package: str) -> dict[str, list[str]]:
+    """Module of `package` -> the torch and Undertow modules importing it loads, each
+    imported in a process of its own (forked from one probe process)."""
+    modules = [m for m in _all_modules(package) if not m.startswith(TORCH_ALLOWED)]
+    request = json.dumps({"preload": _preload(package), "forbidden": FORBIDDEN[package],
+                          "modules": modules})
+    out = subprocess.run([sys.executable, "-c", PROBE, request],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _imported_by(module: str) -> list[str]:
+    """Modules imported by importing `module` in a process of its own."""
+    package = next(p for p in sorted(FORBIDDEN) if module == p or module.startswith(p + "."))
+    imported = _imported_by_package(package)[module]
+    assert not isinstance(imported, dict), f"importing {module} failed:\n{imported['error']}"
+    return imported
 
 
 # Only the built-in engine's torch modules may import torch inside the gateway.

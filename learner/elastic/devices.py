@@ -20,12 +20,17 @@ process is started:
   usually index 0).
 - `check_member_devices`: `learner.device: cuda` on a machine with no CUDA, or a cell
   of more GPUs than the node has, is refused with the field to change.
+- `member_learner`, `with_learner`, `process_device_index`: how the member slots
+  (`local.py`, `ray_members.py`) apply the above to their `learner` member option.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
+from undertow.learner.config import TrainConfig
 from undertow.learner.sharding import DeviceError
 
 
@@ -111,3 +116,36 @@ def check_cell_gpus(num_gpus_per_member: float, node_gpus: Sequence[float],
             f"{num_gpus_per_member:g}) but the largest node of the cluster has {most:g}; "
             "lower pool.gpus_per_member, add GPUs to a node (ray start --num-gpus), or set "
             "learner.device: cpu")
+
+
+def member_learner(member_options: dict[str, Any], processes_per_cell: int = 1
+                   ) -> TrainConfig | None:
+    """The `learner` member option, checked for this node's devices (before any member
+    starts, `check_member_devices`) and with "auto" resolved; None when the members were
+    given none (they then train in float32 on the CPU)."""
+    import torch
+
+    learner = member_options.get("learner")
+    if learner is None:
+        return None
+    available = torch.cuda.is_available()
+    check_member_devices(learner.device, available, torch.cuda.device_count() if available
+                         else 0, processes_per_cell)
+    return dataclasses.replace(learner, device=member_device_name(learner.device, available))
+
+
+def with_learner(member_options: dict[str, Any], learner: TrainConfig | None
+                 ) -> dict[str, Any]:
+    """The member options with the checked `learner` in place of the given one."""
+    return {**member_options, **({"learner": learner} if learner is not None else {})}
+
+
+def process_device_index(learner: TrainConfig | None, cell_id: int, rank: int = 0,
+                         processes_per_cell: int = 1) -> int | None:
+    """The GPU of process `rank` of cell `cell_id` on this machine
+    (`local_device_index` over the GPUs torch sees), or None off CUDA."""
+    if learner is None or learner.device != "cuda":
+        return None
+    import torch
+
+    return local_device_index(cell_id, rank, processes_per_cell, torch.cuda.device_count())

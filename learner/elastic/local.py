@@ -167,41 +167,6 @@ class _RunningMember:
     cell_store: Any = None
 
 
-def member_learner(member_options: dict[str, Any], processes_per_cell: int = 1) -> Any:
-    """The `learner` member option, checked for this machine's devices (before any member
-    starts) and with "auto" resolved; None when the members were given none."""
-    import dataclasses
-
-    import torch
-
-    from undertow.learner.elastic.devices import check_member_devices, member_device_name
-
-    learner = member_options.get("learner")
-    if learner is None:
-        return None
-    available = torch.cuda.is_available()
-    check_member_devices(learner.device, available, torch.cuda.device_count() if available
-                         else 0, processes_per_cell)
-    return dataclasses.replace(learner, device=member_device_name(learner.device, available))
-
-
-def with_learner(member_options: dict[str, Any], learner: Any) -> dict[str, Any]:
-    """The member options with the checked `learner` in place of the given one."""
-    return {**member_options, **({"learner": learner} if learner is not None else {})}
-
-
-def device_index(learner: Any, cell_id: int, rank: int = 0, processes_per_cell: int = 1
-                 ) -> int | None:
-    """The GPU of process `rank` of cell `cell_id` here, or None off CUDA."""
-    if learner is None or learner.device != "cuda":
-        return None
-    import torch
-
-    from undertow.learner.elastic.devices import local_device_index
-
-    return local_device_index(cell_id, rank, processes_per_cell, torch.cuda.device_count())
-
-
 class ProcessMembers:
     """Each cell's member in its own process ("spawn"), fed step numbers by a queue; with
     `processes_per_cell` > 1, a cell's member is that many processes, one FSDP2 mesh
@@ -214,6 +179,8 @@ class ProcessMembers:
     def __init__(self, address: tuple[str, int], model_dir: str | Path,
                  timeout_s: float = 300.0, processes_per_cell: int = 1, **member_options: Any):
         import torch.multiprocessing
+
+        from undertow.learner.elastic.devices import member_learner, with_learner
 
         if processes_per_cell < 1:
             raise CellPoolError(f"processes_per_cell must be >= 1, got {processes_per_cell}")
@@ -232,6 +199,7 @@ class ProcessMembers:
         if self.processes_per_cell > 1:
             self.running[cell_id] = self._start_cell(cell_id)
             return
+        from undertow.learner.elastic.devices import process_device_index
         from undertow.learner.elastic.step import member_main
 
         inbox = self.context.Queue()
@@ -239,7 +207,7 @@ class ProcessMembers:
             target=member_main, name=member_name(cell_id), daemon=True,
             args=(self.address, member_name(cell_id), self.model_dir, inbox),
             kwargs={"timeout_s": self.timeout_s, **self.member_options,
-                    "device_index": device_index(self.learner, cell_id)})
+                    "device_index": process_device_index(self.learner, cell_id)})
         process.start()
         self.running[cell_id] = _RunningMember([process], [inbox])
 
@@ -249,6 +217,7 @@ class ProcessMembers:
 
         import torch.distributed as dist
 
+        from undertow.learner.elastic.devices import process_device_index
         from undertow.learner.elastic.sharded_cell import cell_main
         from undertow.learner.elastic.step import HOST
 
@@ -264,7 +233,7 @@ class ProcessMembers:
                 args=(rank, size, (HOST, cell_store.port), self.address,
                       member_name(cell_id), self.model_dir, inbox),
                 kwargs={"timeout_s": self.timeout_s, **self.member_options,
-                        "device_index": device_index(self.learner, cell_id, rank, size)})
+                        "device_index": process_device_index(self.learner, cell_id, rank, size)})
             process.start()
             running.processes.append(process)
             running.inboxes.append(inbox)
@@ -314,6 +283,8 @@ class ThreadMembers:
 
     def __init__(self, address: tuple[str, int], model_dir: str | Path,
                  timeout_s: float = 300.0, **member_options: Any):
+        from undertow.learner.elastic.devices import member_learner, with_learner
+
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.learner = member_learner(member_options)
         self.member_options = with_learner(member_options, self.learner)
@@ -354,13 +325,14 @@ class ThreadMembers:
             thread.join(timeout=timeout_s)
 
     def _run(self, cell_id: int, inbox: queue.Queue) -> None:
+        from undertow.learner.elastic.devices import process_device_index
         from undertow.learner.elastic.step import Member
 
         try:
             with self.loading:
                 member = Member(self.address, member_name(cell_id), self.model_dir,
                                 timeout_s=self.timeout_s, **self.member_options,
-                                device_index=device_index(self.learner, cell_id))
+                                device_index=process_device_index(self.learner, cell_id))
             while (step := inbox.get()) is not None:
                 member.join(step)
         except BaseException as error:  # reported by stop(), in the pool's thread

@@ -17,7 +17,7 @@ Lifecycle, mirroring `ThreadMembers`:
                  placement group, which gives the cell's devices back to Ray
 
 Devices: the actors get the run config's `learner` section as the member option
-`learner` ("auto" resolved by the driver, `local.member_learner`) and train through the
+`learner` ("auto" resolved by the driver, `devices.member_learner`) and train through the
 same `step.Member` as the local backend; an actor of a GPU cell (`num_gpus_per_member`
 > 0; `undertow train` sets it from `pool.gpus_per_member`) trains on the GPU Ray
 assigned it (`devices.assigned_device_index` of `ray.get_gpu_ids()` in the actor's
@@ -177,7 +177,7 @@ class RayMembers:
         if not ray.is_initialized():
             raise CellPoolError("RayMembers needs a running Ray: call ray.init(address=...) or "
                             "use ray_members.local_cluster() first")
-        from undertow.learner.elastic.local import member_learner, with_learner
+        from undertow.learner.elastic.devices import member_learner, with_learner
 
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.cells, self.placement_timeout_s = cells, placement_timeout_s

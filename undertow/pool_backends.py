@@ -137,15 +137,10 @@ def ray_gpus_per_member(gpus_per_member: float | None, member_device: str) -> fl
 
 def check_devices(pool: CellPoolConfig, learner: Any) -> None:
     """Refuses a `learner.device` the pool cannot honour on this node, before anything
-    starts (`devices.check_member_devices`)."""
-    import torch
+    starts (`devices.member_learner`, as the member slots check it again)."""
+    from undertow.learner.elastic.devices import member_learner
 
-    from undertow.learner.elastic.devices import check_member_devices
-
-    available = torch.cuda.is_available()
-    check_member_devices(learner.device, available,
-                         torch.cuda.device_count() if available else 0,
-                         pool.processes_per_cell)
+    member_learner({"learner": learner}, pool.processes_per_cell)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,10 @@
 Markers: `docker` skips only when no daemon can be reached (CI starts one);
 `gpu` skips without CUDA; `vllm` skips only when the vLLM CPU build is absent
 (`make test` installs it); `sglang` runs only given `--sglang-url`.
+
+The expensive servers that tests of several modules use live here, once per session: a
+fixture imported into a test module (`from tests.x import fixture`) is that module's own
+fixture, and a session-scoped one imported into four modules starts four times.
 """
 
 import os
@@ -11,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,3 +69,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from undertow.learner.modeldir import init_model_dir
 
     return init_model_dir(tmp_path_factory.mktemp("models") / "tiny", size="tiny", seed=0)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_engine_url(tiny_model_dir, tmp_path_factory):
+    """Base URL of one vLLM server on the tiny model (the `vllm` launcher of
+    `undertow.gateway.engines.launch`; about a minute to start here), shared by every
+    `vllm`-marked test of the session. A test that changes its state (weights, weight
+    version, pause) restores it before it ends; one that needs other flags starts its own."""
+    from undertow.gateway.engines.launch import VLLMLauncher, start_engine
+
+    launcher = VLLMLauncher(python=vllm_python())
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    engine = await start_engine(launcher, tiny_model_dir, log_path=log_path)
+    try:
+        yield engine.url
+    finally:
+        await engine.stop()

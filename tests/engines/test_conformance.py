@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import (
     EngineDriver,

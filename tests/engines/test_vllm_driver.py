@@ -7,7 +7,6 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, result_from_chunks
 from undertow.gateway.engines.vllm import VLLMClient
 
@@ -22,7 +21,7 @@ async def is_paused(url: str) -> bool:
 
 
 async def test_an_update_during_an_in_place_pause_leaves_the_engine_paused(
-        vllm_engine_url, other_tiny_model_dir, tiny_model_dir):  # noqa: F811
+        vllm_engine_url, other_tiny_model_dir, tiny_model_dir):
     async with VLLMClient(vllm_engine_url) as engine:
         before = (await engine.model_info()).weight_version
         chunks = []

@@ -20,7 +20,6 @@ import openai
 import pytest
 
 from tests.adapters.conftest import bundled_tasks, connection, start_scripted_engine  # noqa: F401
-from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
@@ -194,7 +193,7 @@ async def test_sessions_through_the_sdks_on_the_builtin_engine_keep_token_truth(
 @pytest.mark.parametrize("client", ["openai", "anthropic"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 async def test_sessions_through_the_sdks_on_vllm_keep_token_truth(
-        engine_family_dirs, vllm_engine_url, tmp_path, name, client):  # noqa: F811
+        engine_family_dirs, vllm_engine_url, tmp_path, name, client):
     """The same, against vLLM's CPU build serving the tiny model (the `vllm+` driver)."""
     await check_sdk_session(f"vllm+{vllm_engine_url}", engine_family_dirs[name], tmp_path,
                             name, client)

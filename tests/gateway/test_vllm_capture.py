@@ -12,7 +12,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.engines.vllm_fixtures import vllm_engine_url  # noqa: F401
 from tests.gateway.capture import calls_of, captured
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
 from undertow.gateway.engines.vllm import VLLMClient
@@ -20,7 +19,7 @@ from undertow.gateway.engines.vllm import VLLMClient
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.vllm, pytest.mark.slow]
 
 
-async def test_multi_turn_capture_through_vllm(make_gateway, vllm_engine_url):  # noqa: F811
+async def test_multi_turn_capture_through_vllm(make_gateway, vllm_engine_url):
     gateway = await make_gateway([f"vllm+{vllm_engine_url}"])
     session = await gateway.open_session()
     client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])

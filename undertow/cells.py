@@ -1,22 +1,27 @@
-"""The rollout side of this machine's cells: one built-in engine process per rollout cell.
+"""The rollout side of this machine's cells: one engine process per rollout cell.
 
 `GatewayEngineSlots` is the `EngineSlots` of `learner/elastic/local.py` for `undertow train`
 with a `pool` section, and the run's `WeightSink`:
 
-- `start_all()`: every cell starts its engine (the built-in one, `num_threads=
-  threads_per_cell`, on the base weights) and the engine is added at the gateway.
+- `start_all()`: every cell starts its engine on the base weights and the engine is
+  added at the gateway. The engine is the one `pool.engine` names (`cell_launcher`): the
+  built-in one on `threads_per_cell` threads, or SGLang on the cell's `pool.tp_size` GPUs
+  (`cell_gpu_ids`: cell c sees GPUs c * tp_size.. only, through `CUDA_VISIBLE_DEVICES`)
+  with `pool.mem_fraction_static`.
 - `drain(c)`: moving cell c to training. The gateway drains c's engine with migration and
   removes it once nothing of the gateway runs on it (`DELETE /admin/engines/{id}?migrate=
   true`): no new call goes there, its pinned sessions go elsewhere on their next call, its
   in-flight generations are aborted and resumed on other engines from their partial output
   (with their KV copied when both engines can), so a scaffold sees one reply. Then the
-  engine process stops, which releases its memory for the cell's learner member.
+  engine process stops (its whole process group: SGLang's schedulers too), which
+  releases its memory, GPU memory included, before the cell's learner member starts.
 - `serve(c, v)`: moving c back to rollout. A new engine starts on the newest weights (the
   directory last pushed, as version v) and is added at the gateway. Should the gateway's
   pool hold older weights (a push made while no engine was serving does not become the
   pool's), the weights are pushed again, so the cell serves version v.
 - `push(model_dir, v)`: remembers the newest weights, then publishes them through the
-  gateway (`POST /admin/update_weights`) to every engine serving.
+  gateway (`POST /admin/update_weights`, SGLang's `update_weights_from_disk` on every
+  engine kind) to every engine serving.
 
 The pool calls these from the learner's thread; the engines are started and stopped on the
 run's asyncio loop, the gateway is reached through its admin API (`gateway_link`).
@@ -25,10 +30,48 @@ run's asyncio loop, the gateway is reached through its admin API (`gateway_link`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from undertow.gateway.engines.launch import BuiltinLauncher, RunningEngine, start_engine
+from undertow.gateway.engines.launch import (
+    BuiltinLauncher,
+    Launcher,
+    RunningEngine,
+    SGLangLauncher,
+    start_engine,
+)
+from undertow.learner.pool.config import CellPoolConfig
+
+CellLaunchers = Callable[[int, int], Launcher]
+
+
+def cell_gpu_ids(cell_id: int, tp_size: int) -> tuple[int, ...]:
+    """The GPUs of cell `cell_id` on this node: a block of `tp_size`, cell after cell
+    (the block its learner member's processes take, `learner/elastic/devices.py`)."""
+    return tuple(range(cell_id * tp_size, (cell_id + 1) * tp_size))
+
+
+def cell_launcher(pool: CellPoolConfig, cell_id: int, weight_version: int,
+                  gpu_ids: tuple[int, ...] | None = None) -> Launcher:
+    """The launcher of cell `cell_id`'s engine on `weight_version`: `pool.engine`'s kind.
+    An SGLang engine sees `gpu_ids` (default: the cell's block, `cell_gpu_ids`)."""
+    if pool.engine == "builtin":
+        return BuiltinLauncher(weight_version=str(weight_version),
+                               overrides={"num_threads": pool.threads_per_cell})
+    options: dict[str, Any] = {"python": Path(pool.sglang_python)} if pool.sglang_python else {}
+    return SGLangLauncher(weight_version=str(weight_version), tp_size=pool.tp_size,
+                          mem_fraction_static=pool.mem_fraction_static,
+                          gpu_ids=gpu_ids or cell_gpu_ids(cell_id, pool.tp_size), **options)
+
+
+def check_engine_gpus(pool: CellPoolConfig, num_gpus: int) -> None:
+    """Refuses SGLang cells that do not fit in this node's `num_gpus` GPUs (ValueError
+    naming the fields), before anything starts."""
+    if pool.engine == "sglang" and pool.num_engine_gpus() > num_gpus:
+        raise ValueError(f"pool.num_cells={pool.num_cells} SGLang cells of pool.tp_size="
+                         f"{pool.tp_size} GPUs need {pool.num_engine_gpus()} GPUs, but this "
+                         f"node has {num_gpus}; lower pool.num_cells or pool.tp_size")
 
 
 class GatewayEngineSlots:
@@ -38,12 +81,16 @@ class GatewayEngineSlots:
     the ID the gateway gave it; a cell absent from it has no engine process and no engine
     at the gateway; `warm` holds engines started ahead of `serve` (not yet at the
     gateway); `weights` is the newest (model directory, weight version) pushed.
+    `launchers(cell_id, weight_version)` gives a cell's engine launcher (default: the
+    built-in engine on `threads_per_cell` threads).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
-                 log_dir: Path, threads_per_cell: int = 1, push_mode: str = "drain"):
+                 log_dir: Path, threads_per_cell: int = 1, push_mode: str = "drain",
+                 launchers: CellLaunchers | None = None):
         self.loop, self.admin, self.log_dir = loop, admin, Path(log_dir)
         self.threads_per_cell, self.push_mode = threads_per_cell, push_mode
+        self.launchers = launchers or self._builtin_launcher
         self.weights: tuple[Path, int] = (Path(model_dir), 0)
         self.engines: dict[int, tuple[RunningEngine, str]] = {}
         self.warm: dict[int, RunningEngine] = {}
@@ -121,11 +168,13 @@ class GatewayEngineSlots:
     async def _start(self, cell_id: int) -> RunningEngine:
         self.num_started += 1
         model_dir, version = self.weights
-        launcher = BuiltinLauncher(weight_version=str(version),
-                                   overrides={"num_threads": self.threads_per_cell})
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        return await start_engine(launcher, model_dir, log_path=self.log_dir /
-                                  f"cell-{cell_id}-{self.num_started}.log")
+        return await start_engine(self.launchers(cell_id, version), model_dir,
+                                  log_path=self.log_dir / f"cell-{cell_id}-{self.num_started}.log")
+
+    def _builtin_launcher(self, cell_id: int, weight_version: int) -> Launcher:
+        return cell_launcher(CellPoolConfig(threads_per_cell=self.threads_per_cell), cell_id,
+                             weight_version)
 
     def _register(self, cell_id: int, engine: RunningEngine) -> None:
         try:

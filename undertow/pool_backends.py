@@ -8,11 +8,15 @@ same code on both:
   here, `elastic.ray_members.RayMembers` on Ray (each training cell a placement group, each
   member a Ray actor, gloo on CPUs). Members reach the coordinator's store at this
   node's advertised host (`advertise_host`) with the store's port.
-- `engine_slots(...)`, the rollout side (`cells.GatewayEngineSlots`): on Ray,
-  `RayEngineSlots`, whose engines are started by an `EngineHost` actor on the cell's
-  node (pinned there by the cell's resource, `elastic.ray_members.pinned_resources`), bound to
-  loopback on a one-address cluster and to every interface otherwise, and added at the
-  gateway under the node's IP.
+- `engine_slots(...)`, the rollout side (`cells.GatewayEngineSlots`, each cell's engine
+  the kind `pool.engine` names, `cells.cell_launcher`): on Ray, `RayEngineSlots`, whose
+  engines are started by an `EngineHost` actor on the cell's node (pinned there by the
+  cell's resource, `elastic.ray_members.pinned_resources`), bound to loopback on a
+  one-address cluster and to every interface otherwise, and added at the gateway under
+  the node's IP. A built-in engine's host asks Ray for no GPU and lives as long as the
+  run; an SGLang engine's host asks for `pool.tp_size` GPUs, gives the engine the GPUs
+  Ray assigned it (`ray.get_gpu_ids()`), and is ended when its engine stops, so that Ray
+  hands those GPUs to the cell's learner member.
 - the gateway's bind address (`gateway_host`) and the URL handed to rollouts
   (`advertised_url`), so that the gateway is reachable from every node. On Ray each
   engine host checks that from its node when it starts and the answer is recorded.
@@ -20,7 +24,9 @@ same code on both:
 Devices: the members get the run's `learner` section (`members(..., learner=...)`) and
 train on its device (`learner/elastic/devices.py`). `pool_backend` checks it before it
 starts anything (Ray included): `learner.device: cuda` with no CUDA, or a cell of more
-GPUs than the node has, is refused naming the field. On Ray each member actor asks for
+GPUs than the node has, is refused naming the field; so are SGLang cells that do not
+fit in the node's GPUs (`cells.check_engine_gpus`; on Ray, a `pool.tp_size` larger than
+every node's GPUs). On Ray each member actor asks for
 `ray_gpus_per_member` GPUs (`pool.gpus_per_member`, else 1 on CUDA and 0 on the CPU),
 and a cell that no node of the cluster could hold is refused before any actor starts.
 
@@ -33,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import json
 import shutil
 import sys
@@ -43,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from undertow.cells import GatewayEngineSlots
-from undertow.gateway.engines.launch import BuiltinLauncher, RunningEngine
+from undertow.cells import GatewayEngineSlots, cell_launcher, check_engine_gpus
+from undertow.gateway.engines.launch import Launcher, RunningEngine
 from undertow.learner.elastic.ray_members import RayMembers
 from undertow.learner.pool.config import CellPoolConfig
 
@@ -69,7 +77,8 @@ class LocalBackend:
 
     def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
-        return GatewayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode)
+        return GatewayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
+                                  launchers=functools.partial(cell_launcher, self.pool))
 
     def advertised_url(self, url: str) -> str:
         """The gateway's URL as other processes and nodes should use it."""
@@ -113,8 +122,15 @@ class RayBackend(LocalBackend):
 
     def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
-        slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode)
+        import ray
+
+        if self.pool.engine == "sglang":
+            check_engine_gpus(dataclasses.replace(self.pool, num_cells=1), max(
+                node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")))
+        slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
+                               launchers=functools.partial(cell_launcher, self.pool))
         slots.placements, slots.gateway_url = self.placements, self.gateway_url
+        slots.num_gpus_per_engine = self.pool.num_engine_gpus() // self.pool.num_cells
         return slots
 
     def advertised_url(self, url: str) -> str:
@@ -151,6 +167,10 @@ def pool_backend(pool: CellPoolConfig, run_dir: Path,
     `learner` section, its device is checked first (`check_devices`)."""
     if learner is not None:
         check_devices(pool, learner)
+    if pool.backend == "local" and pool.engine == "sglang":
+        import torch
+
+        check_engine_gpus(pool, torch.cuda.device_count())
     if pool.backend == "local":
         yield LocalBackend(pool)
         return
@@ -225,7 +245,7 @@ class RecordedRayMembers(RayMembers):
 
 class EngineHost:
     """The body of a cell's engine actor (wrapped with `ray.remote` by `RayEngineSlots`):
-    starts and stops the built-in engine process on its node.
+    starts and stops the cell's engine processes on its node.
 
     Invariants: `engines` holds every engine process this host started and has not
     stopped, by URL; `stop_all` leaves none running.
@@ -234,20 +254,15 @@ class EngineHost:
     def __init__(self):
         self.engines: dict[str, RunningEngine] = {}
 
-    def start(self, model_dir: str, weight_version: int, num_threads: int,
-              log_path: str) -> str:
-        """Starts an engine on `model_dir` as `weight_version`; returns its URL as the
-        other nodes reach it (this node's IP)."""
+    def start(self, model_dir: str, launcher: Launcher, log_path: str) -> str:
+        """Starts `launcher`'s engine on `model_dir`; returns its URL as the other nodes
+        reach it (this node's IP)."""
         import ray
 
         from undertow.gateway.engines.launch import start_engine
 
         node_ip = ray.util.get_node_ip_address()
-        extra = ()
-        if not node_ip.startswith("127."):
-            extra = ("--host", "0.0.0.0")   # the last --host wins; readiness is probed locally
-        launcher = BuiltinLauncher(weight_version=str(weight_version),
-                                   overrides={"num_threads": num_threads}, extra_args=extra)
+        launcher = host_launcher(launcher, node_ip, ray.get_gpu_ids())
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         engine = asyncio.run(start_engine(launcher, model_dir, log_path=Path(log_path)))
         url = f"http://{_url_host(node_ip)}:{engine.url.rsplit(':', 1)[1]}"
@@ -274,23 +289,47 @@ class EngineHost:
                 "gateway_reachable": _reachable(gateway_url) if gateway_url else None}
 
 
+def host_launcher(launcher: Launcher, node_ip: str, gpu_ids: list) -> Launcher:
+    """`launcher` as an engine host on `node_ip` runs it: bound to every interface unless
+    the node's address is loopback (the last --host wins; readiness is probed locally),
+    and an SGLang engine on the GPUs Ray assigned the host (`gpu_ids`)."""
+    if not node_ip.startswith("127."):
+        launcher = dataclasses.replace(launcher,
+                                       extra_args=(*launcher.extra_args, "--host", "0.0.0.0"))
+    if launcher.name == "sglang":
+        if len(gpu_ids) != launcher.tp_size:
+            raise ValueError(f"the engine host got GPUs {gpu_ids} from Ray, but "
+                             f"pool.tp_size={launcher.tp_size}")
+        launcher = dataclasses.replace(launcher, gpu_ids=tuple(int(g) for g in gpu_ids))
+    return launcher
+
+
 @dataclass
 class RemoteEngine(RunningEngine):
     """An engine that an `EngineHost` actor runs on another process (maybe node);
-    `process` is None here, and `stop` asks the host."""
+    `process` is None here, and `stop` asks the host. `owns_host`: the host was started
+    for this engine alone (it holds the engine's GPUs at Ray) and ends with it."""
 
     host: Any = None
+    owns_host: bool = False
 
     async def stop(self) -> None:
         await self.host.stop.remote(self.url)
+        if self.owns_host:
+            import ray
+
+            ray.kill(self.host, no_restart=True)
 
 
 class RayEngineSlots(GatewayEngineSlots):
     """`GatewayEngineSlots` whose engines run on their cells' nodes, each started by
-    one long-lived `EngineHost` actor per cell (created on the cell's first start)."""
+    one long-lived `EngineHost` actor per cell (created on the cell's first start), or,
+    for engines of `num_gpus_per_engine` > 0 GPUs, by an actor of their own that holds
+    those GPUs at Ray and ends when the engine stops."""
 
     placements: PlacementLog
     gateway_url: str = ""
+    num_gpus_per_engine: int = 0
 
     def __init__(self, *args: Any, **kwargs: Any):
         import ray
@@ -303,11 +342,19 @@ class RayEngineSlots(GatewayEngineSlots):
         self.num_started += 1
         model_dir, version = self.weights
         log_path = self.log_dir / f"cell-{cell_id}-{self.num_started}.log"
-        host = await self._host(cell_id)
-        url = await host.start.remote(str(model_dir), version, self.threads_per_cell,
-                                      str(log_path))
-        return RemoteEngine(launcher=BuiltinLauncher(weight_version=str(version)), url=url,
-                            process=None, log_path=log_path, host=host)
+        launcher = self.launchers(cell_id, version)
+        owns_host = self.num_gpus_per_engine > 0
+        host = await (self._gpu_host(cell_id) if owns_host else self._host(cell_id))
+        try:
+            url = await host.start.remote(str(model_dir), launcher, str(log_path))
+        except BaseException:
+            if owns_host:
+                import ray
+
+                ray.kill(host, no_restart=True)
+            raise
+        return RemoteEngine(launcher=launcher, url=url, process=None, log_path=log_path,
+                            host=host, owns_host=owns_host)
 
     async def _host(self, cell_id: int) -> Any:
         from undertow.learner.elastic.ray_members import pinned_resources
@@ -315,14 +362,26 @@ class RayEngineSlots(GatewayEngineSlots):
         if cell_id not in self.hosts:
             host = self.host_class.options(resources=pinned_resources(cell_id)).remote()
             self.hosts[cell_id] = host
-            placement = await host.placement.remote(self.gateway_url)
-            self.placements.write({"kind": "engine", "cell_id": cell_id, **placement})
-            if placement["gateway_reachable"] is False:
-                print(f"undertow train: warning: the gateway {self.gateway_url} does not "
-                      f"answer from node {placement['node_ip']} (cell {cell_id}); set "
-                      "pool.gateway_host=0.0.0.0 and pool.advertise_host", file=sys.stderr,
-                      flush=True)
+            await self._record(cell_id, host)
         return self.hosts[cell_id]
+
+    async def _gpu_host(self, cell_id: int) -> Any:
+        """A new host of the cell's engine GPUs, on the cell's node."""
+        from undertow.learner.elastic.ray_members import pinned_resources
+
+        host = self.host_class.options(resources=pinned_resources(cell_id),
+                                       num_gpus=self.num_gpus_per_engine).remote()
+        await self._record(cell_id, host)
+        return host
+
+    async def _record(self, cell_id: int, host: Any) -> None:
+        placement = await host.placement.remote(self.gateway_url)
+        self.placements.write({"kind": "engine", "cell_id": cell_id, **placement})
+        if placement["gateway_reachable"] is False:
+            print(f"undertow train: warning: the gateway {self.gateway_url} does not "
+                  f"answer from node {placement['node_ip']} (cell {cell_id}); set "
+                  "pool.gateway_host=0.0.0.0 and pool.advertise_host", file=sys.stderr,
+                  flush=True)
 
     def close(self) -> None:
         """Stops every engine, then ends the engine hosts."""

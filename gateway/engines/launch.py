@@ -213,6 +213,12 @@ class SGLangLauncher:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in self.gpu_ids)
         return env
 
+    def driver(self, url: str) -> EngineDriver:
+        return SGLangClient(url)
+
+    async def after_ready(self, driver: EngineDriver) -> None:
+        return None
+
 
 def node_launchers(num_gpus: int, tp_size: int = 1, *, num_engines: int | None = None,
                    **options) -> list[SGLangLauncher]:
@@ -228,12 +234,6 @@ def node_launchers(num_gpus: int, tp_size: int = 1, *, num_engines: int | None =
                          f"{num_gpus} GPUs (at most {fit})")
     return [SGLangLauncher(tp_size=tp_size, gpu_ids=tuple(range(i * tp_size, (i + 1) * tp_size)),
                            **options) for i in range(num_engines)]
-
-    def driver(self, url: str) -> EngineDriver:
-        return SGLangClient(url)
-
-    async def after_ready(self, driver: EngineDriver) -> None:
-        return None
 
 
 def default_vllm_python() -> Path:

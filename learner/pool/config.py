@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from undertow.learner.pool.policy import POLICIES
 
 BACKENDS = ("local", "ray")
+CELL_ENGINES = ("builtin", "sglang")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,15 @@ class CellPoolConfig:
     cell's mesh is NCCL's). `gpus_per_member` is what each member actor asks Ray for
     (`ray` backend only): None is 1 when the members train on CUDA and 0 on the CPU; a
     fraction lets members share a GPU.
+
+    Engines: `engine` is what a rollout cell serves: `builtin`, Undertow's own engine on
+    `threads_per_cell` CPU threads; `sglang`, an SGLang server on the cell's `tp_size`
+    GPUs (tensor parallel) taking `mem_fraction_static` of their memory (None: SGLang's
+    choice), run by `sglang_python` ("": this python). On the local backend cell c's
+    engine sees GPUs c * tp_size .. (c + 1) * tp_size - 1 only, the GPUs its learner
+    member trains on, so `processes_per_cell` must equal `tp_size`; on Ray its engine
+    host asks for `tp_size` GPUs and the engine sees the ones Ray assigns. Either way the
+    engine stops, and its GPUs are free, before the cell's learner member starts.
     """
 
     policy: str = "elastic"
@@ -67,6 +77,10 @@ class CellPoolConfig:
     gateway_host: str = "127.0.0.1"
     advertise_host: str = ""
     gpus_per_member: float | None = None
+    engine: str = "builtin"
+    tp_size: int = 1
+    mem_fraction_static: float | None = None
+    sglang_python: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -94,6 +108,7 @@ class CellPoolConfig:
         if self.timeout_s <= 0:
             raise ValueError(f"pool.timeout_s must be positive, got {self.timeout_s}")
         self._check_gpus()
+        self._check_engine()
 
     def _check_gpus(self) -> None:
         gpus = self.gpus_per_member
@@ -106,6 +121,35 @@ class CellPoolConfig:
             raise ValueError(f"pool.gpus_per_member={gpus} is read by the ray backend only; "
                              "set pool.backend=ray or remove it (the local backend gives "
                              "each member process a GPU of its own)")
+
+    def _check_engine(self) -> None:
+        if self.engine not in CELL_ENGINES:
+            raise ValueError(f"pool.engine must be one of {list(CELL_ENGINES)}, "
+                             f"got {self.engine!r}")
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) \
+                or self.tp_size < 1:
+            raise ValueError(f"pool.tp_size must be an integer >= 1, got {self.tp_size!r}")
+        fraction = self.mem_fraction_static
+        if fraction is not None and not (isinstance(fraction, int | float)
+                                         and 0 < fraction < 1):
+            raise ValueError(f"pool.mem_fraction_static must be in (0, 1) (or null: "
+                             f"SGLang's choice), got {fraction!r}")
+        if self.engine == "builtin":
+            for name, default in (("tp_size", 1), ("mem_fraction_static", None),
+                                  ("sglang_python", "")):
+                if getattr(self, name) != default:
+                    raise ValueError(f"pool.{name}={getattr(self, name)!r} is read by SGLang "
+                                     "cells only; set pool.engine=sglang or remove it")
+            return
+        if self.backend == "local" and self.processes_per_cell != self.tp_size:
+            raise ValueError(f"pool.processes_per_cell={self.processes_per_cell} must equal "
+                             f"pool.tp_size={self.tp_size} with pool.engine=sglang on the "
+                             "local backend: a cell's learner member trains on the cell's "
+                             "GPUs, one process per GPU")
+
+    def num_engine_gpus(self) -> int:
+        """GPUs the cells' engines take on one node when every cell serves (0: CPU)."""
+        return self.num_cells * self.tp_size if self.engine == "sglang" else 0
 
     def policy_spec(self) -> dict:
         """The spec `policy.make_policy` takes."""

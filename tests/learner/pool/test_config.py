@@ -28,3 +28,29 @@ def test_a_bad_backend_setting_is_refused_by_name(fields, message):
 def test_gpus_per_member_is_a_ray_setting_that_may_be_a_fraction():
     assert CellPoolConfig().gpus_per_member is None
     assert CellPoolConfig(backend="ray", gpus_per_member=0.5).gpus_per_member == 0.5
+
+
+def test_cells_serve_the_builtin_engine_unless_sglang_is_chosen():
+    assert (CellPoolConfig().engine, CellPoolConfig().num_engine_gpus()) == ("builtin", 0)
+    config = CellPoolConfig(engine="sglang", num_cells=4, tp_size=2, processes_per_cell=2,
+                            mem_fraction_static=0.8)
+    assert (config.tp_size, config.mem_fraction_static) == (2, 0.8)
+    assert config.num_engine_gpus() == 8
+    ray = CellPoolConfig(engine="sglang", backend="ray", tp_size=4, sglang_python="/sg/python")
+    assert (ray.processes_per_cell, ray.num_engine_gpus()) == (1, 12)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"engine": "vllm"}, r"pool\.engine must be one of \['builtin', 'sglang'\]"),
+    ({"engine": "sglang", "tp_size": 0}, r"pool\.tp_size must be an integer >= 1"),
+    ({"engine": "sglang", "tp_size": 1.5}, r"pool\.tp_size must be an integer >= 1"),
+    ({"engine": "sglang", "mem_fraction_static": 1.0}, r"pool\.mem_fraction_static must be in"),
+    ({"engine": "sglang", "mem_fraction_static": 0}, r"pool\.mem_fraction_static must be in"),
+    ({"tp_size": 2}, r"pool\.tp_size=2 is read by SGLang cells only"),
+    ({"mem_fraction_static": 0.5}, r"pool\.mem_fraction_static=0\.5 is read by SGLang"),
+    ({"sglang_python": "/x"}, r"pool\.sglang_python='/x' is read by SGLang"),
+    ({"engine": "sglang", "tp_size": 2}, r"pool\.processes_per_cell=1 must equal pool\.tp_size=2"),
+])
+def test_a_bad_engine_setting_is_refused_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CellPoolConfig(**fields)

@@ -1,11 +1,18 @@
 """The rollout side of the cells (`undertow/cells.py`) against the real gateway and real
 built-in engine processes: moving a cell to training drains its engine while a session
 streams, the session continues on the other cell's engine (one reply, its tree exact),
-and the engine process is gone; moving it back serves the newest weights."""
+and the engine process is gone; moving it back serves the newest weights. SGLang cells
+go through the SGLang launcher end to end, with a stand-in for SGLang itself
+(`sglang_standin.py`: SGLang's command line in, the built-in engine out): the wiring,
+not SGLang."""
 
+import json
+import os
 import re
+import sys
 import threading
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -14,6 +21,8 @@ from tests.engines.builtin_client import prompt
 from tests.gateway.capture import calls_of, captured
 from undertow.cells import GatewayEngineSlots
 from undertow.learner.gateway_link import GatewayLink
+from undertow.learner.pool.config import CellPoolConfig
+from undertow.pool_backends import LocalBackend
 from undertow.pool_run import engineless_gateway
 from undertow.rollout_source import background_loop
 
@@ -109,3 +118,56 @@ def test_a_cell_back_from_training_serves_the_newest_weights(cells, tiny_model_d
     assert sorted(slots.engines) == [0, 1]
     with pytest.raises(ValueError, match="newest pushed are 2"):
         slots.serve(0, 1)
+
+
+def _standin_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An executable that SGLangLauncher runs as its python, and the file it records to."""
+    record = tmp_path / "sglang-launches.jsonl"
+    script = tmp_path / "sglang-python"
+    standin = Path(__file__).with_name("sglang_standin.py")
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{standin}" "{record}" "$@"\n')
+    script.chmod(0o755)
+    return script, record
+
+
+def _launches(record: Path) -> list[dict]:
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def test_sglang_cells_start_on_their_gpus_take_weights_and_free_them(tiny_model_dir, tmp_path):
+    python, record = _standin_python(tmp_path)
+    pool = CellPoolConfig(engine="sglang", num_cells=2, tp_size=2, processes_per_cell=2,
+                          mem_fraction_static=0.6, sglang_python=str(python))
+    with background_loop() as loop, \
+            engineless_gateway(loop, tiny_model_dir, tmp_path / "store") as gateway:
+        admin = GatewayLink(gateway.url, gateway.admin_token)
+        slots = LocalBackend(pool).engine_slots(loop, admin, tiny_model_dir,
+                                                tmp_path / "engines", 1, "drain")
+        try:
+            slots.start_all([0, 1])
+            launches = _launches(record)
+            assert sorted(x["cuda_visible_devices"] for x in launches) == ["0,1", "2,3"]
+            assert {(x["tp_size"], x["mem_fraction_static"], x["weight_version"],
+                     x["enable_deterministic_inference"]) for x in launches} == \
+                {(2, 0.6, "0", True)}
+            assert {e["url"] for e in admin.engines()} == \
+                {engine.url for engine, _id in slots.engines.values()}
+            _session, text, finish_reasons = _complete(admin, "g", prompt(3, 20))
+            assert finish_reasons == ["length"] and text
+
+            slots.push(tiny_model_dir, 1)  # update_weights_from_disk on each engine
+            assert [e["weight_version"] for e in admin.engines()] == ["1", "1"]
+            engine, _id = slots.engines[0]
+            slots.drain(0)
+            assert engine.process.poll() is not None
+            (standin_pid,) = [x["pid"] for x in launches if x["cuda_visible_devices"] == "0,1"]
+            assert standin_pid == engine.process.pid  # the stand-in became the engine
+            assert not os.path.exists(f"/proc/{standin_pid}")
+            assert len(admin.engines()) == 1
+
+            slots.serve(0, 1)
+            last = _launches(record)[-1]
+            assert (last["cuda_visible_devices"], last["weight_version"]) == ("0,1", "1")
+            assert sorted(e["weight_version"] for e in admin.engines()) == ["1", "1"]
+        finally:
+            slots.close()

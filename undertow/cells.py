@@ -82,15 +82,18 @@ class GatewayEngineSlots:
     at the gateway; `warm` holds engines started ahead of `serve` (not yet at the
     gateway); `weights` is the newest (model directory, weight version) pushed.
     `launchers(cell_id, weight_version)` gives a cell's engine launcher (default: the
-    built-in engine on `threads_per_cell` threads).
+    built-in engine on `threads_per_cell` threads). `warm_start` false: `prepare` starts
+    nothing, as for engines on the cell's GPUs, which are its learner member's until the
+    member stops in `serve`'s turn (`LocalPool._move_to_rollout`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                  log_dir: Path, threads_per_cell: int = 1, push_mode: str = "drain",
-                 launchers: CellLaunchers | None = None):
+                 launchers: CellLaunchers | None = None, warm_start: bool = True):
         self.loop, self.admin, self.log_dir = loop, admin, Path(log_dir)
         self.threads_per_cell, self.push_mode = threads_per_cell, push_mode
         self.launchers = launchers or self._builtin_launcher
+        self.warm_start = warm_start
         self.weights: tuple[Path, int] = (Path(model_dir), 0)
         self.engines: dict[int, tuple[RunningEngine, str]] = {}
         self.warm: dict[int, RunningEngine] = {}
@@ -126,6 +129,8 @@ class GatewayEngineSlots:
     def prepare(self, cell_ids: list[int]) -> None:
         """Starts the engines of cells about to serve all at once (engine start-up is
         seconds of process and model loading); `serve` then only adds them."""
+        if not self.warm_start:
+            return
         cold = [c for c in cell_ids if c not in self.engines and c not in self.warm]
         running = self._wait(_gather([self._start(c) for c in cold]))
         for cell_id, engine in zip(cold, running, strict=True):

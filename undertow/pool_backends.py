@@ -78,7 +78,8 @@ class LocalBackend:
     def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
         return GatewayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
-                                  launchers=functools.partial(cell_launcher, self.pool))
+                                  launchers=functools.partial(cell_launcher, self.pool),
+                                  warm_start=self.pool.engine == "builtin")
 
     def advertised_url(self, url: str) -> str:
         """The gateway's URL as other processes and nodes should use it."""
@@ -128,7 +129,8 @@ class RayBackend(LocalBackend):
             check_engine_gpus(dataclasses.replace(self.pool, num_cells=1), max(
                 node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")))
         slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
-                               launchers=functools.partial(cell_launcher, self.pool))
+                               launchers=functools.partial(cell_launcher, self.pool),
+                               warm_start=self.pool.engine == "builtin")
         slots.placements, slots.gateway_url = self.placements, self.gateway_url
         slots.num_gpus_per_engine = self.pool.num_engine_gpus() // self.pool.num_cells
         return slots

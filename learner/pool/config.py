@@ -60,7 +60,8 @@ class CellPoolConfig:
     engine sees GPUs c * tp_size .. (c + 1) * tp_size - 1 only, the GPUs its learner
     member trains on, so `processes_per_cell` must equal `tp_size`; on Ray its engine
     host asks for `tp_size` GPUs and the engine sees the ones Ray assigns. Either way the
-    engine stops, and its GPUs are free, before the cell's learner member starts.
+    engine stops, and its GPUs are free, before the cell's learner member starts (and
+    `resident_members`, which would keep the member on those GPUs, is refused).
     """
 
     policy: str = "elastic"
@@ -141,6 +142,10 @@ class CellPoolConfig:
                     raise ValueError(f"pool.{name}={getattr(self, name)!r} is read by SGLang "
                                      "cells only; set pool.engine=sglang or remove it")
             return
+        if self.resident_members:
+            raise ValueError("pool.resident_members=true keeps a learner member's model on "
+                             "the cell's GPUs while its SGLang engine serves there; set "
+                             "pool.resident_members=false with pool.engine=sglang")
         if self.backend == "local" and self.processes_per_cell != self.tp_size:
             raise ValueError(f"pool.processes_per_cell={self.processes_per_cell} must equal "
                              f"pool.tp_size={self.tp_size} with pool.engine=sglang on the "

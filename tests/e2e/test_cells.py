@@ -165,6 +165,8 @@ def test_sglang_cells_start_on_their_gpus_take_weights_and_free_them(tiny_model_
             assert not os.path.exists(f"/proc/{standin_pid}")
             assert len(admin.engines()) == 1
 
+            slots.prepare([0])  # the cell's GPUs are its member's until serve: no start
+            assert (slots.warm, len(_launches(record))) == ({}, 2)
             slots.serve(0, 1)
             last = _launches(record)[-1]
             assert (last["cuda_visible_devices"], last["weight_version"]) == ("0,1", "1")

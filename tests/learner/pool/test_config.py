@@ -50,6 +50,7 @@ def test_cells_serve_the_builtin_engine_unless_sglang_is_chosen():
     ({"mem_fraction_static": 0.5}, r"pool\.mem_fraction_static=0\.5 is read by SGLang"),
     ({"sglang_python": "/x"}, r"pool\.sglang_python='/x' is read by SGLang"),
     ({"engine": "sglang", "tp_size": 2}, r"pool\.processes_per_cell=1 must equal pool\.tp_size=2"),
+    ({"engine": "sglang", "resident_members": True}, r"pool\.resident_members=true keeps"),
 ])
 def test_a_bad_engine_setting_is_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -96,6 +96,9 @@ class RayBackend(LocalBackend):
         super().__init__(pool)
         if not pool.advertise_host and pool.gateway_host in ANY_ADDRESS:
             self.advertise_host = ray.util.get_node_ip_address()
+        if pool.engine == "sglang":  # one engine's GPUs on one node
+            check_engine_gpus(dataclasses.replace(pool, num_cells=1), max(
+                node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")))
         self.placements = PlacementLog(Path(run_dir) / PLACEMENTS_FILE)
         self.gateway_url = ""
 
@@ -123,11 +126,6 @@ class RayBackend(LocalBackend):
 
     def engine_slots(self, loop: asyncio.AbstractEventLoop, admin: Any, model_dir: Path,
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
-        import ray
-
-        if self.pool.engine == "sglang":
-            check_engine_gpus(dataclasses.replace(self.pool, num_cells=1), max(
-                node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")))
         slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
                                launchers=functools.partial(cell_launcher, self.pool),
                                warm_start=self.pool.engine == "builtin")

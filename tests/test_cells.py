@@ -10,7 +10,7 @@ import pytest
 from undertow.cells import cell_gpu_ids, cell_launcher, check_engine_gpus
 from undertow.gateway.engines.launch import BuiltinLauncher, SGLangLauncher
 from undertow.learner.pool.config import CellPoolConfig
-from undertow.pool_backends import host_launcher
+from undertow.pool_backends import check_ray_engine_gpus, host_launcher
 
 
 def _flag(command: list[str], name: str) -> str | None:
@@ -70,3 +70,12 @@ def test_an_engine_host_gives_sglang_the_gpus_ray_assigned(tmp_path):
         host_launcher(cell_launcher(pool, 0, 1), "10.0.0.7", [6])
     builtin = host_launcher(cell_launcher(CellPoolConfig(backend="ray"), 0, 1), "127.0.0.1", [])
     assert "0.0.0.0" not in builtin.command(tmp_path, None)
+
+
+def test_sglang_engines_larger_than_every_ray_node_are_refused_by_name():
+    check_ray_engine_gpus(4, [2.0, 4.0])
+    with pytest.raises(ValueError, match=r"pool\.tp_size=4 .* largest node of the Ray "
+                                         r"cluster has 2; lower pool\.tp_size"):
+        check_ray_engine_gpus(4, [2.0, 0.0])
+    with pytest.raises(ValueError, match=r"pool\.tp_size=1 .* has 0"):
+        check_ray_engine_gpus(1, [])

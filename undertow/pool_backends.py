@@ -96,9 +96,9 @@ class RayBackend(LocalBackend):
         super().__init__(pool)
         if not pool.advertise_host and pool.gateway_host in ANY_ADDRESS:
             self.advertise_host = ray.util.get_node_ip_address()
-        if pool.engine == "sglang":  # one engine's GPUs on one node
-            check_engine_gpus(dataclasses.replace(pool, num_cells=1), max(
-                node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")))
+        if pool.engine == "sglang":
+            check_ray_engine_gpus(pool.tp_size, [node["Resources"].get("GPU", 0.0)
+                                                 for node in ray.nodes() if node.get("Alive")])
         self.placements = PlacementLog(Path(run_dir) / PLACEMENTS_FILE)
         self.gateway_url = ""
 
@@ -149,6 +149,16 @@ def ray_gpus_per_member(gpus_per_member: float | None, member_device: str) -> fl
                          "the GPUs from an actor that asks for none; set pool.gpus_per_member "
                          "> 0 (or remove it) or learner.device: cpu")
     return float(gpus_per_member)
+
+
+def check_ray_engine_gpus(tp_size: int, node_gpus: list[float]) -> None:
+    """Refuses SGLang engines of `tp_size` GPUs that no node of the cluster (its nodes'
+    GPU counts, `node_gpus`) could hold: an engine's GPUs are on one node."""
+    largest = max(node_gpus, default=0.0)
+    if tp_size > largest:
+        raise ValueError(f"pool.tp_size={tp_size} GPUs per SGLang engine, but the largest "
+                         f"node of the Ray cluster has {largest:g}; lower pool.tp_size or "
+                         "add GPUs (ray start --num-gpus)")
 
 
 def check_devices(pool: CellPoolConfig, learner: Any) -> None:

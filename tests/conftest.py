@@ -11,13 +11,27 @@ fixture, and a session-scoped one imported into four modules starts four times.
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 REPO = Path(__file__).resolve().parents[1]
+TRAIN_TIMEOUT_S = 600
+
+# The elastic pool run (`elastic_pool_run`): `undertow train` on three CPU cells with the
+# elastic policy and the paced scripted rollouts (tests/e2e/paced_rollouts.py), one slow
+# session per group of 4, two steps.
+POOL_RUN_NUM_TURNS = 2
+ELASTIC_POOL_RUN = (
+    "learner.num_steps=2", "learner.group_size=4", "learner.lr=0.001",
+    "rollout.source=tests.e2e.paced_rollouts:make_run_group",
+    f"rollout.scaffold_options={{num_turns: {POOL_RUN_NUM_TURNS}, max_tokens: 8, "
+    "tool_latency_s: [0.0, 0.0, 0.5, 4.0]}",
+    "pool.policy=elastic", "pool.num_cells=3", "pool.num_session_slots=2")
 
 
 def pytest_addoption(parser):
@@ -86,3 +100,33 @@ async def vllm_engine_url(tiny_model_dir, tmp_path_factory):
         yield engine.url
     finally:
         await engine.stop()
+
+
+def run_train(arguments: list[str], log: Path, expected_code: int = 0) -> None:
+    """Runs `undertow train ARGUMENTS` to its end, from the repository (on its PYTHONPATH,
+    for the tests' rollout sources); fails the test with its log if it does not exit with
+    `expected_code`."""
+    command = [sys.executable, "-m", "undertow.cli", "train", *arguments]
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        code = process.wait(timeout=TRAIN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
+    assert code == expected_code, log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def elastic_pool_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """The run directory of a finished `ELASTIC_POOL_RUN` on the tiny model, run once per
+    session (about a minute) for the two tests that check it: tests/e2e/test_train_pool.py,
+    which then resumes it, and tests/ui/test_viewer.py, which draws it. It stays as the run
+    left it: a test copies it (`shutil.copytree`) before it resumes or serves it."""
+    run_dir = tmp_path_factory.mktemp("elastic-pool") / "run"
+    run_train(["--run-dir", str(run_dir), f"run.model_dir={tiny_model_dir}",
+               *ELASTIC_POOL_RUN], run_dir.parent / "train.log")
+    return run_dir

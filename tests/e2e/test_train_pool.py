@@ -4,7 +4,8 @@ engines (one per rollout cell) behind the real gateway, the paced scripted rollo
 processes. Cells move to training while the slow session runs and come back with the new
 weights; each step's gradient is computed by the members; two steps, two versions. Then
 `undertow train --resume` continues the run for a third step: every cell's engine starts
-on the checkpoint's weights, so the new group samples with version 2.
+on the checkpoint's weights, so the new group samples with version 2. (The two-step run is
+the session's `elastic_pool_run`, tests/conftest.py, which tests/ui/test_viewer.py draws.)
 
 Reward integrity and records in a pool run: real chat sessions (`ChatRollout`, the real
 gateway and engines) whose rewards come from this module's reward functions
@@ -15,14 +16,11 @@ every grading crashes stops with one line naming the cause, exit code 1."""
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
+import shutil
 
 import pytest
 
+from tests.conftest import POOL_RUN_NUM_TURNS, run_train
 from undertow.learner.checkpoint import latest_checkpoint
 from undertow.learner.elastic.loop import read_timeline
 from undertow.learner.metrics_log import read_metrics
@@ -30,37 +28,9 @@ from undertow.learner.trees import load_store_trees
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 600
-NUM_TURNS = 2
-
-
-def _train(arguments, log, expected_code=0):
-    """Runs `undertow train ARGUMENTS` to its end; fails the test with its log if it
-    does not exit with `expected_code`."""
-    command = [sys.executable, "-m", "undertow.cli", "train", *arguments]
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        code = process.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
-    assert code == expected_code, log.read_text()[-3000:]
-
-
-def test_elastic_pool_run_moves_cells_trains_and_resumes(tiny_model_dir, tmp_path):
+def test_elastic_pool_run_moves_cells_trains_and_resumes(elastic_pool_run, tmp_path):
     run_dir = tmp_path / "run"
-    _train(["--run-dir", str(run_dir), f"run.model_dir={tiny_model_dir}", "learner.num_steps=2",
-            "learner.group_size=4", "learner.lr=0.001",
-            "rollout.source=tests.e2e.paced_rollouts:make_run_group",
-            f"rollout.scaffold_options={{num_turns: {NUM_TURNS}, max_tokens: 8, "
-            "tool_latency_s: [0.0, 0.0, 0.5, 4.0]}",
-            "pool.policy=elastic", "pool.num_cells=3", "pool.num_session_slots=2"],
-           tmp_path / "train.log")
+    shutil.copytree(elastic_pool_run, run_dir)
 
     records = read_metrics(run_dir)
     assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2)]
@@ -87,12 +57,12 @@ def test_elastic_pool_run_moves_cells_trains_and_resumes(tiny_model_dir, tmp_pat
         assert all(p.closed for p in tree.sessions.values())
         # One call per turn, however the session's engine changed: no reply was split.
         calls = [call.session_id for call in tree.calls]
-        assert sorted(calls.count(s) for s in tree.sessions) == [NUM_TURNS] * 4
+        assert sorted(calls.count(s) for s in tree.sessions) == [POOL_RUN_NUM_TURNS] * 4
         assert {v for n in tree.nodes.values() if n.trainable
                 for v in n.weight_versions} == {version}
 
-    _train(["--run-dir", str(run_dir), "--resume", "learner.num_steps=3"],
-           tmp_path / "resume.log")
+    run_train(["--run-dir", str(run_dir), "--resume", "learner.num_steps=3"],
+              tmp_path / "resume.log")
     records = read_metrics(run_dir)
     assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2), (3, 3)]
     assert latest_checkpoint(run_dir).name == "step-000003"
@@ -162,9 +132,9 @@ def test_pool_run_drops_and_replaces_groups_and_records_steps_as_a_plain_run(
     from undertow.ui.runs import RunFolder
 
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    _train([*_planned_run(tiny_model_dir, run_dir, "{plan: {0: uniform, 1: crashing}}"),
-            "learner.num_steps=2", "advantages.filter_uniform_groups=true",
-            "advantages.max_extra_groups=1", "logging.trackers=[tensorboard]"], log)
+    run_train([*_planned_run(tiny_model_dir, run_dir, "{plan: {0: uniform, 1: crashing}}"),
+               "learner.num_steps=2", "advantages.filter_uniform_groups=true",
+               "advantages.max_extra_groups=1", "logging.trackers=[tensorboard]"], log)
 
     first, second = records = read_metrics(run_dir)
     assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2)]
@@ -206,8 +176,8 @@ def test_pool_run_drops_and_replaces_groups_and_records_steps_as_a_plain_run(
 
 def test_pool_run_whose_every_grading_crashes_stops_with_one_line(tiny_model_dir, tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    _train([*_planned_run(tiny_model_dir, run_dir, "{default: dead}"), "learner.num_steps=1",
-            "learner.max_failed_groups=3"], log, expected_code=1)
+    run_train([*_planned_run(tiny_model_dir, run_dir, "{default: dead}"),
+               "learner.num_steps=1", "learner.max_failed_groups=3"], log, expected_code=1)
 
     printed = log.read_text()
     errors = [line for line in printed.splitlines() if line.startswith("undertow train: error")]

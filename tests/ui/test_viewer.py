@@ -260,23 +260,14 @@ def test_live_sessions_stream_without_the_token_reaching_the_browser(
         _stop(gateway)
 
 
-def test_pool_run_draws_each_cells_roles_over_time(tiny_model_dir, browser, tmp_path):
-    """A real pool run (3 cells, the elastic policy, as tests/e2e/test_train_pool.py): its
-    run page draws each cell's role between the recorded decisions."""
+def test_pool_run_draws_each_cells_roles_over_time(elastic_pool_run, browser, tmp_path):
+    """A real pool run (3 cells, the elastic policy: the session's `elastic_pool_run`,
+    tests/conftest.py, which tests/e2e/test_train_pool.py checks): its run page draws each
+    cell's role between the recorded decisions."""
     from undertow.learner.elastic.loop import read_timeline
 
-    runs, log = tmp_path / "runs", tmp_path / "train.log"
-    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(runs / "pool"),
-               f"run.model_dir={tiny_model_dir}", "learner.num_steps=2", "learner.group_size=4",
-               "learner.lr=0.001", "rollout.source=tests.e2e.paced_rollouts:make_run_group",
-               "rollout.scaffold_options={num_turns: 2, max_tokens: 8, "
-               "tool_latency_s: [0.0, 0.0, 0.5, 4.0]}",
-               "pool.policy=elastic", "pool.num_cells=3", "pool.num_session_slots=2"]
-    process = _start(command, log)
-    try:
-        assert process.wait(timeout=TIMEOUT_S) == 0, log.read_text()[-3000:]
-    finally:
-        _stop(process)
+    runs = tmp_path / "runs"
+    shutil.copytree(elastic_pool_run, runs / "pool")
     events = [e for e in read_timeline(runs / "pool") if isinstance(e.get("cells"), dict)]
     roles = {role for e in events for role in e["cells"].values()}
     assert {"rollout", "training"} <= roles

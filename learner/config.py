@@ -53,11 +53,12 @@ class TrainConfig:
     Long paths (`packing.pack_step`, `model.py`): `long_paths` "split" packs a subtree
     unit by unit, each micro-batch with its units' whole context, and stops the run
     with an error naming this field when a path with its context is longer than the
-    micro-batch bound; "whole" packs such a path once, whole, in a micro-batch of its
-    own, which the policy scores in segments of `max_segment_tokens` positions (None:
-    the micro-batch bound; 0: never in segments) reusing the earlier segments' keys and
-    values, exactly (`segments.py`). `head_chunk_tokens`: the LM head's rows per chunk
-    (`lm_head.py`; 0: every scored position at once, an (N, V) float32 tensor).
+    micro-batch bound; "whole" (the default) packs such a path once, whole, in a
+    micro-batch of its own, which the policy scores in segments of `max_segment_tokens`
+    positions (None: the micro-batch bound; 0: never in segments) reusing the earlier
+    segments' keys and values, exactly (`segments.py`). `head_chunk_tokens`: the LM
+    head's rows per chunk (`lm_head.py`; 0: every scored position at once, an (N, V)
+    float32 tensor).
 
     Checkpoints are written every
     `checkpoint_every` steps and after the last one; the last `keep_checkpoints`
@@ -88,7 +89,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     micro_batch_tokens: int | str | None = None
     attention: str = "auto"
-    long_paths: str = "split"
+    long_paths: str = "whole"
     max_segment_tokens: int | None = None
     head_chunk_tokens: int = 1024
 

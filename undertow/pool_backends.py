@@ -302,7 +302,10 @@ class EngineHost:
 def host_launcher(launcher: Launcher, node_ip: str, gpu_ids: list) -> Launcher:
     """`launcher` as an engine host on `node_ip` runs it: bound to every interface unless
     the node's address is loopback (the last --host wins; readiness is probed locally),
-    and an SGLang engine on the GPUs Ray assigned the host (`gpu_ids`)."""
+    and an SGLang engine on the GPUs Ray assigned the host (`gpu_ids`); the built-in
+    engine runs with the host's python."""
+    if launcher.name == "builtin":
+        launcher = dataclasses.replace(launcher, python=Path(sys.executable))
     if not node_ip.startswith("127."):
         launcher = dataclasses.replace(launcher,
                                        extra_args=(*launcher.extra_args, "--host", "0.0.0.0"))

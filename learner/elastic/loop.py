@@ -124,7 +124,7 @@ class ElasticLearner(Learner):
         advantages = {(tree.group_id, session_id): value for session_id, value in
                       group_advantages(tree, self.advantage_config).items()}
         try:
-            chunk = self.pack([tree], advantages, self.config.max_tokens)
+            chunk = self.pack([tree], advantages, self.placement.max_tokens)
         except EmptyStepError:
             return 0
         self.coordinator.append(chunk)

@@ -157,3 +157,12 @@ def test_a_pool_member_scores_with_the_run_configs_options(tiny_model_dir, tmp_p
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-6)
     assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
     assert_same_gradients(learner, flat)
+
+
+def test_a_pool_learner_packs_with_the_resolved_micro_batch_bound(tiny_model_dir, tmp_path):
+    """`learner.micro_batch_tokens` bounds a pool run's micro-batches as it bounds a plain
+    run's (it was once ignored there for `learner.max_tokens`)."""
+    config, loss = sections(tmp_path, "learner.long_paths=split", "learner.micro_batch_tokens=40")
+    learner = learner_of(tiny_model_dir, tmp_path / "pool", config, loss, ElasticLearner)
+    with pytest.raises(MicroBatchTooLongError, match=r"bound of 40 "):
+        learner.add_group(long_tree())

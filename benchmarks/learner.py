@@ -98,7 +98,9 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     tree = build_tree(SHAPES[shape_name])
     advantages = {(tree.group_id, s): a
                   for s, a in group_advantages(tree, AdvantageConfig()).items()}
-    policy = PolicyModel.load(model_dir)
+    # Segments of the micro-batch bound, as `undertow train` sets them by default
+    # (`TrainConfig.segment_tokens`): a packed micro-batch is never scored in segments.
+    policy = PolicyModel.load(model_dir, max_segment_tokens=max_tokens)
     config = LossConfig(name="token_mean")
     result = {"method": method, "shape": shape_name}
     if method == "tree":

@@ -96,7 +96,7 @@ class LocalPool:
         for cell in cells:
             if cell.role is not Role.ROLLOUT:
                 raise CellPoolError(f"cell {cell.cell_id} starts in {cell.role.value}; "
-                                "the local pool starts every cell in rollout")
+                                    "the local pool starts every cell in rollout")
 
     def update_sessions(self, num_sessions: dict[int, int]) -> None:
         """The gateway's count of live sessions on each rollout cell's engine."""
@@ -186,8 +186,8 @@ class ProcessMembers:
             raise CellPoolError(f"processes_per_cell must be >= 1, got {processes_per_cell}")
         if processes_per_cell > 1 and member_options.get("reference_dir"):
             raise CellPoolError("a sharded cell (processes_per_cell > 1) does not score a KL "
-                            "reference model; set loss.kl_coef to 0 or "
-                            "pool.processes_per_cell to 1")
+                                "reference model; set loss.kl_coef to 0 or "
+                                "pool.processes_per_cell to 1")
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
         self.processes_per_cell = processes_per_cell
         self.learner = member_learner(member_options, processes_per_cell)
@@ -258,11 +258,11 @@ class ProcessMembers:
             process.join(timeout=10)
         if stuck:
             raise CellPoolError(f"the member of cell {cell_id} did not exit within "
-                            f"{self.timeout_s} s and was terminated")
+                                f"{self.timeout_s} s and was terminated")
         failed = [p.exitcode for p in running.processes if p.exitcode != 0]
         if failed:
             raise CellPoolError(f"the member of cell {cell_id} exited with {failed[0]}; "
-                            "see its output above")
+                                "see its output above")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Ends every member without raising: asks, waits up to `timeout_s`, terminates."""
@@ -310,7 +310,7 @@ class ThreadMembers:
         thread.join(timeout=self.timeout_s)
         if thread.is_alive():
             raise CellPoolError(f"the member of cell {cell_id} did not finish within "
-                            f"{self.timeout_s} s")
+                                f"{self.timeout_s} s")
         if cell_id in self.errors:
             failure = self.errors.pop(cell_id)
             raise CellPoolError(f"the member of cell {cell_id} failed") from failure

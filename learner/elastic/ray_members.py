@@ -46,6 +46,7 @@ with the store's port instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 from collections.abc import Iterator, Mapping
@@ -176,7 +177,7 @@ class RayMembers:
 
         if not ray.is_initialized():
             raise CellPoolError("RayMembers needs a running Ray: call ray.init(address=...) or "
-                            "use ray_members.local_cluster() first")
+                                "use ray_members.local_cluster() first")
         from undertow.learner.elastic.devices import member_learner, with_learner
 
         self.address, self.model_dir, self.timeout_s = address, str(model_dir), timeout_s
@@ -230,7 +231,7 @@ class RayMembers:
             ray.get(group.pending, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError as error:
             raise CellPoolError(f"the members of cell {cell_id} did not finish within "
-                            f"{self.timeout_s} s and were killed") from error
+                                f"{self.timeout_s} s and were killed") from error
         except ray.exceptions.RayError as error:
             raise CellPoolError(f"the members of cell {cell_id} failed: {error}") from error
         finally:
@@ -265,6 +266,14 @@ def _available() -> dict[str, float]:
             if not name.startswith(("node:", "memory", "object_store_memory"))}
 
 
+@functools.cache
+def process_token() -> str:
+    """The auth token of every local Ray this process starts, drawn once: Ray's client
+    keeps the first token it read for the life of the process, so a second local instance
+    with a new token would refuse this process's own connection."""
+    return secrets.token_hex(16)
+
+
 @contextlib.contextmanager
 def local_cluster(temp_dir: str | Path, num_cpus: int, num_gpus: int = 0,
                   resources: Mapping[str, float] | None = None,
@@ -275,13 +284,13 @@ def local_cluster(temp_dir: str | Path, num_cpus: int, num_gpus: int = 0,
 
     Ray reads its settings from the environment of the processes it starts, so this sets,
     for the block only: RAY_USAGE_STATS_ENABLED=0 (no reporting), RAY_AUTH_MODE=token with
-    a fresh RAY_AUTH_TOKEN (nothing written to ~/.ray), and
+    this process's RAY_AUTH_TOKEN (`process_token`; nothing written to ~/.ray), and
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which makes Ray bind its node to 127.0.0.1; Ray
     reads that last one when it is first imported, so it takes effect only if this
     process has not imported ray yet.
     """
     settings = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN": secrets.token_hex(16),
+                "RAY_AUTH_TOKEN": process_token(),
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
@@ -289,8 +298,8 @@ def local_cluster(temp_dir: str | Path, num_cpus: int, num_gpus: int = 0,
         import ray
 
         if ray.is_initialized():
-            raise CellPoolError("Ray is already initialised in this process; call ray.shutdown() "
-                            "first or use the running instance")
+            raise CellPoolError("Ray is already initialised in this process; call "
+                                "ray.shutdown() first or use the running instance")
         ray.init(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
                  include_dashboard=False, _temp_dir=str(Path(temp_dir).resolve()),
                  object_store_memory=object_store_bytes)
@@ -320,14 +329,14 @@ def connect(address: str, temp_dir: str | Path, num_cpus: int) -> Iterator[None]
     import ray
 
     if ray.is_initialized():
-        raise CellPoolError("Ray is already initialised in this process; call ray.shutdown() "
-                        "first or use the running instance")
+        raise CellPoolError("Ray is already initialised in this process; call "
+                            "ray.shutdown() first or use the running instance")
     try:
         ray.init(address=address)
     except ConnectionError as error:
-        raise CellPoolError(f"no Ray cluster at pool.ray_address={address!r} ({error}); start "
-                        "one with `ray start --head` or leave pool.ray_address empty for a "
-                        "one-machine Ray") from error
+        raise CellPoolError(f"no Ray cluster at pool.ray_address={address!r} ({error}); "
+                            "start one with `ray start --head` or leave pool.ray_address "
+                            "empty for a one-machine Ray") from error
     try:
         yield
     finally:

@@ -115,7 +115,7 @@ class AutoSessions:
         for session in self.idle(time.monotonic() if now_s is None else now_s):
             await self.store.append(session.group, SessionRegistry.expire_event(session))
             self.store.tree(session.group).expire_session(session.session_id)
-            session.closed = True
+            self.sessions.close(session)
             await self.pool.close_session(session.session_id)
             self.counts.expired.inc()
             expired.append(session.session_id)

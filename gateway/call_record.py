@@ -53,7 +53,7 @@ class CallRecorder:
             written = self.store.submit(session.group, *(r.to_json() for r in records))
         leaves = [call.leaf for call in tree.calls[-len(results):]]
         choices = [self._choice(result, request) for result in results]
-        if request.messages is not None:
+        if request.messages is not None and not session.closed:  # closed while it ran
             for choice, leaf in reversed(list(zip(choices, leaves, strict=True))):
                 self._leave_head(session, request, prompt, choice, leaf, num_prompt)
         session.num_calls += 1

@@ -88,13 +88,14 @@ class SessionRegistry:
         self.num_heads = num_heads
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
+        self._num_open = 0  # counted as sessions are added and closed, not by a scan
 
     def __len__(self) -> int:
         return len(self._by_id)
 
     @property
     def num_open(self) -> int:
-        return sum(not session.closed for session in self._by_id.values())
+        return self._num_open
 
     def create(self, group: str, session_id: str | None = None,
                meta: dict[str, Any] | None = None) -> tuple[Session, str]:
@@ -122,6 +123,19 @@ class SessionRegistry:
     def add(self, session: Session) -> None:
         self._by_id[session.session_id] = session
         self._by_key[session.key_sha256] = session
+        self._num_open += not session.closed
+
+    def close(self, session: Session, reward: float | None = None) -> None:
+        """Marks `session` closed (it refuses calls from now on) and lets go of what only a
+        next call would use: its heads (which hold its history's IDs), the replies kept for
+        SDK retries and its last request's messages. A run of many sessions keeps only
+        their summaries in memory, not every history."""
+        if not session.closed:
+            self._num_open -= 1
+        session.closed, session.reward = True, reward
+        session.heads.clear()
+        session.replies.clear()
+        session.known_messages.clear()
 
     def restore(self, event: dict[str, Any]) -> None:
         """Applies a stored session event (on replay)."""
@@ -130,10 +144,9 @@ class SessionRegistry:
                              event.get("created_s", 0.0), dict(event.get("meta") or {}),
                              auto=bool(event.get("auto"))))
         elif event["kind"] == "session_close" and event["session_id"] in self._by_id:
-            session = self._by_id[event["session_id"]]
-            session.closed, session.reward = True, event["reward"]
+            self.close(self._by_id[event["session_id"]], event["reward"])
         elif event["kind"] == "session_expire" and event["session_id"] in self._by_id:
-            self._by_id[event["session_id"]].closed = True
+            self.close(self._by_id[event["session_id"]])
 
     def knows_key(self, key: str) -> bool:
         return hash_key(key) in self._by_key

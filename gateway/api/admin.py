@@ -88,7 +88,7 @@ class _SessionHandlers:
                                                 "session_id": session.session_id,
                                                 "reward": float(reward), "meta": meta})
         self.store.tree(session.group).close_session(session.session_id, reward, meta)
-        session.closed, session.reward = True, float(reward)
+        self.sessions.close(session, float(reward))
         session.meta.update(meta)
         await self.pool.close_session(session.session_id)
         self.metrics.open_sessions.set(self.sessions.num_open)

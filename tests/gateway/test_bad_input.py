@@ -11,7 +11,7 @@ import pytest
 
 from tests.gateway.capture import calls_of
 from undertow.gateway.api.openai_chat import KnownMessages, parse_messages
-from undertow.gateway.app import POOL_KEY
+from undertow.gateway.app import POOL_KEY, SESSIONS_KEY
 from undertow.gateway.errors import BadRequest
 from undertow.gateway.router import RouterConfig
 
@@ -166,3 +166,43 @@ async def test_known_history_is_reused_and_new_messages_are_still_validated():
         parse_messages([*history, {"role": "robot", "content": "x"}], known)
     edited = [{"role": "developer", "content": "be verbose"}, history[1]]
     assert parse_messages(edited, known)[0] == {"role": "system", "content": "be verbose"}
+
+
+async def test_a_closed_session_lets_go_of_its_history(make_gateway, scripted, tmp_path):
+    """Closing a session frees what only its next call would use (its heads hold the
+    history's IDs), and the open-session gauge counts as sessions open and close, also
+    after a restart."""
+    gateway = await make_gateway([scripted.url], store_dir=tmp_path / "store")
+    sessions = [await gateway.open_session() for _ in range(3)]
+    client = openai.AsyncOpenAI(base_url=sessions[0]["base_url"],
+                                api_key=sessions[0]["api_key"], max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "hi"}]
+        for _ in range(2):
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "more"}]
+    finally:
+        await client.close()
+    registry = gateway.app[SESSIONS_KEY]
+    held = registry.get(sessions[0]["session_id"])
+    assert held.heads and held.heads[-1].token_ids and held.known_messages
+
+    async def open_gauge(gateway) -> float:
+        async with gateway.http.get(f"{gateway.url}/metrics") as reply:
+            text = await reply.text()
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("undertow_open_sessions ")))
+
+    assert await open_gauge(gateway) == 3
+    for session in sessions[:2]:
+        url = f"{gateway.url}/admin/sessions/{session['session_id']}/close"
+        async with gateway.http.post(url, json={"reward": 1.0}, headers=gateway.admin) as reply:
+            assert reply.status == 200
+    assert (held.heads, held.replies, held.known_messages) == ([], {}, {})
+    assert held.closed and held.reward == 1.0 and held.num_calls == 2
+    assert await open_gauge(gateway) == 1
+    restarted = await make_gateway([scripted.url], store_dir=tmp_path / "store")
+    assert await open_gauge(restarted) == 1
+    assert restarted.app[SESSIONS_KEY].get(sessions[0]["session_id"]).heads == []
+    assert restarted.app[SESSIONS_KEY].get(sessions[2]["session_id"]).closed is False

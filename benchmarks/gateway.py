@@ -13,14 +13,19 @@
     `/v1/chat/completions`. A third gateway pair takes `/generate` with `stream: true`, as
     the gateway itself asks the engine (it streams, so that a generation can resume on
     another engine): a diagnostic of how much of the added time is the engine streaming;
-    the headline keeps the non-streamed baseline. In each round every pair runs its two
-    calls back to back, the direct one first in even rounds and second in odd ones, and
-    the pairs take turns in going first. Added latency = the proxied call's time - its
-    pair's direct call's time; p50 and p99 of those differences are the headline (engine
-    time, ~10-50 ms per call and noisy on a loaded machine, cancels within a pair); the
-    difference of the two medians is reported too. Process CPU per call of the gateway
-    and of LiteLLM's proxy comes from /proc/PID/task/*/schedstat (nanoseconds, all
-    threads).
+    the headline keeps the non-streamed baseline. A "bare relay (floor)" pair measures the
+    floor any gateway on this stack pays (`benchmarks/bare_relay.py`, a subprocess, paired
+    with `/generate` as the gateway is): two more loopback hops, aiohttp's server and a
+    streamed engine reply read by the gateway's own HTTP client, and nothing else (fixed
+    prompt IDs; no session, template, tokenizer, parser or store). The gateway's added
+    latency minus the relay's is the cost of the gateway's own logic. In each round every
+    pair runs its two calls back to back, the direct one first in even rounds and second
+    in odd ones, and the pairs take turns in going first. Added latency = the proxied
+    call's time - its pair's direct call's time; p50 and p99 of those differences are the
+    headline (engine time, ~10-50 ms per call and noisy on a loaded machine, cancels
+    within a pair); the difference of the two medians is reported too. Process CPU per
+    call of the gateway, the bare relay and LiteLLM's proxy comes from
+    /proc/PID/task/*/schedstat (nanoseconds, all threads).
 (b) Gateway CPU per call as a session's history grows: for each history size H (1k ... 128k
     tokens, made of 1k-token user turns and short assistant turns, sent once and rendered in
     full), a session whose later calls each add the returned assistant message and a
@@ -71,6 +76,7 @@ from benchmarks.proxies import (
     open_session,
     post,
     post_read,
+    start_bare_relay,
     start_gateway,
     start_litellm,
     stop,
@@ -84,6 +90,7 @@ FORMATS_RESULTS = Path(__file__).parent / "results" / "gateway_formats.json"
 NUM_WARMUP = 10
 NUM_STORAGE_TURNS = 50
 STREAMED = "gateway (flush), vs streamed"  # paired with /generate streamed, as the gateway asks
+BARE_RELAY = "bare relay (floor)"  # no gateway logic: see (a) in the module docstring
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,17 +121,20 @@ async def latency(engine_url: str, model_dir: Path, work_dir: Path, num_calls: i
                 "sampling_params": {"max_new_tokens": 2, "temperature": 0.0}}
     gateways = {sync: await start_gateway(engine_url, model_dir, work_dir / f"store-a-{sync}",
                                           store_sync=sync) for sync in ("flush", "fsync")}
-    litellm = None
+    relay = litellm = None
     try:
+        relay = await start_bare_relay(engine_url, prompt_ids)
         litellm = await start_litellm(engine_url, work_dir) if with_litellm else None
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
             pids = {f"gateway ({sync})": process.pid for sync, (process, _) in gateways.items()}
             pids[STREAMED] = pids["gateway (flush)"]
+            pids[BARE_RELAY] = relay[0].pid
             pairs = {}
-            for name, sync, direct_body in (("gateway (flush)", "flush", generate),
-                                            ("gateway (fsync)", "fsync", generate),
-                                            (STREAMED, "flush", {**generate, "stream": True})):
-                url = gateways[sync][1]
+            for name, url, direct_body in (
+                    ("gateway (flush)", gateways["flush"][1], generate),
+                    (BARE_RELAY, relay[1], generate),
+                    ("gateway (fsync)", gateways["fsync"][1], generate),
+                    (STREAMED, gateways["flush"][1], {**generate, "stream": True})):
                 sessions = [await open_session(http, url, "latency")
                             for _ in range(num_calls + NUM_WARMUP)]
                 pairs[name] = (
@@ -142,6 +152,8 @@ async def latency(engine_url: str, model_dir: Path, work_dir: Path, num_calls: i
     finally:
         for process, _ in gateways.values():
             await stop(process)
+        if relay:
+            await stop(relay[0])
         if litellm:
             await stop(litellm[0])
     return samples
@@ -228,12 +240,15 @@ async def storage(engine_url: str, model_dir: Path, work_dir: Path) -> dict:
 
 def summarise(report: dict) -> dict:
     lat, cpu = report["latency"], report["cpu_by_history"]
-    gateway, fsync = lat["gateway (flush)"], lat["gateway (fsync)"]
+    gateway, fsync, relay = lat["gateway (flush)"], lat["gateway (fsync)"], lat[BARE_RELAY]
     summary = {"store_sync_of_headline": "flush",
                "gateway_added_p50_ms": gateway["added_p50_ms"],
                "gateway_added_p99_ms": gateway["added_p99_ms"],
                "gateway_fsync_added_p50_ms": fsync["added_p50_ms"],
-               "gateway_fsync_added_p99_ms": fsync["added_p99_ms"]}
+               "gateway_fsync_added_p99_ms": fsync["added_p99_ms"],
+               "bare_relay_added_p50_ms": relay["added_p50_ms"],
+               "gateway_over_bare_relay_added_ms": gateway["added_p50_ms"]
+               - relay["added_p50_ms"]}
     if "litellm proxy" in lat:
         litellm = lat["litellm proxy"]
         summary.update(litellm_added_p50_ms=litellm["added_p50_ms"],
@@ -261,12 +276,16 @@ def markdown(report: dict) -> str:
              "(paired) | difference of medians ms | proxy CPU ms/call |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     baselines = {"gateway (flush)": "engine /generate", "gateway (fsync)": "engine /generate",
-                 STREAMED: "engine /generate, stream=true",
+                 STREAMED: "engine /generate, stream=true", BARE_RELAY: "engine /generate",
                  "litellm proxy": "engine /v1/chat/completions"}
     lines += [f"| {name} ({baselines[name]}) | {row['direct']['p50_ms']:.2f} | "
               f"{row['proxied']['p50_ms']:.2f} | {row['added_p50_ms']:.2f} / "
               f"{row['added_p99_ms']:.2f} | {row['median_difference_ms']:.2f} | "
               f"{row['cpu_ms_per_call_p50']:.2f} |" for name, row in lat.items()]
+    lines += ["", f"Gateway added - bare relay added (paired p50s): "
+              f"{summary['gateway_over_bare_relay_added_ms']:.2f} ms, the gateway's own logic "
+              f"(the relay, the floor of this HTTP stack, adds "
+              f"{summary['bare_relay_added_p50_ms']:.2f} ms)."]
     if "litellm_over_gateway_added" in summary:
         lines += ["", f"LiteLLM added / gateway added (paired p50): "
                   f"{summary['litellm_over_gateway_added']:.1f}x with `flush` (default), "

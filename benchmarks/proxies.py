@@ -1,11 +1,12 @@
 """Starting the proxies the gateway benchmark measures, and talking to them.
 
-The gateway (`undertow gateway serve`) and LiteLLM's proxy run as subprocesses; their CPU
-time is read from /proc. See `benchmarks.gateway`.
+The gateway (`undertow gateway serve`), the bare relay (`benchmarks.bare_relay`) and
+LiteLLM's proxy run as subprocesses; their CPU time is read from /proc. See `benchmarks.gateway`.
 """
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -43,12 +44,27 @@ async def start_gateway(engine_url: str, model_dir: Path, store_dir: Path,
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "UNDERTOW_ADMIN_TOKEN": ADMIN_TOKEN})
+    return process, await listening_url(process, "the gateway")
+
+
+async def start_bare_relay(engine_url: str, prompt_ids: list[int]
+                           ) -> tuple[asyncio.subprocess.Process, str]:
+    """`benchmarks.bare_relay` in front of `engine_url`, generating from `prompt_ids`."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.bare_relay", engine_url, json.dumps(prompt_ids),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        cwd=Path(__file__).parent.parent)
+    return process, await listening_url(process, "the bare relay")
+
+
+async def listening_url(process: asyncio.subprocess.Process, name: str) -> str:
+    """The URL in the "... listening on URL" line that `process` prints once it serves."""
     while True:
         line = (await asyncio.wait_for(process.stdout.readline(), 120)).decode()
         if not line:
-            raise RuntimeError("the gateway exited before it listened")
+            raise RuntimeError(f"{name} exited before it listened")
         if "listening on" in line:
-            return process, line.split("listening on", 1)[1].strip()
+            return line.split("listening on", 1)[1].strip()
 
 
 async def stop(process: asyncio.subprocess.Process) -> None:

@@ -70,7 +70,7 @@ async def group_of_sessions(url: str, model_dir: Path, store_dir: Path,
                               "temperature": 1.0}) as reply:
                     if reply.status != 200:
                         raise RuntimeError(f"chat answered {reply.status}: {await reply.text()}")
-        tree = app[STORE_KEY].trees["grpo"]
+        tree = app[STORE_KEY].tree("grpo")
         return {"completions": [_completion(tree, call) for call in tree.calls],
                 "seeds": [call.meta["sampling"]["sampling_seed"] for call in tree.calls]}
     finally:

@@ -218,7 +218,7 @@ async def storage(engine_url: str, model_dir: Path, work_dir: Path) -> dict:
         await stop(gateway)
     store = TreeStore(store_dir, create=False)
     list(store.replay(repair=False))
-    tree = store.trees["storage"]
+    tree = store.tree("storage")
     ids_log, full_log = [], []
     for call in tree.calls:
         logprobs = [lp for node_id in tree.path(call.leaf) for lp in tree.nodes[node_id].logprobs]

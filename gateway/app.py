@@ -102,13 +102,16 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
 
     metrics = GatewayMetrics.create()
     renderer = Renderer(config.model_dir)
-    store = TreeStore(config.store_dir, sync=config.store_sync)
     sessions = SessionRegistry(config.num_heads_per_session)
+    store = TreeStore(config.store_dir, sync=config.store_sync,
+                      max_idle_trees=config.store_max_idle_trees, is_active=sessions.has_open,
+                      metrics=metrics)
+    sessions.on_group_idle = store.group_idle  # its last session closed: maybe let it go
     tool_parser = resolve_parser(config.tool_parser, config.model_dir)
     heads = HeadReplay(renderer, sessions, tool_parser)
     for event in store.replay():
         if event["kind"] == "call":
-            heads.apply(event, store.trees[event["group"]])
+            heads.apply(event, store.tree(event["group"]))
         else:
             sessions.restore(event)
     heads.finish()

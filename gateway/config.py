@@ -56,6 +56,10 @@ class GatewayConfig:
     reply ends, so it survives the gateway being killed; files are fsync'ed in the
     background within a second) or "fsync" (the reply also waits for the fsync, so a
     delivered call survives a power loss); see `store.py`.
+    `store_max_idle_trees`: how many idle groups (no open session) keep their tree in memory
+    and their file open, least recently used let go first (default 64; 0 lets every idle
+    tree go); a group let go is loaded back from its file when next used, with the same
+    answers. Groups with an open session always stay; see `store.py`.
     `router`: admission bounds (past them a call gets a 429 with `Retry-After`) and
     routing affinity; see `router.py`.
     `auto_sessions`: None (the default) refuses unknown keys; see `AutoSessionsConfig`.
@@ -79,6 +83,7 @@ class GatewayConfig:
     keepalive_s: float = 10.0
     num_heads_per_session: int = 16
     store_sync: str = "flush"
+    store_max_idle_trees: int = 64
     router: RouterConfig = field(default_factory=RouterConfig)
     auto_sessions: AutoSessionsConfig | None = None
     token_truth: str = "verbatim"
@@ -96,6 +101,9 @@ class GatewayConfig:
             raise ValueError(f"num_heads_per_session={self.num_heads_per_session} must be >= 1")
         if self.store_sync not in ("flush", "fsync"):
             raise ValueError(f"store_sync={self.store_sync!r} must be 'flush' or 'fsync'")
+        if self.store_max_idle_trees < 0:
+            raise ValueError(f"store_max_idle_trees={self.store_max_idle_trees} must be >= 0 "
+                             "(0 keeps no idle group's tree in memory)")
         if self.token_truth not in ("verbatim", "template"):
             raise ValueError(f"token_truth={self.token_truth!r} must be 'verbatim' or "
                              "'template'")

@@ -233,6 +233,8 @@ class GatewayMetrics:
     engine_state: Gauge
     admission_refusals: Counter
     unparsed_tool_calls: Counter
+    store_trees_in_memory: Gauge
+    store_tree_loads: Counter
 
     @classmethod
     def create(cls, registry: Registry | None = None) -> GatewayMetrics:
@@ -273,4 +275,10 @@ class GatewayMetrics:
             unparsed_tool_calls=r.counter("undertow_unparsed_tool_calls_total",
                                           "Tool calls the parser could not read (returned to the "
                                           "scaffold as text).", ("parser",)),
+            store_trees_in_memory=r.gauge(
+                "undertow_store_trees_in_memory", "Group trees the tree store holds in memory "
+                "(every active group's, and the most recently used idle ones)."),
+            store_tree_loads=r.counter("undertow_store_tree_loads_total",
+                                       "Group trees loaded back from their log file after "
+                                       "being let go (start-up replay not counted)."),
         )

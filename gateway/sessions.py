@@ -24,6 +24,7 @@ import hashlib
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,13 +83,18 @@ class Session:
 
 
 class SessionRegistry:
-    """Sessions by ID and by key hash."""
+    """Sessions by ID and by key hash, and the number of open ones in each group (a group
+    with none is idle: `on_group_idle(group)` is called when its last one closes, so the
+    tree store can let its tree go)."""
 
-    def __init__(self, num_heads: int = 16):
+    def __init__(self, num_heads: int = 16,
+                 on_group_idle: Callable[[str], None] | None = None):
         self.num_heads = num_heads
+        self.on_group_idle = on_group_idle
         self._by_id: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
         self._num_open = 0  # counted as sessions are added and closed, not by a scan
+        self._num_open_by_group: dict[str, int] = {}  # groups with an open session only
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -96,6 +102,10 @@ class SessionRegistry:
     @property
     def num_open(self) -> int:
         return self._num_open
+
+    def has_open(self, group: str) -> bool:
+        """Whether the group has an open session (it is active, not idle)."""
+        return group in self._num_open_by_group
 
     def create(self, group: str, session_id: str | None = None,
                meta: dict[str, Any] | None = None) -> tuple[Session, str]:
@@ -123,19 +133,29 @@ class SessionRegistry:
     def add(self, session: Session) -> None:
         self._by_id[session.session_id] = session
         self._by_key[session.key_sha256] = session
-        self._num_open += not session.closed
+        if not session.closed:
+            self._num_open += 1
+            self._num_open_by_group[session.group] = (
+                self._num_open_by_group.get(session.group, 0) + 1)
 
     def close(self, session: Session, reward: float | None = None) -> None:
         """Marks `session` closed (it refuses calls from now on) and lets go of what only a
         next call would use: its heads (which hold its history's IDs), the replies kept for
         SDK retries and its last request's messages. A run of many sessions keeps only
-        their summaries in memory, not every history."""
-        if not session.closed:
-            self._num_open -= 1
+        their summaries in memory, not every history. Closing a group's last open session
+        calls `on_group_idle` (once the session is marked closed)."""
+        was_open = not session.closed
         session.closed, session.reward = True, reward
         session.heads.clear()
         session.replies.clear()
         session.known_messages.clear()
+        if was_open:
+            self._num_open -= 1
+            self._num_open_by_group[session.group] -= 1
+            if not self._num_open_by_group[session.group]:
+                del self._num_open_by_group[session.group]
+                if self.on_group_idle is not None:
+                    self.on_group_idle(session.group)
 
     def restore(self, event: dict[str, Any]) -> None:
         """Applies a stored session event (on replay)."""

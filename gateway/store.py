@@ -1,4 +1,4 @@
-"""The tree store: every group's prefix tree in memory, written ahead to disk.
+"""The tree store: group prefix trees, written ahead to disk, the recent ones in memory.
 
 Layout: one JSON-lines file per task group, `STORE/<group>.jsonl`. Each line is an
 event: `session_open` (ID, group, the SHA-256 of its key, metadata), `call` (a
@@ -33,6 +33,16 @@ writing it; its reply was never sent) is cut off. A line that is damaged anywher
 else (not JSON, not an event, or a record that does not fit the tree) stops replay
 with `StoreDamaged`, naming the file and line; `repair_store` (`undertow trees repair
 STORE`) keeps the records before it and moves the rest aside.
+
+Memory: a group is active while it has an open session (`is_active`, the session
+registry's count), idle otherwise. With `max_idle_trees` set (the gateway's
+`store_max_idle_trees`), at most that many idle groups keep their tree in memory (and
+their file open), least recently used let go first; a group let go keeps only a
+`GroupSummary` (for `GET /admin/groups`), and `tree(group)` loads it back by replaying its
+file alone. Active groups are never let go, so memory grows with the groups in use, not
+with every group a run has had. Start-up replay still reads every file once, letting go
+of idle trees past the bound as it goes. Without a bound (offline readers) every tree
+stays in memory.
 """
 
 from __future__ import annotations
@@ -42,7 +52,8 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +61,7 @@ from typing import Any
 import orjson
 
 from undertow.gateway.errors import BadRequest, GatewayError, Unavailable
+from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.tree import LogLineError, Tree, replay_log
 
 log = logging.getLogger(__name__)
@@ -93,6 +105,19 @@ class _GroupFile:
     broken: str | None = None
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    """What `GET /admin/groups` lists of a group; kept for a group whose tree was let go."""
+
+    num_sessions: int
+    num_calls: int
+    num_unique_tokens: int
+
+    @classmethod
+    def of(cls, tree: Tree) -> GroupSummary:
+        return cls(len(tree.sessions), len(tree.calls), tree.num_unique_tokens)
+
+
 @dataclass
 class _Waiter:
     """`fsync` mode: a submit waiting for the next fsync of its group's file."""
@@ -101,16 +126,32 @@ class _Waiter:
     done: asyncio.Future = field(repr=False)
 
 
+def _never_active(group: str) -> bool:
+    return False
+
+
 class TreeStore:
     """Trees by group, plus their write-ahead log under `directory` (see the module
-    docstring for what each `sync` mode guarantees, and what a failed write leaves)."""
+    docstring for what each `sync` mode guarantees, and what a failed write leaves).
+
+    Invariants: `trees` holds the trees in memory, least recently used first: every
+    active group's, at most `max_idle_trees` idle ones (plus the one `tree` last loaded,
+    until the next session closes or tree loads) or all of them when it is None; every
+    other group of the store has a summary in `_summaries`. A group's file is open while
+    its tree is in memory or its lines await an fsync."""
 
     def __init__(self, directory: Path, create: bool = True, sync: str = "flush",
-                 fsync_interval_s: float = FSYNC_INTERVAL_S):
+                 fsync_interval_s: float = FSYNC_INTERVAL_S, max_idle_trees: int | None = None,
+                 is_active: Callable[[str], bool] = _never_active,
+                 metrics: GatewayMetrics | None = None):
         if sync not in SYNC_MODES:
             raise ValueError(f"sync={sync!r}: choose one of {SYNC_MODES}")
         if fsync_interval_s < 0:
             raise ValueError(f"fsync_interval_s={fsync_interval_s} must be >= 0")
+        if max_idle_trees is not None and max_idle_trees < 0:
+            raise ValueError(f"max_idle_trees={max_idle_trees} must be >= 0 (or None: no bound)")
+        self.max_idle_trees, self.is_active = max_idle_trees, is_active
+        self.metrics = metrics if metrics is not None else GatewayMetrics.create()
         self.sync = sync
         self.fsync_interval_s = fsync_interval_s
         self.directory = Path(directory)
@@ -118,33 +159,96 @@ class TreeStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         elif not self.directory.is_dir():
             raise FileNotFoundError(f"no tree store at {self.directory}")
-        self.trees: dict[str, Tree] = {}
+        self.trees: OrderedDict[str, Tree] = OrderedDict()
+        self._summaries: dict[str, GroupSummary] = {}  # the groups let go
+        self._replaying: str | None = None  # the group replay is applying events to
         self._files: dict[str, _GroupFile] = {}
         self._waiters: list[_Waiter] = []  # `fsync` mode: submits waiting for an fsync
         self._unsynced: set[str] = set()  # groups written since their last fsync
+        self._syncing: set[str] = set()  # groups whose fds an fsync round is using
         self._failed: str | None = None  # `fsync` mode: why an fsync failed
         self._wakeup: asyncio.Event | None = None
         self._closing: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
 
     def tree(self, group: str) -> Tree:
-        if group not in self.trees:
-            self.trees[group] = Tree(check_group(group))
-        return self.trees[group]
+        """The group's tree, now the most recently used: loaded back from its file if it
+        was let go (a damaged file raises `StoreDamaged`), new if the group has none."""
+        tree = self.trees.get(group)
+        if tree is not None:
+            self.trees.move_to_end(group)
+            return tree
+        tree = self.trees[group] = Tree(check_group(group))
+        if self._summaries.pop(group, None) is not None:
+            for _ in self._replay_file(tree, self.directory / f"{group}.jsonl", repair=False):
+                pass
+            self.metrics.store_tree_loads.inc()
+        self._let_go_idle(keep=group)
+        return tree
+
+    def has_group(self, group: str) -> bool:
+        """Whether the store has the group, its tree in memory or not."""
+        return group in self.trees or group in self._summaries
+
+    def groups(self) -> dict[str, GroupSummary]:
+        """Every group of the store (in memory or not), by name."""
+        return {**self._summaries, **{name: GroupSummary.of(tree)
+                                      for name, tree in self.trees.items()}}
+
+    def group_idle(self, group: str) -> None:
+        """The group's last open session closed: lets go of idle trees past the bound."""
+        self._let_go_idle()
 
     def replay(self, repair: bool = True) -> Iterator[dict[str, Any]]:
         """Rebuilds every tree from disk; yields every event (with its `group`) after
-        applying it, so that a `call` event's call is the last of its tree's calls.
-        `repair` cuts a torn last line off its file (readers pass False). A damaged
-        line raises `StoreDamaged`."""
+        applying it, so that a `call` event's call is the last of its tree's calls (its
+        tree is in memory until the next event). `repair` cuts a torn last line off its
+        file (readers pass False). A damaged line raises `StoreDamaged`. Idle trees past
+        the bound are let go after each file."""
         for path in sorted(self.directory.glob("*.jsonl")):
-            group = path.stem
+            group = self._replaying = path.stem
+            self._summaries.pop(group, None)
+            self.trees[group] = tree = Tree(group)
             try:
-                for _, event in replay_log(self.tree(group), complete_lines(path, repair)):
+                for event in self._replay_file(tree, path, repair):
                     event["group"] = group
                     yield event
-            except LogLineError as error:
-                raise StoreDamaged(path, error.line, error.reason) from error
+            finally:
+                self._replaying = None
+            self._let_go_idle()
+
+    @staticmethod
+    def _replay_file(tree: Tree, path: Path, repair: bool) -> Iterator[dict[str, Any]]:
+        """Applies one group's file to `tree`, yielding each event after applying it."""
+        if not path.exists():  # its group was let go before its first line was written
+            return
+        try:
+            for _, event in replay_log(tree, complete_lines(path, repair)):
+                yield event
+        except LogLineError as error:
+            raise StoreDamaged(path, error.line, error.reason) from error
+
+    def _let_go_idle(self, keep: str | None = None) -> None:
+        """Lets go of the least recently used idle trees past `max_idle_trees` (`keep`
+        counts as idle if it is, but stays: its caller is about to use it)."""
+        if self.max_idle_trees is not None:
+            idle = [group for group in self.trees
+                    if group != self._replaying and not self.is_active(group)]
+            num_over = len(idle) - self.max_idle_trees
+            for group in [group for group in idle if group != keep][:max(0, num_over)]:
+                self._summaries[group] = GroupSummary.of(self.trees.pop(group))
+                self._close_file(group)
+        self.metrics.store_trees_in_memory.set(len(self.trees))
+
+    def _close_file(self, group: str) -> None:
+        """Closes the file of a group let go, unless its lines await an fsync (the writer
+        closes it after its round) or a failed write left it broken (it stays refused)."""
+        group_file = self._files.get(group)
+        if (group_file is None or group_file.broken is not None or group in self._unsynced
+                or group in self._syncing or group in self.trees):
+            return
+        del self._files[group]
+        os.close(group_file.fd)
 
     async def start(self) -> None:
         self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
@@ -164,6 +268,7 @@ class TreeStore:
         for group_file in self._files.values():
             os.close(group_file.fd)
         self._files.clear()
+        self._syncing.clear()
 
     def submit(self, group: str, *events: dict[str, Any]) -> asyncio.Future:
         """Writes the events' lines to the group's file now, in one piece, so that lines
@@ -244,6 +349,10 @@ class TreeStore:
             except OSError as error:
                 self._fsync_failed(error, waiters)
                 continue
+            finally:
+                synced, self._syncing = self._syncing, set()
+                for group in synced:
+                    self._close_file(group)
             self._resolve(waiters, None)
 
     def _fsync_failed(self, error: OSError, waiters: list[_Waiter]) -> None:
@@ -268,6 +377,7 @@ class TreeStore:
 
     def _take_unsynced(self) -> list[int]:
         fds = [self._files[group].fd for group in self._unsynced]
+        self._syncing |= self._unsynced
         self._unsynced.clear()
         return fds
 

@@ -7,8 +7,10 @@
 - `GET /admin/sessions/{id}` -> the session's summary
 - `POST /admin/sessions/{id}/close` `{"reward", "meta"?}` -> the closed session's summary
 - `GET /admin/sessions/{id}/tree` -> its paths of the group tree (JSON, `tree.tree_to_json`)
-- `GET /admin/groups` -> groups with token counts
-- `GET /admin/groups/{group}/tree` -> the group's tree (JSON)
+- `GET /admin/groups` -> groups with token counts (every group of the store: a group whose
+  tree was let go from memory is listed from the summary the store kept of it)
+- `GET /admin/groups/{group}/tree` -> the group's tree (JSON; loaded back from its file
+  if it was let go)
 
 The key is returned once, at opening; the store keeps only its SHA-256.
 """
@@ -104,15 +106,15 @@ class _SessionHandlers:
 
     async def groups(self, request: web.Request) -> web.Response:
         return web.json_response({"groups": [
-            {"group": name, "num_sessions": len(tree.sessions), "num_calls": len(tree.calls),
-             "num_unique_tokens": tree.num_unique_tokens}
-            for name, tree in sorted(self.store.trees.items())]})
+            {"group": name, "num_sessions": summary.num_sessions,
+             "num_calls": summary.num_calls, "num_unique_tokens": summary.num_unique_tokens}
+            for name, summary in sorted(self.store.groups().items())]})
 
     async def group_tree(self, request: web.Request) -> web.Response:
         group = request.match_info["group"]
-        if group not in self.store.trees:
+        if not self.store.has_group(group):
             raise NotFound(f"group {group} has no tree; list groups with GET /admin/groups")
-        return web.json_response(tree_to_json(self.store.trees[group]))
+        return web.json_response(tree_to_json(self.store.tree(group)))
 
 
 def add_routes(app: web.Application, sessions: SessionRegistry, store: TreeStore, pool,

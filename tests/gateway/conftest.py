@@ -47,7 +47,7 @@ class Gateway:
             return await reply.json()
 
     def tree(self, group: str = "g"):
-        return self.app[STORE_KEY].trees[group]
+        return self.app[STORE_KEY].tree(group)
 
 
 async def start_gateway(engine_urls, model_dir: Path, store_dir: Path, **config) -> tuple:

@@ -209,7 +209,7 @@ async def check_sdk_session(engine: str, model_dir, tmp_path, name: str, client:
             session = await reply.json()
         turns = openai_turns if client == "openai" else anthropic_turns
         await turns(session, NUM_TURNS, strip_reasoning=client == "anthropic")
-        tree = app[STORE_KEY].trees["fam"]
+        tree = app[STORE_KEY].tree("fam")
     finally:
         await runner.cleanup()
     calls = [captured(tree, call_id) for call_id in calls_of(tree, session["session_id"])]

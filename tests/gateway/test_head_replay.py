@@ -55,7 +55,7 @@ async def test_token_truth_resumes_after_restart(scripted, renderer, tiny_model_
                      {"role": "user", "content": "now read a.py"}]
         script(scripted, renderer, "Reading it.")
         await chat(session, f"{url}/s/{session['session_id']}/v1", messages)
-        tree = app[STORE_KEY].trees["restart"]
+        tree = app[STORE_KEY].tree("restart")
     finally:
         await runner.cleanup()
     call_ids = calls_of(tree, session["session_id"])
@@ -98,7 +98,7 @@ async def test_a_reply_cut_at_a_stop_string_keeps_token_truth_after_restart(
         script(scripted, renderer, "three")
         await client.chat.completions.create(model="m", messages=messages, stop=["END"])
         await client.close()
-        tree = app[STORE_KEY].trees["stop"]
+        tree = app[STORE_KEY].tree("stop")
     finally:
         await runner.cleanup()
     before, after = (captured(tree, c) for c in calls_of(tree, session["session_id"]))
@@ -130,7 +130,7 @@ async def test_continuing_choice_0_of_n_is_no_rewrite(scripted, renderer, tiny_m
         script(scripted, renderer, "applied")
         await client.chat.completions.create(model="m", messages=messages)
         await client.close()
-        tree = app[STORE_KEY].trees["many"]
+        tree = app[STORE_KEY].tree("many")
     finally:
         await runner.cleanup()
     call_ids = calls_of(tree, session["session_id"])

@@ -246,7 +246,7 @@ async def test_token_truth_survives_a_restart_with_reasoning_and_forced_calls(
             *ASK, assistant, {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"],
                               "content": "a.py\nb.py"}])
         await client.close()
-        tree = app[STORE_KEY].trees["restart"]
+        tree = app[STORE_KEY].tree("restart")
     finally:
         await runner.cleanup()
     first_call, second_call = (tree.calls[0], tree.calls[1])

@@ -324,7 +324,7 @@ async def test_a_damaged_record_stops_the_gateway_and_repair_keeps_what_precedes
 
     app, runner, _ = await start_gateway([scripted.url], tiny_model_dir, store_dir)
     try:
-        tree = app[STORE_KEY].trees["hurt"]
+        tree = app[STORE_KEY].tree("hurt")
         assert [call.call_id for call in tree.calls] == [json.loads(lines[1])["call_id"]]
         assert len(app[SESSIONS_KEY]) == 1
     finally:

@@ -272,7 +272,7 @@ async def test_token_truth_policies_on_a_template_that_drops_earlier_reasoning(
             messages += [reply.choices[0].message.model_dump(exclude_none=True),
                          {"role": "user", "content": f"still failing {turn}"}]
         await client.close()
-        tree = app[STORE_KEY].trees["g"]
+        tree = app[STORE_KEY].tree("g")
     finally:
         await runner.cleanup()
     calls = [captured(tree, call_id) for call_id in calls_of(tree, session["session_id"])]

@@ -17,7 +17,7 @@ def test_the_learner_and_the_gateway_replay_a_store_to_one_tree(tmp_path):
     store = TreeStore(tmp_path, create=False)
     list(store.replay(repair=False))
     expected = json.dumps(tree_to_json(tree), sort_keys=True)
-    assert json.dumps(tree_to_json(store.trees["g"]), sort_keys=True) == expected
+    assert json.dumps(tree_to_json(store.tree("g")), sort_keys=True) == expected
     assert json.dumps(tree_to_json(load_store_tree(tmp_path / "g.jsonl")),
                       sort_keys=True) == expected
     [loaded] = load_store_trees(tmp_path)

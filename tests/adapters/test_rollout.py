@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -136,7 +137,14 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
         output += line
     await asyncio.sleep(1)
     process.send_signal(signal.SIGINT)
-    output += await asyncio.wait_for(process.stdout.read(), 120)
+    interrupted_s = time.monotonic()
+    try:
+        output += await asyncio.wait_for(process.stdout.read(), 120)
+    except TimeoutError:  # say what it was doing, not only that it hung
+        process.kill()
+        output += await process.stdout.read()
+        pytest.fail(f"the rollout had not exited {time.monotonic() - interrupted_s:.0f} s "
+                    f"after SIGINT; its output:\n{output.decode()}")
     assert await process.wait() == 130, output.decode()
 
     sessions = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]

@@ -9,6 +9,8 @@ to the sessions' folders. Ctrl-C stops cleanly (sessions closed, containers remo
 
 import asyncio
 import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,11 @@ def main(command: RolloutCommand) -> int:
         summary = asyncio.run(run_rollout(command))
     except KeyboardInterrupt:
         print("rollout interrupted: sessions closed, containers removed", flush=True)
-        return 130
+        # A Docker call still running in a worker thread (a task image's first build takes
+        # minutes) would hold the interpreter's exit until it ended, though nothing waits
+        # for its answer: leave now (the daemon finishes or drops the build on its own).
+        sys.stderr.flush()
+        os._exit(130)
     print(summary.table())
     print(f"summary: {command.out_dir / summary.run_id / 'summary.json'}")
     return 0

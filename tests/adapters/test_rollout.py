@@ -8,10 +8,12 @@ containers.
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -152,6 +154,41 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
     assert all(s["closed"] and s["meta"]["cause"] == "interrupted" for s in sessions), (
         [(s["meta"].get("cause"), s["meta"].get("error")) for s in sessions], output.decode())
     assert run_containers(sessions[0]["meta"]["run"]) == []
+
+
+@pytest.mark.docker
+async def test_sigint_during_a_first_image_build_exits_at_once(scripted_gateway, tmp_path):
+    """Interrupted while its task's image is still being built (minutes on first use), the
+    rollout closes its session and exits at once: it does not wait for the Docker call
+    still running in a worker thread, whose answer nobody wants any more."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "repos").symlink_to(BUNDLED / "repos")
+    first = json.loads((BUNDLED / "tasks.jsonl").read_text().splitlines()[0])
+    first["pre_install"] = [f"sleep 300  # {uuid.uuid4().hex}: no build cache"]
+    (tasks / "tasks.jsonl").write_text(json.dumps(first) + "\n")
+    token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(tasks),
+        "--scaffold", "command", "--gateway", scripted_gateway.url, "--out", str(tmp_path),
+        "num_tasks=1", "group_size=1", "timeout_s=600", "progress_interval_s=1",
+        "scaffold_options.command=sleep 600", env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output = b""
+    while b"1 running" not in output:  # the session is open; its image is being built
+        line = await asyncio.wait_for(process.stdout.readline(), 120)
+        assert line, output.decode()
+        output += line
+    await asyncio.sleep(5)
+    process.send_signal(signal.SIGINT)
+    try:  # before the fix it waited for the build's `sleep 300`
+        output += await asyncio.wait_for(process.stdout.read(), 60)
+    except TimeoutError:
+        process.kill()
+        pytest.fail(f"the rollout had not exited 60 s after SIGINT:\n{output.decode()}")
+    assert await process.wait() == 130, output.decode()
+    [session] = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]
+    assert session["closed"] and session["meta"]["cause"] == "interrupted", output.decode()
 
 
 @pytest.mark.docker

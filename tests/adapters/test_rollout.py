@@ -122,6 +122,13 @@ async def test_tree_estimate_for_a_timed_out_session(scripted_gateway, bundled_t
     assert session["closed"] and session["reward"] == 1.0
 
 
+def heeds_sigint() -> None:
+    """In the child, before it runs: SIGINT at its default, for a suite started where it is
+    ignored (a background job of a shell without job control passes it on ignored, and
+    Python then leaves it ignored: the rollout would never see the interrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.docker
 async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, tmp_path):
     token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
@@ -131,7 +138,8 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
         "--out", str(tmp_path), "num_tasks=1", "group_size=2", "concurrency=2", "timeout_s=600",
         "progress_interval_s=1", "scaffold_options.command=sleep 600",
         env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=heeds_sigint)
     output = b""
     while b"2 running" not in output:  # both scaffolds launched
         line = await asyncio.wait_for(process.stdout.readline(), 120)
@@ -173,7 +181,8 @@ async def test_sigint_during_a_first_image_build_exits_at_once(scripted_gateway,
         "--scaffold", "command", "--gateway", scripted_gateway.url, "--out", str(tmp_path),
         "num_tasks=1", "group_size=1", "timeout_s=600", "progress_interval_s=1",
         "scaffold_options.command=sleep 600", env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=heeds_sigint)
     output = b""
     while b"1 running" not in output:  # the session is open; its image is being built
         line = await asyncio.wait_for(process.stdout.readline(), 120)

@@ -12,8 +12,8 @@ import json
 import os
 import signal
 import sys
-import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -129,34 +129,42 @@ def heeds_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.docker
-async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, tmp_path):
-    token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
+async def interrupted_rollout(gateway, tasks: Path, out_dir: Path, group_size: int,
+                              settle_s: float, exit_within_s: float) -> bytes:
+    """Runs `undertow rollout` of one task (a `sleep 600` scaffold) until all `group_size`
+    sessions run, waits `settle_s`, sends SIGINT, and returns its output once it has exited
+    with 130; fails with that output if it has not exited within `exit_within_s`."""
+    token = gateway.admin._headers["Authorization"].removeprefix("Bearer ")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(BUNDLED),
-        "--scaffold", "command", "--gateway", scripted_gateway.url,
-        "--out", str(tmp_path), "num_tasks=1", "group_size=2", "concurrency=2", "timeout_s=600",
-        "progress_interval_s=1", "scaffold_options.command=sleep 600",
+        sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(tasks),
+        "--scaffold", "command", "--gateway", gateway.url, "--out", str(out_dir),
+        "num_tasks=1", f"group_size={group_size}", f"concurrency={group_size}",
+        "timeout_s=600", "progress_interval_s=1", "scaffold_options.command=sleep 600",
         env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         preexec_fn=heeds_sigint)
     output = b""
-    while b"2 running" not in output:  # both scaffolds launched
+    while f"{group_size} running".encode() not in output:  # every session has its slot
         line = await asyncio.wait_for(process.stdout.readline(), 120)
         assert line, output.decode()
         output += line
-    await asyncio.sleep(1)
+    await asyncio.sleep(settle_s)
     process.send_signal(signal.SIGINT)
-    interrupted_s = time.monotonic()
     try:
-        output += await asyncio.wait_for(process.stdout.read(), 120)
+        output += await asyncio.wait_for(process.stdout.read(), exit_within_s)
     except TimeoutError:  # say what it was doing, not only that it hung
         process.kill()
         output += await process.stdout.read()
-        pytest.fail(f"the rollout had not exited {time.monotonic() - interrupted_s:.0f} s "
-                    f"after SIGINT; its output:\n{output.decode()}")
+        pytest.fail(f"the rollout had not exited {exit_within_s:.0f} s after SIGINT; its "
+                    f"output:\n{output.decode()}")
     assert await process.wait() == 130, output.decode()
+    return output
 
+
+@pytest.mark.docker
+async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, tmp_path):
+    output = await interrupted_rollout(scripted_gateway, BUNDLED, tmp_path, group_size=2,
+                                       settle_s=1, exit_within_s=120)
     sessions = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]
     assert len(sessions) == 2
     assert all(s["closed"] and s["meta"]["cause"] == "interrupted" for s in sessions), (
@@ -168,34 +176,16 @@ async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, t
 async def test_sigint_during_a_first_image_build_exits_at_once(scripted_gateway, tmp_path):
     """Interrupted while its task's image is still being built (minutes on first use), the
     rollout closes its session and exits at once: it does not wait for the Docker call
-    still running in a worker thread, whose answer nobody wants any more."""
+    still running in a worker thread, whose answer nobody wants any more (before the fix
+    it waited for the build's `sleep 300`)."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "repos").symlink_to(BUNDLED / "repos")
     first = json.loads((BUNDLED / "tasks.jsonl").read_text().splitlines()[0])
     first["pre_install"] = [f"sleep 300  # {uuid.uuid4().hex}: no build cache"]
     (tasks / "tasks.jsonl").write_text(json.dumps(first) + "\n")
-    token = scripted_gateway.admin._headers["Authorization"].removeprefix("Bearer ")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(tasks),
-        "--scaffold", "command", "--gateway", scripted_gateway.url, "--out", str(tmp_path),
-        "num_tasks=1", "group_size=1", "timeout_s=600", "progress_interval_s=1",
-        "scaffold_options.command=sleep 600", env={**os.environ, "UNDERTOW_ADMIN_TOKEN": token},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        preexec_fn=heeds_sigint)
-    output = b""
-    while b"1 running" not in output:  # the session is open; its image is being built
-        line = await asyncio.wait_for(process.stdout.readline(), 120)
-        assert line, output.decode()
-        output += line
-    await asyncio.sleep(5)
-    process.send_signal(signal.SIGINT)
-    try:  # before the fix it waited for the build's `sleep 300`
-        output += await asyncio.wait_for(process.stdout.read(), 60)
-    except TimeoutError:
-        process.kill()
-        pytest.fail(f"the rollout had not exited 60 s after SIGINT:\n{output.decode()}")
-    assert await process.wait() == 130, output.decode()
+    output = await interrupted_rollout(scripted_gateway, tasks, tmp_path, group_size=1,
+                                       settle_s=5, exit_within_s=60)
     [session] = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]
     assert session["closed"] and session["meta"]["cause"] == "interrupted", output.decode()
 

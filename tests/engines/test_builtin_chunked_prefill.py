@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from tests.engines.builtin_client import generate, get, greedy, post, prompt, stream
-from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, load_weights
+from undertow.gateway.engines.builtin.model import CausalLM, ModelConfig, load_weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.scheduler import Scheduler, attention_tokens
 
@@ -25,7 +25,7 @@ def engines(tiny_model_dir, start_engine):
 
 def make_scheduler(model_dir, size: int) -> Scheduler:
     config = ModelConfig.from_dir(model_dir)
-    return Scheduler(Qwen3(config, load_weights(model_dir, config)), RadixCache(0), str,
+    return Scheduler(CausalLM(config, load_weights(model_dir, config)), RadixCache(0), str,
                      frozenset(), 4, lambda updates: None, "0", chunked_prefill_size=size)
 
 

@@ -1,4 +1,4 @@
-"""The built-in Qwen3 forward and sampler, checked against transformers on the tiny model;
+"""The built-in forward and sampler, checked against transformers on the tiny model;
 the device path (`device`, `dtype`): auto is the CPU here, bfloat16 runs on it."""
 
 import random
@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from undertow.gateway.engines.builtin.model import ModelConfig, Qwen3, SlotKV, load_weights
+from undertow.gateway.engines.builtin.model import CausalLM, ModelConfig, SlotKV, load_weights
 from undertow.gateway.engines.builtin.sampling import SamplingParams, sample
 
 
@@ -16,7 +16,7 @@ def models(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     config = ModelConfig.from_dir(tiny_model_dir)
-    ours = Qwen3(config, load_weights(tiny_model_dir, config))
+    ours = CausalLM(config, load_weights(tiny_model_dir, config))
     theirs = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     return ours, theirs
 
@@ -114,7 +114,8 @@ def test_bfloat16_weights_and_kv_on_the_device_track_float32(models, tiny_model_
     bfloat16's error of the float32 model's, prefill and batched decode."""
     ours, _ = models
     config = ours.config
-    low = Qwen3(config, load_weights(tiny_model_dir, config, torch.device("cpu"), torch.bfloat16))
+    low = CausalLM(config, load_weights(tiny_model_dir, config, torch.device("cpu"),
+                                        torch.bfloat16))
     assert (low.device, low.dtype) == (torch.device("cpu"), torch.bfloat16)
     rng = random.Random(2)
     prompts = [rng.choices(range(3, config.vocab_size), k=rng.randint(5, 30)) for _ in range(3)]

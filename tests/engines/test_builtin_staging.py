@@ -5,14 +5,15 @@ that its place in `entries` names, and a taken staging is in the slot its reques
 import pytest
 import torch
 
-from undertow.gateway.engines.builtin.model import ModelConfig, SlotKV
+from undertow.gateway.engines.builtin.model import SlotKV
+from undertow.gateway.engines.builtin.model_config import ModelConfig, RopeConfig
 from undertow.gateway.engines.builtin.staging import StagedSlots, StagingConflict
 from undertow.gateway.engines.client import PrefixDigest
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2,
-                     num_heads=2, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6,
-                     rope_theta=1e4, max_position_embeddings=4096, tie_word_embeddings=True,
-                     eos_token_ids=())
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=16, intermediate_size=32,
+                     num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6,
+                     rope=RopeConfig(1e4), max_position_embeddings=4096,
+                     tie_word_embeddings=True, eos_token_ids=())
 
 
 def kv_of(seed: int, num_tokens: int) -> torch.Tensor:

@@ -1,10 +1,14 @@
-"""Qwen3 forward pass in plain torch, on a KV buffer with one slot per running request.
+"""The forward pass of a dense decoder (Llama, Qwen2, Qwen3) in plain torch, on a KV buffer
+with one slot per running request.
 
-Loads `config.json` + `*.safetensors` of a Hugging Face Qwen3 directory: RMSNorm, per-head q/k
-RMSNorm, rotary embeddings (rope_theta, rotate-half layout), grouped-query attention, SwiGLU MLP,
-tied or separate output embeddings. Weights are fused where it saves ops per step (q|k|v and
-gate|up projections, q_norm|k_norm gains), because on CPU a decode step's cost is dominated by the
-number of torch calls, not by the FLOPs.
+Loads `config.json` + `*.safetensors` of a Hugging Face directory (what differs between the
+families, and what is refused, is read in `model_config.py`): RMSNorm, rotary embeddings
+(rotate-half layout, Llama 3.x frequency scaling), grouped-query attention with the family's
+q/k/v/o biases and, for Qwen3, per-head q/k RMSNorm, SwiGLU MLP, tied or separate output
+embeddings. Weights are fused where it saves ops per step (q|k|v with their biases in the
+same linear, gate|up projections, q_norm|k_norm gains), because on CPU a decode step's cost
+is dominated by the number of torch calls, not by the FLOPs; a family without q/k norms
+makes none of their calls.
 
 KV layout: `SlotKV` holds `k` and `v` of shape (layers, slots, kv_heads, max_tokens, head_dim).
 Running requests occupy slots 0..B-1 (compacted when one leaves), so a decode step for the whole
@@ -28,7 +32,6 @@ the batched-equals-alone identity above does not hold exactly (other kernels, co
 sums); greedy outputs can then differ where two logits are within bf16's resolution.
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from undertow.gateway.engines.builtin.errors import WeightLoadError
+from undertow.gateway.engines.builtin.model_config import ModelConfig
 
 MIN_ROWS = 8
 TOKEN_ALIGN = 256
@@ -66,59 +70,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The parts of a Qwen3 `config.json` the forward pass needs."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    eos_token_ids: tuple[int, ...]
-
-    @classmethod
-    def from_dir(cls, model_dir: Path) -> "ModelConfig":
-        raw = json.loads((Path(model_dir) / "config.json").read_text())
-        if raw.get("model_type") not in ("qwen3", None):
-            raise WeightLoadError(
-                f"{model_dir}: model_type {raw.get('model_type')!r} is not served; "
-                "the built-in engine runs Qwen3 models only")
-        scaling = raw.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise WeightLoadError(f"{model_dir}: rope_scaling {scaling} is not supported")
-        eos = raw.get("eos_token_id")
-        theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta")
-        return cls(
-            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"],
-            num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(theta or 10000.0),
-            max_position_embeddings=raw.get("max_position_embeddings", 32768),
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
-
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor      # (D,)
-    qkv: torch.Tensor             # ((H + 2 KVH) hd, D)
-    qk_norm: torch.Tensor         # (H + KVH, hd): q_norm gains per q head, k_norm per kv head
-    o: torch.Tensor               # (D, H hd)
-    post_norm: torch.Tensor       # (D,)
-    gate_up: torch.Tensor         # (2 I, D)
-    down: torch.Tensor            # (D, I)
+    """One block's parameters, fused; a bias or norm the family lacks is None, which
+    `F.linear` and `_qkv` take at no cost."""
+
+    input_norm: torch.Tensor                # (D,)
+    qkv: torch.Tensor                       # ((H + 2 KVH) hd, D)
+    qkv_bias: torch.Tensor | None           # ((H + 2 KVH) hd,)
+    qk_norm: torch.Tensor | None            # (H + KVH, hd): q_norm gains per q head, k_norm per kv
+    o: torch.Tensor                         # (D, H hd)
+    o_bias: torch.Tensor | None             # (D,)
+    post_norm: torch.Tensor                 # (D,)
+    gate_up: torch.Tensor                   # (2 I, D)
+    gate_up_bias: torch.Tensor | None       # (2 I,)
+    down: torch.Tensor                      # (D, I)
+    down_bias: torch.Tensor | None          # (D,)
 
 
 @dataclass
@@ -141,44 +108,70 @@ def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+class _Reader:
+    """Takes named tensors of the expected shapes out of a model directory's files."""
+
+    def __init__(self, model_dir: Path, device: torch.device | str, dtype: torch.dtype):
+        self.model_dir, self.device, self.dtype = model_dir, device, dtype
+        self.tensors = _read_tensors(model_dir)
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if name not in self.tensors:
+            raise WeightLoadError(f"{self.model_dir}: tensor {name} is missing")
+        tensor = self.tensors[name]
+        if tuple(tensor.shape) != shape:
+            raise WeightLoadError(
+                f"{self.model_dir}: {name} has shape {tuple(tensor.shape)}, the served model "
+                f"needs {shape}; load weights of the same architecture")
+        return tensor.to(self.device, self.dtype)
+
+    def fused(self, present: bool, parts: list[tuple[str, tuple[int, ...]]]
+              ) -> torch.Tensor | None:
+        """The named tensors concatenated along their first dimension, or None when the
+        family has no such parameter."""
+        return torch.cat([self.take(name, shape) for name, shape in parts]) if present else None
+
+
+def _layer_weights(reader: _Reader, config: ModelConfig, index: int) -> LayerWeights:
+    c, p = config, f"model.layers.{index}."
+    d, hd, inner = c.hidden_size, c.head_dim, c.intermediate_size
+    q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
+    projections = [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)]
+    qk_norm = None
+    if c.qk_norm:
+        qk_norm = torch.cat([reader.take(p + "self_attn.q_norm.weight", (hd,)).expand(
+            c.num_heads, hd), reader.take(p + "self_attn.k_norm.weight", (hd,)).expand(
+            c.num_kv_heads, hd)])
+    return LayerWeights(
+        input_norm=reader.take(p + "input_layernorm.weight", (d,)),
+        qkv=reader.fused(True, [(f"{p}self_attn.{name}.weight", (rows, d))
+                                for name, rows in projections]),
+        qkv_bias=reader.fused(c.qkv_bias, [(f"{p}self_attn.{name}.bias", (rows,))
+                                           for name, rows in projections]),
+        qk_norm=qk_norm,
+        o=reader.take(p + "self_attn.o_proj.weight", (d, q_rows)),
+        o_bias=reader.fused(c.o_bias, [(p + "self_attn.o_proj.bias", (d,))]),
+        post_norm=reader.take(p + "post_attention_layernorm.weight", (d,)),
+        gate_up=reader.fused(True, [(p + "mlp.gate_proj.weight", (inner, d)),
+                                    (p + "mlp.up_proj.weight", (inner, d))]),
+        gate_up_bias=reader.fused(c.mlp_bias, [(p + "mlp.gate_proj.bias", (inner,)),
+                                               (p + "mlp.up_proj.bias", (inner,))]),
+        down=reader.take(p + "mlp.down_proj.weight", (d, inner)),
+        down_bias=reader.fused(c.mlp_bias, [(p + "mlp.down_proj.bias", (d,))]))
+
+
 def load_weights(model_dir: Path, config: ModelConfig, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> Weights:
     """Read and fuse the weights of `model_dir` onto `device` in `dtype`; WeightLoadError
     if they do not fit `config`."""
-    tensors = _read_tensors(model_dir)
-
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if name not in tensors:
-            raise WeightLoadError(f"{model_dir}: tensor {name} is missing")
-        tensor = tensors[name]
-        if tuple(tensor.shape) != shape:
-            raise WeightLoadError(
-                f"{model_dir}: {name} has shape {tuple(tensor.shape)}, the served model needs "
-                f"{shape}; load weights of the same architecture")
-        return tensor.to(device, dtype)
-
+    reader = _Reader(model_dir, device, dtype)
     c = config
-    d, hd, inner = c.hidden_size, c.head_dim, c.intermediate_size
-    layers = []
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        q_norm = take(p + "self_attn.q_norm.weight", (hd,))
-        k_norm = take(p + "self_attn.k_norm.weight", (hd,))
-        layers.append(LayerWeights(
-            input_norm=take(p + "input_layernorm.weight", (d,)),
-            qkv=torch.cat([take(p + "self_attn.q_proj.weight", (c.num_heads * hd, d)),
-                           take(p + "self_attn.k_proj.weight", (c.num_kv_heads * hd, d)),
-                           take(p + "self_attn.v_proj.weight", (c.num_kv_heads * hd, d))]),
-            qk_norm=torch.cat([q_norm.expand(c.num_heads, hd), k_norm.expand(c.num_kv_heads, hd)]),
-            o=take(p + "self_attn.o_proj.weight", (d, c.num_heads * hd)),
-            post_norm=take(p + "post_attention_layernorm.weight", (d,)),
-            gate_up=torch.cat([take(p + "mlp.gate_proj.weight", (inner, d)),
-                               take(p + "mlp.up_proj.weight", (inner, d))]),
-            down=take(p + "mlp.down_proj.weight", (d, inner))))
-    embed = take("model.embed_tokens.weight", (c.vocab_size, d))
-    lm_head = embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
-    return Weights(embed=embed, layers=layers, norm=take("model.norm.weight", (d,)),
-                   lm_head=lm_head)
+    layers = [_layer_weights(reader, c, index) for index in range(c.num_layers)]
+    embed = reader.take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+    lm_head = (embed if c.tie_word_embeddings
+               else reader.take("lm_head.weight", (c.vocab_size, c.hidden_size)))
+    return Weights(embed=embed, layers=layers,
+                   norm=reader.take("model.norm.weight", (c.hidden_size,)), lm_head=lm_head)
 
 
 class SlotKV:
@@ -234,17 +227,17 @@ class SlotKV:
         self.v[:, slot, :, start:end] = kv[:, 1]
 
 
-class Qwen3:
-    """The forward pass. `weights` may be replaced between calls (weight updates) by
-    weights on the same device in the same dtype, which are the model's."""
+class CausalLM:
+    """The forward pass of a Llama, Qwen2 or Qwen3 decoder (`model_config.py`). `weights` may
+    be replaced between calls (weight updates) by weights on the same device in the same
+    dtype, which are the model's."""
 
     def __init__(self, config: ModelConfig, weights: Weights):
         self.config = config
         self.weights = weights
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
-        half = config.head_dim // 2
-        self.inv_freq = 1.0 / (config.rope_theta ** (
-            torch.arange(0, half, dtype=torch.float64) / half))
+        self.inv_freq = torch.tensor(config.rope.frequencies(config.head_dim),
+                                     dtype=torch.float64)
         self.cos = self.sin = torch.empty(0, config.head_dim)
 
     def reserve_positions(self, num_positions: int) -> None:
@@ -262,23 +255,24 @@ class Qwen3:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor, cos, sin):
-        """Normed, rotated q (n, H, hd) and k (n, KVH, hd), and v (n, KVH, hd)."""
+        """Rotated (and, for Qwen3, normed) q (n, H, hd) and k (n, KVH, hd), and v."""
         c = self.config
         n, hd = x.shape[0], c.head_dim
         h = F.rms_norm(x, (c.hidden_size,), layer.input_norm, c.rms_norm_eps)
-        qkv = F.linear(h, layer.qkv)
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         qk = qkv[:, :(c.num_heads + c.num_kv_heads) * hd].view(n, -1, hd)
-        qk = F.rms_norm(qk, (hd,), None, c.rms_norm_eps) * layer.qk_norm
+        if layer.qk_norm is not None:
+            qk = F.rms_norm(qk, (hd,), None, c.rms_norm_eps) * layer.qk_norm
         qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)
         v = qkv[:, (c.num_heads + c.num_kv_heads) * hd:].view(n, c.num_kv_heads, hd)
         return qk[:, :c.num_heads], qk[:, c.num_heads:], v
 
     def _finish_layer(self, layer: LayerWeights, x, attn: torch.Tensor) -> torch.Tensor:
         c = self.config
-        x = x + F.linear(attn, layer.o)
+        x = x + F.linear(attn, layer.o, layer.o_bias)
         h = F.rms_norm(x, (c.hidden_size,), layer.post_norm, c.rms_norm_eps)
-        gate, up = F.linear(h, layer.gate_up).chunk(2, -1)
-        return x + F.linear(F.silu(gate) * up, layer.down)
+        gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, V) float32 logits on the CPU (module docstring)."""

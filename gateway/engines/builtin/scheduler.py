@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from undertow.gateway.engines.builtin.grammar import mask_logits
-from undertow.gateway.engines.builtin.model import Qwen3, SlotKV, Weights
+from undertow.gateway.engines.builtin.model import CausalLM, SlotKV, Weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
 from undertow.gateway.engines.builtin.sampling import sample
@@ -57,7 +57,7 @@ class Scheduler:
     other threads call `add`, `call`, `staged.claim` and read the counters.
     """
 
-    def __init__(self, model: Qwen3, cache: RadixCache, decode: Callable[[list[int]], str],
+    def __init__(self, model: CausalLM, cache: RadixCache, decode: Callable[[list[int]], str],
                  eos_token_ids: frozenset[int], max_running_requests: int,
                  publish: Callable[[list[Update]], None], weight_version: str,
                  max_prefill_tokens: int = 16384, chunked_prefill_size: int = 0):

@@ -37,12 +37,12 @@ from undertow.gateway.engines.builtin.grammar import Grammars
 from undertow.gateway.engines.builtin.model import (
     DEVICES,
     DTYPES,
-    ModelConfig,
-    Qwen3,
+    CausalLM,
     load_weights,
     resolve_device,
     resolve_dtype,
 )
+from undertow.gateway.engines.builtin.model_config import ModelConfig
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
 from undertow.gateway.engines.builtin.scheduler import Scheduler, Update
@@ -101,7 +101,7 @@ class BuiltinEngine:
         self.model_config = ModelConfig.from_dir(config.model_dir)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        model = Qwen3(self.model_config, load_weights(config.model_dir, self.model_config,
+        model = CausalLM(self.model_config, load_weights(config.model_dir, self.model_config,
                                                       self.device, self.dtype))
         self.context_length = min(config.context_length or 1 << 62,
                                   self.model_config.max_position_embeddings)

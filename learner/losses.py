@@ -25,6 +25,26 @@ model's logprob, and (rho_t, w_t) come from the off-policy correction, by name:
                      the proximal policy being the current weights before the step)
     "tis"            rho = exp(l - sg(l)), w = min(exp(sg(l) - mu), max_importance_weight)
                      (truncated importance sampling)
+    "mis"            rho = exp(l - sg(l)), w = exp(sg(l) - mu) where that lies in
+                     [mis_low, mis_high], else w = 0 (token masked): masked importance
+                     sampling, IcePop (AReaL, Ring-1T); decoupled_ppo is its one-sided case
+
+and, with any of them, `sequence_mask: "geometric"` multiplies w by m_s, where m_s = 1
+if the geometric mean of session s's train/sample ratios,
+
+    g_s = exp(1/|T_s| sum_{t in T_s} (sg(l_t) - mu_t)),
+
+lies in [sequence_mask_low, sequence_mask_high], else 0 (every token of s masked; as
+verl's geometric rejection sampling). The sequence is the session (T_s), not each
+call's sampled span: the session is what the reward and the advantage belong to, T_s
+is a partition of the step's terms, and spans are not (a retry that samples the same
+first tokens shares their tree node with the first try). g_s needs sg(l) of all of
+T_s before any of its terms' losses, and T_s spans micro-batches, so the mask costs
+one forward pass without gradient over the step first (`objective.sequence_keep_of`).
+
+A masked token's term is 0 but it stays counted in the normaliser below (as AReaL
+counts decoupled_ppo's dropped tokens): the normaliser is fixed before the forward
+pass, which keeps the step's loss the sum of its micro-batches' losses.
 
 sg() stops the gradient. Clipping is non-linear, so f is evaluated per (token,
 session) pair: a token trained by several sessions would contribute one term per
@@ -68,6 +88,11 @@ class LossConfig:
     max_paths_per_session: int = 2
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    mis_low: float = 0.5
+    mis_high: float = 5.0
+    sequence_mask: str = "none"
+    sequence_mask_low: float = 0.999
+    sequence_mask_high: float = 1.001
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -84,11 +109,26 @@ class LossConfig:
         if self.max_paths_per_session < 1:
             raise LossConfigError(f"LossConfig.max_paths_per_session must be >= 1, "
                                   f"got {self.max_paths_per_session}")
+        if self.sequence_mask not in SEQUENCE_MASKS:
+            raise LossConfigError(f"unknown sequence mask {self.sequence_mask!r}; choose one "
+                                  f"of {list(SEQUENCE_MASKS)}")
+        _check_band("mis", self.mis_low, self.mis_high)
+        _check_band("sequence_mask", self.sequence_mask_low, self.sequence_mask_high)
 
     @property
     def paths_per_session(self) -> int | None:
         """What `pack_step` must be given as `max_paths_per_session`."""
         return self.max_paths_per_session if self.name == "gyre" else None
+
+
+SEQUENCE_MASKS = ("none", "geometric")
+
+
+def _check_band(prefix: str, low: float, high: float) -> None:
+    """A ratio band [low, high] must hold 1 (an on-policy token is never masked)."""
+    if not 0 < low <= 1 <= high:
+        raise LossConfigError(f"LossConfig.{prefix}_low and {prefix}_high must satisfy "
+                              f"0 < low <= 1 <= high, got low={low}, high={high}")
 
 
 def _count(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -182,23 +222,56 @@ def _tis(logprobs, behaviour, config):
     return torch.exp(logprobs - proximal), weight
 
 
-CORRECTIONS = {"none": _no_correction, "decoupled_ppo": _decoupled_ppo, "tis": _tis}
+def _mis(logprobs, behaviour, config):
+    proximal = logprobs.detach()
+    weight = torch.exp(proximal - behaviour)
+    inside = (weight >= config.mis_low) & (weight <= config.mis_high)
+    return torch.exp(logprobs - proximal), torch.where(inside, weight, 0.0)
+
+
+CORRECTIONS = {"none": _no_correction, "decoupled_ppo": _decoupled_ppo, "tis": _tis,
+               "mis": _mis}
+
+
+def sequence_keep(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Tensor,
+                  term_session: torch.Tensor) -> torch.Tensor:
+    """(N,) bool over the step's terms: False where `sequence_mask` masks the term's
+    session (module docstring; True everywhere when it is "none"). `logprobs` are the
+    policy's over ALL of the step's terms (no gradient needed)."""
+    if config.sequence_mask == "none":
+        return torch.ones(term_session.shape, dtype=torch.bool)
+    log_ratio = logprobs.detach().to(torch.float64) - behaviour.to(torch.float64)
+    num_sessions = int(term_session.max()) + 1
+    sums = torch.zeros(num_sessions, dtype=torch.float64).index_add_(0, term_session, log_ratio)
+    geometric = torch.exp(sums / _count(term_session, num_sessions).clamp(min=1))
+    kept = (geometric >= config.sequence_mask_low) & (geometric <= config.sequence_mask_high)
+    return kept[term_session]
 
 
 def token_terms(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Tensor,
                 advantages: torch.Tensor, ref_logprobs: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """(N,) per-term f_t (module docstring) and unweighted sums for metrics."""
+                entropy: torch.Tensor | None = None, keep: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N,) per-term f_t (module docstring) and unweighted sums for metrics. `keep`:
+    (N,) bool, the terms' `sequence_keep` (needed when `sequence_mask` is on)."""
     behaviour = behaviour.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype)
     ratio, weight = CORRECTIONS[config.correction](logprobs, behaviour, config)
+    masked = {}
+    if config.sequence_mask != "none":
+        if keep is None:
+            raise LossConfigError("sequence_mask needs the terms' keep mask "
+                                  "(losses.sequence_keep over the whole step)")
+        keep = keep.to(weight.device)
+        weight = torch.where(keep, weight, 0.0)
+        masked["num_sequence_masked"] = float((~keep).sum())
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * advantages
     terms = -weight * torch.minimum(unclipped, clipped)
     stats = {"num_terms": float(logprobs.numel()),
              "num_clipped": float((clipped < unclipped).sum()),
              "importance_weight_sum": float(weight.sum()),
-             "num_dropped": float((weight == 0).sum())}
+             "num_dropped": float((weight == 0).sum()), **masked}
     if config.kl_coef:
         if ref_logprobs is None:
             raise LossConfigError("kl_coef > 0 needs the reference model's logprobs")
@@ -217,16 +290,19 @@ def token_terms(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Ten
 def micro_batch_loss(config: LossConfig, step: PackedStep, micro_batch: MicroBatch,
                      weights: torch.Tensor, logprobs: torch.Tensor,
                      entropy: torch.Tensor | None = None,
-                     ref_logprobs: torch.Tensor | None = None
+                     ref_logprobs: torch.Tensor | None = None,
+                     keep: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step's loss (the shares sum to the step loss).
 
     `logprobs`/`entropy`/`ref_logprobs` are (N,) over `micro_batch.term_ids`;
-    `weights` is `step_weights(config, step)`.
+    `weights` is `step_weights(config, step)`; `keep` is `sequence_keep` over the
+    whole step's terms (when `sequence_mask` is on).
     """
     ids = micro_batch.term_ids
     terms, stats = token_terms(config, logprobs, step.behaviour_logprobs[ids],
-                               step.advantages[ids], ref_logprobs, entropy)
+                               step.advantages[ids], ref_logprobs, entropy,
+                               None if keep is None else keep[ids.to(keep.device)])
     weighted = weights[ids].to(terms.dtype) * terms
     loss = weighted.sum()
     stats["loss"] = float(loss.detach())

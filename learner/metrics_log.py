@@ -10,7 +10,13 @@ sessions Undertow failed (`num_infra_failures`, `infra_failures` by cause,
 parts (`kl`: mean k3 estimate of KL(behaviour || policy) over the trained tokens, i.e.
 how far the weights trained have moved from those that sampled; `kl_ref`: to the
 reference model, when the loss has a KL term; `entropy`: mean policy entropy at the
-trained tokens; `clip_fraction`), token counts (unique tokens packed once versus
+trained tokens; `clip_fraction`), the train/sample mismatch over the trained tokens
+(`mismatch_mean`, `mismatch_max`: mean and max of |logprob(learner) - logprob(engine)|
+for the same token; `ratio_p5`/`ratio_p50`/`ratio_p95`: quantiles of the ratio
+exp(logprob(learner) - logprob(engine)), `mismatch.py`), what the off-policy
+correction masked (`masked_fraction`: trained tokens whose term the correction or the
+sequence mask set to zero; `sequence_masked_fraction`, with `loss.sequence_mask` on:
+those of the sequence mask), token counts (unique tokens packed once versus
 the tokens a per-call log holds, and their ratio), staleness, and the step's wall
 time split into rollout (waiting for groups), train and sync (saving and pushing
 weights); in pool runs, `num_members`: the learner members that computed the step.
@@ -31,7 +37,9 @@ METRICS_FILE = "metrics.jsonl"
 
 STEP_FIELDS = (
     "reward_mean", "reward_std", "pass_rate", "loss", "kl", "kl_ref", "entropy",
-    "clip_fraction", "grad_norm", "num_groups", "num_sessions", "num_dropped_groups",
+    "clip_fraction", "grad_norm", "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p50",
+    "ratio_p95", "masked_fraction", "sequence_masked_fraction", "num_groups", "num_sessions",
+    "num_dropped_groups",
     "num_dropped_uniform", "num_dropped_invalid", "num_rerun_sessions", "num_infra_failures",
     "infra_failures", "num_trained_tokens",
     "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",

@@ -5,17 +5,20 @@ stepping the optimizer: it computes the normaliser weights over the whole step o
 then for each micro-batch scores its terms (`model.py`), takes its share of the loss
 (`losses.py`) and backpropagates it at once, so that only one micro-batch's
 activations are alive at a time. The shares sum to the step's loss, and the
-accumulated gradients to the step's gradient.
+accumulated gradients to the step's gradient. A loss with a sequence mask first scores
+the whole step without gradient (`sequence_keep_of`), since a session's mask depends
+on all of its tokens. Each micro-batch's stats (`losses.token_terms`,
+`mismatch.mismatch_sums`) combine over micro-batches and learner members by
+`merge_stats`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
 from undertow.learner.errors import LossConfigError
-from undertow.learner.losses import LossConfig, micro_batch_loss, step_weights
+from undertow.learner.losses import LossConfig, micro_batch_loss, sequence_keep, step_weights
+from undertow.learner.mismatch import mismatch_sums
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep
 
@@ -27,12 +30,42 @@ def backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
     `backward` is False); returns the summed stats ("loss", "num_terms",
     "num_clipped", ... see `losses.token_terms`)."""
     weights = step_weights(config, step)
-    totals: dict[str, float] = defaultdict(float)
+    totals: dict[str, float] = {}
     for index in range(len(step.micro_batches)):
-        stats = backward_micro_batch(policy, step, weights, index, config, reference, backward)
-        for name, value in stats.items():
-            totals[name] += value
-    return dict(totals)
+        merge_stats(totals, backward_micro_batch(policy, step, weights, index, config,
+                                                 reference, backward))
+    return totals
+
+
+def merge_stats(totals: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    """Adds one micro-batch's (or member's) `stats` into `totals`, in place: a key
+    ending in "_max" keeps the maximum, every other key is a sum."""
+    for name, value in stats.items():
+        if name.endswith("_max"):
+            totals[name] = max(totals.get(name, value), value)
+        else:
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def sequence_keep_of(policy: PolicyModel, step: PackedStep, config: LossConfig
+                     ) -> torch.Tensor | None:
+    """The step's (N,) `losses.sequence_keep`, None without a sequence mask. Computed
+    on first use from one forward pass without gradient over every micro-batch of the
+    step and kept on it (`PackedStep.sequence_keep`), so each step pays it once. In a
+    sharded mesh every process must call this at the same point (its forwards are
+    collectives)."""
+    if config.sequence_mask == "none":
+        return None
+    if step.sequence_keep is None:
+        logprobs = torch.zeros(step.num_terms, dtype=torch.float64)
+        with torch.no_grad():
+            for micro_batch in step.micro_batches:
+                scores = policy.score(micro_batch).logprobs
+                logprobs[micro_batch.term_ids.cpu()] = scores.to("cpu", torch.float64)
+        step.sequence_keep = sequence_keep(config, logprobs, step.behaviour_logprobs.cpu(),
+                                           step.term_session.cpu())
+    return step.sequence_keep
 
 
 def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.Tensor,
@@ -42,6 +75,7 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
     the terms weighted by `weights` (`losses.step_weights`, or `losses.chunk_weights`
     for a streamed step) and returns its stats, with `metric_sums` whatever the loss."""
     micro_batch = step.micro_batches[index]
+    keep = sequence_keep_of(policy, step, config)
     scores = policy.score(micro_batch, with_entropy=True)
     ref_logprobs = None
     if config.kl_coef:
@@ -50,11 +84,12 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
         with torch.no_grad():
             ref_logprobs = reference.score(micro_batch).logprobs
     loss, stats = micro_batch_loss(config, step, micro_batch, weights, scores.logprobs,
-                                   scores.entropy, ref_logprobs)
+                                   scores.entropy, ref_logprobs, keep)
     if backward:
         loss.backward()
-    stats.update(metric_sums(scores.logprobs, scores.entropy,
-                             step.behaviour_logprobs[micro_batch.term_ids]))
+    behaviour = step.behaviour_logprobs[micro_batch.term_ids]
+    stats.update(metric_sums(scores.logprobs, scores.entropy, behaviour))
+    stats.update(mismatch_sums(scores.logprobs, behaviour))
     return stats
 
 

@@ -106,7 +106,8 @@ class PackedStep:
     indexes `session_keys`; `term_path` is the index of the first selected path of
     that session containing the token; `term_origin[k]` = (tree index, node ID,
     offset in node) identifies term k's token in its tree; `units[key]` is the unit
-    with that key (`MicroBatch.unit_keys`).
+    with that key (`MicroBatch.unit_keys`). `sequence_keep` is filled on first use by
+    `objective.sequence_keep_of` when the loss has a sequence mask.
     """
 
     session_keys: list[SessionKey]
@@ -117,6 +118,7 @@ class PackedStep:
     advantages: torch.Tensor         # (N,) float64, the term's session's advantage
     term_origin: list[tuple[int, int, int]]
     units: list[Unit]
+    sequence_keep: torch.Tensor | None = None   # (N,) bool
 
     @property
     def num_terms(self) -> int:

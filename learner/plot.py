@@ -4,7 +4,9 @@ One figure per theme, each a column of panels over the step axis, written to
 `RUN/plots/` (or `--out`): `reward.png` (reward, pass rate, reward spread, groups
 dropped and sessions re-run or failed by Undertow), `loss.png` (loss, KL,
 entropy, clip fraction, gradient norm), `tokens.png` (trained, unique and flat tokens,
-unique/flat ratio, staleness) and `time.png` (the step's seconds split into rollout,
+unique/flat ratio, staleness), `mismatch.png` (train/sample mismatch |logprob(learner) -
+logprob(engine)| mean and max, the ratio's quantiles, the fractions of tokens masked by
+the off-policy correction) and `time.png` (the step's seconds split into rollout,
 train and sync). matplotlib runs with its file-only Agg backend.
 """
 
@@ -21,6 +23,8 @@ FIGURES = {
     "loss": (("loss",), ("kl", "kl_ref"), ("entropy",), ("clip_fraction",), ("grad_norm",)),
     "tokens": (("num_trained_tokens", "num_unique_tokens", "num_flat_tokens"),
                ("unique_flat_ratio",), ("staleness_mean", "staleness_max")),
+    "mismatch": (("mismatch_mean", "mismatch_max"), ("ratio_p5", "ratio_p50", "ratio_p95"),
+                 ("masked_fraction", "sequence_masked_fraction")),
 }
 
 

@@ -9,12 +9,14 @@ session scored (dedupe by tree node and offset), so each trainable token counts 
 
 The normalisers are computed here from the samples' own counts, independently of
 the packer and of `losses.term_weights`; only the per-token term f_t
-(`losses.token_terms`) is shared, and tests check it by hand. Used by the tests
+(`losses.token_terms`) is shared, and tests check it by hand. A sequence mask's
+decision per session is made here too, from the samples' own scores. Used by the tests
 (tree = flat, loss and every gradient) and by benchmarks/learner.py as baselines.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -118,11 +120,29 @@ def flat_weights(samples: list[FlatSample], config: LossConfig) -> list[torch.Te
     return weights
 
 
+def flat_sequence_keep(policy: PolicyModel, samples: list[FlatSample], config: LossConfig
+                       ) -> dict[SessionKey, bool]:
+    """Per session, whether `config.sequence_mask` keeps it: the geometric mean of the
+    train/sample ratios of all its scored tokens, from a pass without gradient."""
+    log_ratio_sums: dict[SessionKey, float] = defaultdict(float)
+    num_tokens: dict[SessionKey, int] = defaultdict(int)
+    with torch.no_grad():
+        for sample in samples:
+            logprobs = policy.score_path(sample.token_ids, sample.scored).logprobs
+            log_ratio_sums[sample.session] += float((logprobs.double() - sample.behaviour).sum())
+            num_tokens[sample.session] += len(sample.scored)
+    return {session: config.sequence_mask_low
+            <= math.exp(log_ratio_sums[session] / num_tokens[session])
+            <= config.sequence_mask_high for session in num_tokens}
+
+
 def flat_loss(policy: PolicyModel, samples: list[FlatSample], config: LossConfig,
               reference: PolicyModel | None = None, backward: bool = True) -> float:
     """The step's loss, one sample at a time; with `backward`, each sample's share is
     backpropagated at once (gradients accumulate in the parameters' `.grad`)."""
     total = 0.0
+    kept = (flat_sequence_keep(policy, samples, config) if config.sequence_mask != "none"
+            else None)
     for sample, weights in zip(samples, flat_weights(samples, config), strict=True):
         scores = policy.score_path(sample.token_ids, sample.scored,
                                    with_entropy=bool(config.entropy_coef))
@@ -131,8 +151,9 @@ def flat_loss(policy: PolicyModel, samples: list[FlatSample], config: LossConfig
             with torch.no_grad():
                 ref_logprobs = reference.score_path(sample.token_ids, sample.scored).logprobs
         advantages = torch.full_like(sample.behaviour, sample.advantage)
+        keep = None if kept is None else torch.full(sample.behaviour.shape, kept[sample.session])
         terms, _ = token_terms(config, scores.logprobs, sample.behaviour, advantages,
-                               ref_logprobs, scores.entropy)
+                               ref_logprobs, scores.entropy, keep)
         loss = (weights.to(terms.dtype) * terms).sum()
         if backward:
             loss.backward()

@@ -67,7 +67,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,7 +80,7 @@ from undertow.learner.errors import LearnerError
 from undertow.learner.lm_head import ScoringHead
 from undertow.learner.losses import LossConfig, step_weights
 from undertow.learner.model import PolicyModel
-from undertow.learner.objective import backward_micro_batch
+from undertow.learner.objective import backward_micro_batch, merge_stats, sequence_keep_of
 from undertow.learner.packing import MicroBatch, PackedStep
 
 TOKEN_MULTIPLE = 256
@@ -261,18 +260,18 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
     device = _device_of(policy)
     step = step_to(step, device)
     weights = step_weights(config, step)
+    sequence_keep_of(policy, step, config)   # on every process: its forwards are collectives
     num_rounds = math.ceil(len(step.micro_batches) / world_size)
-    totals: dict[str, float] = defaultdict(float)
+    totals: dict[str, float] = {}
     for round_index in range(num_rounds):
         first = round_index * world_size
         index = first + rank
         stats = round_pass(policy, device, step.micro_batches[first:first + world_size], rank,
                            lambda index=index: backward_micro_batch(
                                policy, step, weights, index, config, reference))
-        for name, value in stats.items():
-            totals[name] += value
+        merge_stats(totals, stats)
     mean_to_sum(policy, world_size)
-    return dict(totals)
+    return totals
 
 
 def round_pass(policy: PolicyModel, device: torch.device, micro_batches: list[MicroBatch],

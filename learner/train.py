@@ -72,6 +72,7 @@ from undertow.learner.config import TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, MicroBatchTooLongError
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import MetricsLog
+from undertow.learner.mismatch import mismatch_metrics
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import PackedStep, pack_step
@@ -225,6 +226,7 @@ class Learner:
             "unique_flat_ratio": num_unique / num_flat if num_flat else None}
         if self.reference is not None:
             values["kl_ref"] = totals["kl_sum"] / num_terms   # the loss's KL to the reference
+        values.update(mismatch_metrics(stats))   # train/sample mismatch, masked fractions
         return values
 
     def save(self, checkpoint: bool) -> Path:

@@ -54,7 +54,7 @@ from undertow.learner.elastic.step import (
 )
 from undertow.learner.losses import LossConfig, chunk_weights
 from undertow.learner.model import PolicyModel
-from undertow.learner.objective import backward_micro_batch
+from undertow.learner.objective import backward_micro_batch, merge_stats, sequence_keep_of
 from undertow.learner.sharding import (
     full_parameters,
     mean_to_sum,
@@ -132,6 +132,7 @@ class CellMember:
             for chunk_id in picks["new_chunks"]:
                 data = get_blob(store, f"chunk/{chunk_id}") if store is not None else b""
                 chunk = step_to(decode_step(self._broadcast_bytes(data)), self.device)
+                sequence_keep_of(self.policy, chunk, config)   # every process: collectives
                 chunks[chunk_id] = (chunk, chunk_weights(config, chunk))
             entries = picks["entries"]
             if not entries:
@@ -139,17 +140,15 @@ class CellMember:
             micro_batches = [chunks[where["chunk"]][0].micro_batches[where["index"]]
                              for _ticket, where in entries]
             backward = functools.partial(self._backward, chunks, entries, config)
-            for key, value in round_pass(self.policy, self.device, micro_batches, self.rank,
-                                         backward).items():
-                stats[key] = stats.get(key, 0.0) + value
+            merge_stats(stats, round_pass(self.policy, self.device, micro_batches, self.rank,
+                                          backward))
             if self.rank < len(entries):
                 claimed.append(entries[self.rank][0])
         mean_to_sum(self.policy, self.size)
         claims = self._gather_json({"claimed": claimed, "stats": stats})
         total: dict[str, float] = {}
         for part in claims:
-            for key, value in part["stats"].items():
-                total[key] = total.get(key, 0.0) + value
+            merge_stats(total, part["stats"])
         return {"name": self.name, "stats": total,
                 "claimed": sorted(t for part in claims for t in part["claimed"])}
 

@@ -99,7 +99,7 @@ from undertow.learner.config import TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, LearnerError
 from undertow.learner.losses import LossConfig, chunk_weights, step_count
 from undertow.learner.model import PolicyModel
-from undertow.learner.objective import backward_micro_batch
+from undertow.learner.objective import backward_micro_batch, merge_stats
 from undertow.learner.packing import PackedStep
 from undertow.learner.sharding import Placement, place
 from undertow.learner.wire import (
@@ -338,8 +338,7 @@ class Coordinator:
         self._remove_payloads(store, self._num_chunks)
         stats: dict[str, float] = {}
         for report in reports:
-            for key, value in report["stats"].items():
-                stats[key] = stats.get(key, 0.0) + value
+            merge_stats(stats, report["stats"])
         for key in ("loss", "loss_abs_sum"):
             if key in stats:
                 stats[key] /= self._count
@@ -483,8 +482,7 @@ class Member:
             with self.placement.compute():
                 values = backward_micro_batch(self.policy, chunk, weights, where["index"],
                                               config, self.reference)
-            for key, value in values.items():
-                stats[key] = stats.get(key, 0.0) + value
+            merge_stats(stats, values)
             claimed.append(index)
         return {"name": self.name, "claimed": claimed, "stats": stats,
                 "weights_digest": digest}

@@ -65,6 +65,10 @@ def test_two_steps_train_on_gateway_trees_and_publish_versions(straight_run):
     assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2)]
     assert all(r["num_sessions"] == 2 and r["num_trained_tokens"] > 0 for r in records)
     assert all(r["reward_mean"] == 0.5 and r["pass_rate"] == 0.5 for r in records)
+    for record in records:   # the engine sampled with the weights the learner scores with
+        assert 0 < record["mismatch_mean"] <= record["mismatch_max"] < 1e-3, record
+        assert record["ratio_p5"] <= record["ratio_p50"] <= record["ratio_p95"]
+        assert abs(record["ratio_p50"] - 1) < 1e-3 and record["masked_fraction"] == 0
     assert latest_checkpoint(straight_run).name == "step-000002"
     trees = load_store_trees(straight_run / "store")
     versions = {tree.group_id: {v for n in tree.nodes.values() if n.trainable
@@ -80,7 +84,8 @@ def test_plot_writes_pngs(straight_run):
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     paths = [Path(line) for line in result.stdout.split()]
-    assert {p.name for p in paths} == {"reward.png", "loss.png", "tokens.png", "time.png"}
+    assert {p.name for p in paths} == {"reward.png", "loss.png", "tokens.png", "mismatch.png",
+                                      "time.png"}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 

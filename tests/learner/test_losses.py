@@ -8,7 +8,14 @@ import torch
 
 from undertow.config import build_section
 from undertow.learner.errors import LossConfigError
-from undertow.learner.losses import CORRECTIONS, LOSSES, LossConfig, term_weights, token_terms
+from undertow.learner.losses import (
+    CORRECTIONS,
+    LOSSES,
+    LossConfig,
+    sequence_keep,
+    term_weights,
+    token_terms,
+)
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step
 from undertow.learner.reference import flat_loss, flat_samples
@@ -63,6 +70,53 @@ def test_tis_truncates_the_weight():
     assert grads == pytest.approx([-w0, w1 * 2.0, -1.5 * 0.5])
 
 
+def test_mis_masks_tokens_whose_ratio_leaves_the_band():
+    # Ratios exp(l - mu) = [e^0.1, e^-0.5, e^1.0]: with [0.7, 2.0] only t0 stays.
+    terms, grads, stats = _terms("mis", mis_low=0.7, mis_high=2.0)
+    w0 = math.exp(0.1)
+    assert terms == pytest.approx([-w0, 0.0, 0.0])
+    assert grads == pytest.approx([-w0, 0.0, 0.0])
+    assert stats["num_dropped"] == 2
+    # With IcePop's band [0.5, 5] every ratio is inside: the untruncated weights.
+    terms, grads, stats = _terms("mis")
+    w1, w2 = math.exp(-0.5), math.exp(1.0)
+    assert terms == pytest.approx([-w0, w1 * 2.0, -w2 * 0.5])
+    assert grads == pytest.approx([-w0, w1 * 2.0, -w2 * 0.5])
+    assert stats["num_dropped"] == 0
+
+
+def test_geometric_sequence_mask_by_hand():
+    session = torch.tensor([0, 0, 1, 1, 1, 2])
+    logprobs = torch.tensor([-1.0, -2.0, -0.5, -0.7, -3.0, -1.0], dtype=torch.float64)
+    behaviour = torch.tensor([-1.001, -1.998, -0.5, -0.69, -3.02, -1.0], dtype=torch.float64)
+    # g0 = exp((0.001 - 0.002) / 2), g1 = exp((0 - 0.01 + 0.02) / 3), g2 = 1.
+    g0, g1 = math.exp(-0.0005), math.exp(0.01 / 3)
+    config = LossConfig(sequence_mask="geometric", sequence_mask_low=0.999,
+                        sequence_mask_high=1.003)
+    assert g0 >= 0.999 and g1 > 1.003
+    keep = sequence_keep(config, logprobs, behaviour, session)
+    assert keep.tolist() == [True, True, False, False, False, True]
+    assert sequence_keep(LossConfig(), logprobs, behaviour, session).all()
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0, 2.0])
+    live = logprobs.clone().requires_grad_(True)
+    terms, stats = token_terms(config, live, behaviour, advantages, keep=keep)
+    terms.sum().backward()
+    assert terms.detach().tolist()[2:5] == [0.0, 0.0, 0.0]
+    assert live.grad.tolist()[2:5] == [0.0, 0.0, 0.0]
+    assert terms.detach().tolist()[5] == pytest.approx(-2.0)
+    assert stats["num_sequence_masked"] == 3 and stats["num_dropped"] == 3
+    with pytest.raises(LossConfigError, match="keep mask"):
+        token_terms(config, live, behaviour, advantages)
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"mis_low": 0.0}, "low=0.0"), ({"mis_high": 0.9}, "high=0.9"),
+    ({"sequence_mask_low": 1.01}, "low=1.01"), ({"sequence_mask": "arithmetic"}, "geometric")])
+def test_bad_mask_settings_are_rejected_naming_the_value(fields, named):
+    with pytest.raises(ValueError, match=named):
+        LossConfig(**fields)
+
+
 def test_kl_k3_and_entropy_bonus_by_hand():
     base_terms, base_grads, _ = _terms("tis")
     terms, grads, stats = _terms("tis", kl_coef=0.1, entropy_coef=0.01)
@@ -100,8 +154,9 @@ def test_unknown_names_are_rejected_with_the_choices():
     assert build_section(LossConfig, {"name": "dr_grpo"}, "loss").name == "dr_grpo"
 
 
-VARIANTS = [LossConfig(name=n, correction=c, max_importance_weight=1.5)
-            for n in LOSSES for c in CORRECTIONS]
+# mis's band [0.8, 1.5] masks some of the random trees' tokens (ratios e^-0.7..e^0.7).
+VARIANTS = [LossConfig(name=n, correction=c, max_importance_weight=1.5, mis_low=0.8,
+                       mis_high=1.5) for n in LOSSES for c in CORRECTIONS]
 VARIANTS += [LossConfig(name="grpo", correction="decoupled_ppo", kl_coef=0.1,
                         entropy_coef=0.01, clip_high=0.28),
              LossConfig(name="gyre", correction="none", max_paths_per_session=1, kl_coef=0.05)]
@@ -159,6 +214,43 @@ def test_tree_equals_flat_across_micro_batch_splits(random_trees, policy32, budg
     _assert_gradients_close(_gradients(policy32), flat_grads)
 
 
+def _geometric_band(policy, trees, advantages):
+    """A sequence-mask band [1/h, h] that masks about half of the step's sessions."""
+    step = pack_step(trees, advantages, 10**6)
+    with torch.no_grad():
+        logprobs = policy.score(step.micro_batches[0]).logprobs.double()
+    order = step.micro_batches[0].term_ids
+    log_ratio = torch.zeros(step.num_terms, dtype=torch.float64)
+    log_ratio[order] = logprobs - step.behaviour_logprobs[order]
+    sessions = step.term_session
+    means = [float(log_ratio[sessions == s].mean()) for s in range(len(step.session_keys))]
+    return math.exp(sorted(abs(m) for m in means)[len(means) // 2 - 1] * 1.0001)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "correction"), [("grpo", "none"), ("token_mean", "mis"),
+                                                  ("gyre", "tis")])
+def test_tree_equals_flat_with_the_geometric_sequence_mask(random_trees, policy32, name,
+                                                           correction):
+    advantages = _advantages(random_trees)
+    high = _geometric_band(policy32, random_trees, advantages)
+    config = LossConfig(name=name, correction=correction, sequence_mask="geometric",
+                        sequence_mask_low=1 / high, sequence_mask_high=high, mis_low=0.8,
+                        mis_high=1.5, max_importance_weight=1.5)
+    policy32.model.zero_grad(set_to_none=True)
+    samples = flat_samples(random_trees, advantages, "session", config.paths_per_session)
+    flat = flat_loss(policy32, samples, config)
+    flat_grads = _gradients(policy32)
+    for budget in (10**6, 40):
+        step = pack_step(random_trees, advantages, budget, config.paths_per_session)
+        stats = backward_step(policy32, step, config)
+        assert abs(stats["loss"] - flat) <= RTOL * stats["loss_abs_sum"]
+        masked_sessions = set(step.term_session[~step.sequence_keep].tolist())
+        assert 0 < len(masked_sessions) < len(step.session_keys)
+        assert stats["num_sequence_masked"] == float((~step.sequence_keep).sum())
+        _assert_gradients_close(_gradients(policy32), flat_grads)
+
+
 @pytest.mark.slow
 def test_clipping_and_dropping_are_exercised(random_trees, policy32):
     advantages = _advantages(random_trees)
@@ -170,6 +262,10 @@ def test_clipping_and_dropping_are_exercised(random_trees, policy32):
                                 backward=False)
     assert 0 < none["num_clipped"] < none["num_terms"]
     assert 0 < dropped["num_dropped"] < dropped["num_terms"]
+    with torch.no_grad():
+        masked = backward_step(policy32, step, LossConfig(correction="mis", mis_low=0.8,
+                                                          mis_high=1.5), backward=False)
+    assert 0 < masked["num_dropped"] < masked["num_terms"]
 
 
 def test_one_sample_per_call_trains_the_same_tokens_as_per_session(random_trees):

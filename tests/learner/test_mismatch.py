@@ -1,0 +1,109 @@
+"""Train/sample mismatch metrics: the mergeable sums and quantiles by hand, split
+invariance, and a training step on a tiny tree whose behaviour logprobs sit at chosen
+distances from the learner's, so that every metric of the step is known by hand."""
+
+import math
+
+import pytest
+import torch
+
+from undertow.gateway.tree import Tree
+from undertow.learner.advantages import AdvantageConfig
+from undertow.learner.config import TrainConfig
+from undertow.learner.losses import LossConfig
+from undertow.learner.metrics_log import read_metrics
+from undertow.learner.mismatch import mismatch_metrics, mismatch_sums, ratio_bins
+from undertow.learner.objective import merge_stats
+from undertow.learner.train import Learner
+
+# d = logprob(learner) - logprob(engine) of each trained token, per session.
+DISTANCES = {"s0": [0.02, -0.3, 0.005, 0.15], "s1": [-0.04, 0.6, -0.001]}
+ALL = sorted(d for ds in DISTANCES.values() for d in ds)
+PROMPT = [11, 12, 13, 14, 15]
+COMPLETIONS = {"s0": [21, 22, 23, 24], "s1": [31, 32, 33]}
+REWARDS = {"s0": 1.0, "s1": 0.0}
+
+
+def _stats(distances):
+    behaviour = torch.zeros(len(distances), dtype=torch.float64)
+    return mismatch_sums(torch.tensor(distances, dtype=torch.float64), behaviour)
+
+
+def test_sums_and_quantiles_by_hand_and_whatever_the_split():
+    whole = _stats(ALL)
+    halves = merge_stats(merge_stats({}, _stats(ALL[:3])), _stats(ALL[3:]))
+    thirds = {}
+    for part in (ALL[:1], ALL[1:5], ALL[5:]):
+        merge_stats(thirds, _stats(part))
+    assert halves == pytest.approx(whole) and thirds == pytest.approx(whole)
+    metrics = mismatch_metrics({**whole, "num_terms": 7.0, "num_dropped": 2.0})
+    # Nearest rank over 7 tokens: p5 is the 1st, p50 the 4th, p95 the 7th.
+    assert metrics == pytest.approx({
+        "mismatch_mean": sum(abs(d) for d in ALL) / 7, "mismatch_max": 0.6,
+        "ratio_p5": math.exp(-0.3), "ratio_p50": math.exp(0.005), "ratio_p95": math.exp(0.6),
+        "masked_fraction": 2 / 7})
+    assert mismatch_metrics({}) == {}
+
+
+def test_a_quantile_is_within_its_bin():
+    # Two values in one bin (within 12% of each other): the bin's mean is reported.
+    log_ratio = torch.tensor([0.0100, 0.0105, 0.5], dtype=torch.float64)
+    assert ratio_bins(log_ratio)[0] == ratio_bins(log_ratio)[1] != ratio_bins(log_ratio)[2]
+    assert ratio_bins(torch.tensor([1e-7, -1e-7, -0.01])).tolist()[:2] == [0, 0]
+    assert ratio_bins(torch.tensor([-0.01]))[0] == -ratio_bins(torch.tensor([0.01]))[0]
+    metrics = mismatch_metrics({**_stats(log_ratio.tolist()), "num_terms": 3.0})
+    assert metrics["ratio_p50"] == pytest.approx(math.exp(0.01025))
+
+
+def _tree(behaviour):
+    tree = Tree("g")
+    for session_id, completion in COMPLETIONS.items():
+        tree.add_call(f"{session_id}-0", session_id, PROMPT, completion, behaviour[session_id],
+                      [0] * len(completion))
+        tree.close_session(session_id, reward=REWARDS[session_id])
+    return tree
+
+
+def _learner_step(tiny_model_dir, run_dir, loss):
+    """One step of a learner on the tiny tree whose behaviour logprobs are the learner's
+    own (scored path by path, without the packer) minus DISTANCES."""
+    learner = Learner(TrainConfig(lr=1e-3, group_size=2, num_steps=1), loss,
+                      AdvantageConfig(), tiny_model_dir, run_dir)
+    behaviour = {}
+    with torch.no_grad():
+        for session_id, completion in COMPLETIONS.items():
+            token_ids = torch.tensor(PROMPT + completion)
+            scored = torch.arange(len(PROMPT), len(token_ids))
+            logprobs = learner.policy.score_path(token_ids, scored).logprobs.double()
+            distances = torch.tensor(DISTANCES[session_id], dtype=torch.float64)
+            behaviour[session_id] = (logprobs - distances).tolist()
+    metrics = learner.train_step([_tree(behaviour)])
+    learner.metrics.append(1, 1, metrics)
+    return metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("loss", "num_masked", "num_sequence_masked"), [
+    (LossConfig(), 0, None),
+    # exp(-0.3) = 0.74 and exp(0.6) = 1.82 leave [0.8, 1.5].
+    (LossConfig(correction="mis", mis_low=0.8, mis_high=1.5), 2, None),
+    # Geometric means exp(-0.125 / 4) = 0.97 (s0, kept), exp(0.559 / 3) = 1.20 (s1, masked).
+    (LossConfig(sequence_mask="geometric", sequence_mask_low=0.9, sequence_mask_high=1.1), 3, 3),
+    (LossConfig(correction="mis", mis_low=0.8, mis_high=1.5, sequence_mask="geometric",
+                sequence_mask_low=0.9, sequence_mask_high=1.1), 4, 3),
+], ids=["none", "mis", "geometric", "mis+geometric"])
+def test_a_training_step_reports_the_hand_computed_metrics(tiny_model_dir, tmp_path, loss,
+                                                           num_masked, num_sequence_masked):
+    metrics = _learner_step(tiny_model_dir, tmp_path, loss)
+    expected = {"mismatch_mean": sum(abs(d) for d in ALL) / 7, "mismatch_max": 0.6,
+                "ratio_p5": math.exp(-0.3), "ratio_p50": math.exp(0.005),
+                "ratio_p95": math.exp(0.6), "masked_fraction": num_masked / 7}
+    if num_sequence_masked is not None:
+        expected["sequence_masked_fraction"] = num_sequence_masked / 7
+    assert metrics["num_trained_tokens"] == 7
+    # The packed forward equals the path-by-path one to float32 rounding.
+    assert {k: metrics.get(k) for k in expected} == pytest.approx(expected, rel=1e-4,
+                                                                   abs=1e-5)
+    assert ("sequence_masked_fraction" in metrics) == (num_sequence_masked is not None)
+    record = read_metrics(tmp_path)[0]
+    assert {k: record[k] for k in expected} == pytest.approx(expected, rel=1e-4, abs=1e-5)

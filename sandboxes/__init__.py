@@ -7,6 +7,7 @@ The flow, one module per step (import them directly; this package imports nothin
     task_image.py   ensure_task_image(connection, task)      (repo at base commit, one commit)
     connection.py   connect(docker_url) -> Connection        (SDK + its thread pool)
     sandbox.py      Sandbox.start / exec / read_file / write_file / diff / close; gc(run)
+    artefacts.py    BUILD_ARTEFACTS                          (bytecode, caches: not in a diff)
     link.py         GatewayRelay, start_linked_sandbox        (the gateway is the only peer)
     task_setup.py   prepare_session_sandbox, run_start_commands  (each set-up field where the
                     official harnesses run it; the session's sandbox.log)

@@ -7,7 +7,9 @@ that `gc` finds and removes whatever a crashed run left. `exec` runs a shell
 command with a time limit; on timeout every process the command started (found
 by a marker in its environment, which survives `setsid` and double forks) is
 killed, so nothing outlives its limit. `diff` returns every change against the
-base commit, new and binary files included. `close` removes the container.
+base commit, new and binary files included, but not the build artefacts (bytecode, test
+caches) that running the code left behind (`artefacts.py`); the container's environment
+(`SANDBOX_ENV`) keeps Python from writing bytecode at all. `close` removes the container.
 """
 
 import asyncio
@@ -24,6 +26,7 @@ from pathlib import PurePosixPath
 
 import docker.errors
 
+from undertow.sandboxes.artefacts import BUILD_ARTEFACTS
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import ContainerDied, SandboxError
 from undertow.sandboxes.output import BoundedOutput
@@ -33,6 +36,9 @@ RUN_LABEL = "undertow.run"
 SESSION_LABEL = "undertow.session"
 OWNER_LABEL = "undertow.owner"  # "host:pid" of the process that started the container
 MARKER_ENV = "UNDERTOW_EXEC"
+# Every command in a sandbox sees these (the container's environment): no bytecode files
+# in the repository when the agent runs its code or tests (`artefacts.py`).
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 _KILL_GRACE_S = 10.0
 # Every command runs under this wrapper, with a fresh marker in its environment. The
 # marker survives `setsid`, double forks and `nohup`, so `sweep` finds the command's whole
@@ -160,7 +166,7 @@ class Sandbox:
             network_mode=config.network, nano_cpus=int(config.num_cpus * 1e9),
             mem_limit=config.memory_bytes, memswap_limit=config.memory_bytes,
             pids_limit=config.pids_limit, working_dir=workdir,
-            security_opt=["no-new-privileges"], volumes=mounts or {})
+            security_opt=["no-new-privileges"], volumes=mounts or {}, environment=SANDBOX_ENV)
         if config.user is not None:
             options["user"] = config.user
         try:
@@ -341,9 +347,11 @@ class Sandbox:
                 f"cannot write {full} in {self.container.short_id}: {error}") from None
 
     async def diff(self, timeout_s: float = 120) -> str:
-        """Every change against the base commit (new, deleted, binary files), as a git diff.
+        """Every change against the base commit (new, deleted, binary files), as a git diff,
+        without the build artefacts the base commit does not have (`artefacts.py`).
 
-        A throwaway index is used, so the agent's own index and staging are untouched.
+        A throwaway index is used, so the agent's own index and staging are untouched. The
+        artefacts are ignored on top of the repository's and the user's own ignore rules.
         Bytes that are not UTF-8 are kept through `surrogateescape`, so
         `write_file(path, diff)` reproduces the diff exactly.
         """
@@ -351,9 +359,15 @@ class Sandbox:
             raise SandboxError(f"no base commit known for {self.workdir}: is it a git repository?")
         name = f"/tmp/undertow-diff-{uuid.uuid4().hex}"
         base = shlex.quote(self.base_commit)
-        script = (f"set -e; export GIT_INDEX_FILE={name}.index; git read-tree {base}; "
-                  f"git add -A; git diff --cached --binary --no-color {base} > {name}; "
-                  f"rm -f {name}.index")
+        patterns = " ".join(shlex.quote(pattern) for pattern in BUILD_ARTEFACTS)
+        user_ignores = ('"$(git config --path core.excludesFile || '
+                        'echo "${XDG_CONFIG_HOME:-$HOME/.config}/git/ignore")"')
+        script = (f"set -e; export GIT_INDEX_FILE={name}.index; "
+                  f"{{ printf '%s\\n' {patterns}; cat {user_ignores} 2>/dev/null || true; }} "
+                  f"> {name}.ignore; git read-tree {base}; "
+                  f"git -c core.excludesFile={name}.ignore add -A; "
+                  f"git diff --cached --binary --no-color {base} > {name}; "
+                  f"rm -f {name}.index {name}.ignore")
         result = await self.exec(script, timeout_s)
         if result.exit_code != 0:
             raise SandboxError(f"git diff failed in {self.container.short_id}: {result.output}")

@@ -1,6 +1,8 @@
 """`undertow export predictions|sft` and `undertow sft --data`: what a run gives away."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -58,6 +60,49 @@ def test_predictions_best_of_group_and_per_session(run_dir, tmp_path, capsys):
     rows = _read(out)
     assert [(r["session_id"], r["reward"], r["model_name_or_path"]) for r in rows] == [
         ("t-1-0", 0.0, "m"), ("t-1-1", 1.0, "m"), ("t-2-0", 0.5, "m"), ("t-2-1", 0.5, "m")]
+
+
+def _diff_with_artefacts(repo) -> tuple[str, str]:
+    """A real git diff of an agent's work after it ran its code and tests without
+    PYTHONDONTWRITEBYTECODE: a changed and a new module, their bytecode, pytest's cache, an
+    egg-info folder, and a tracked .pyc (the base commit has it) rewritten; and the diff
+    of the source changes alone (the tracked .pyc's change is one of them)."""
+    git = {"cwd": repo, "check": True, "capture_output": True, "text": True}
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text("x = 1\n")
+    (repo / "vendored").mkdir()
+    (repo / "vendored" / "blob.pyc").write_bytes(b"\x00old")
+    subprocess.run(["git", "init", "-q"], **git)
+    subprocess.run(["git", "add", "-A"], **git)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"],
+                   **git)
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")
+    (repo / "pkg" / "added.py").write_text("y = 3\n")
+    (repo / "vendored" / "blob.pyc").write_bytes(b"\x00new")
+    subprocess.run(["git", "add", "-A"], **git)
+    source_only = subprocess.run(["git", "diff", "--cached", "--binary", "HEAD"], **git).stdout
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "pkg"], **git)
+    for folder, name in ((".pytest_cache/v/cache", "nodeids"), ("pkg.egg-info", "PKG-INFO")):
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / name).write_text("[]\n")
+    subprocess.run(["git", "add", "-A"], **git)
+    recorded = subprocess.run(["git", "diff", "--cached", "--binary", "HEAD"], **git).stdout
+    return recorded, source_only
+
+
+def test_predictions_hold_the_agents_source_changes_only(tmp_path, capsys):
+    recorded, source_only = _diff_with_artefacts(tmp_path / "repo")
+    assert "__pycache__/added.cpython" in recorded and "GIT binary patch" in recorded
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(
+        {"scaffold": "command", "sessions": [_session("t-1", 0, 1.0, recorded)]}))
+    out = tmp_path / "preds.jsonl"
+    assert main(["export", "predictions", str(run), "--out", str(out)]) == 0
+    [row] = _read(out)
+    assert row["model_patch"] == source_only
+    assert ("4 build artefacts (bytecode, test caches) the recorded diffs added were left out"
+            in capsys.readouterr().out)
 
 
 def _paths(trees):

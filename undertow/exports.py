@@ -5,6 +5,9 @@ format (`instance_id`, `model_name_or_path`, `model_patch`) from the run's
 `summary.json`: every session (`select="all"`, with its `session_id` and `reward`), or
 the best of each group (`select="best"`: highest reward, the first on a tie), which is
 what the official harness and the leaderboard take (one prediction per instance).
+A patch holds the agent's source changes only: files a recorded diff adds that are build
+artefacts (bytecode, test caches; `sandboxes/artefacts.py`) are left out, as sandboxes
+leave them out of the diffs they take now.
 
 `undertow export sft RUN --out DIR` writes each closed session's paths from the run's
 tree store, at or above `min_reward`, as records with the exact token IDs, which tokens
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from undertow.gateway.tree import Tree
+from undertow.sandboxes.artefacts import without_new_artefacts
 
 # adapters/rollout.py keeps the last 20,000 characters of a session's diff.
 _KEPT_DIFF_CHARS = 20000
@@ -48,10 +52,12 @@ def _best(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(best.values())
 
 
-def prediction(session: dict[str, Any], model_name: str) -> dict[str, Any]:
-    """One session as a SWE-bench prediction."""
+def prediction(session: dict[str, Any], model_name: str) -> tuple[dict[str, Any], int]:
+    """One session as a SWE-bench prediction, and how many build artefacts its recorded
+    diff added that the prediction leaves out."""
+    patch, num_artefacts = without_new_artefacts((session.get("details") or {}).get("diff", ""))
     return {"instance_id": session["instance_id"], "model_name_or_path": model_name,
-            "model_patch": (session.get("details") or {}).get("diff", "")}
+            "model_patch": patch}, num_artefacts
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class PredictionsReport:
     num_written: int
     num_cut: int
     out_path: Path
+    num_artefacts: int = 0
 
     def summary(self) -> str:
         line = (f"wrote {self.num_written} predictions from {self.num_sessions} sessions to "
@@ -67,6 +74,9 @@ class PredictionsReport:
         if self.num_cut:
             line += (f"; {self.num_cut} diffs were cut to their last {_KEPT_DIFF_CHARS} "
                      "characters by the rollout and will not apply")
+        if self.num_artefacts:
+            line += (f"; {self.num_artefacts} build artefacts (bytecode, test caches) the "
+                     "recorded diffs added were left out")
         return line
 
 
@@ -80,16 +90,18 @@ def export_predictions(run: Path, out: Path, *, select: str = "best",
     chosen = _best(sessions) if select == "best" else sessions
     name = model_name or f"undertow-{summary.get('scaffold', 'run')}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    num_cut = 0
+    num_cut = num_artefacts = 0
     with out.open("w", encoding="utf-8") as file:
         for session in chosen:
-            record = prediction(session, name)
-            patch = record["model_patch"]
-            num_cut += len(patch) >= _KEPT_DIFF_CHARS and not patch.startswith("diff --git")
+            record, num_dropped = prediction(session, name)
+            num_artefacts += num_dropped
+            recorded = (session.get("details") or {}).get("diff", "")
+            num_cut += (len(recorded) >= _KEPT_DIFF_CHARS
+                        and not recorded.startswith("diff --git"))
             if select == "all":
                 record.update(session_id=session["session_id"], reward=session["reward"])
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return PredictionsReport(len(sessions), len(chosen), num_cut, out)
+    return PredictionsReport(len(sessions), len(chosen), num_cut, out, num_artefacts)
 
 
 def _spans(trainable: list[bool]) -> list[tuple[int, int, bool]]:

@@ -1,6 +1,7 @@
 """One sandbox container: limits, isolation, exec time limits, files, diff, and clean-up."""
 
 import asyncio
+import re
 import subprocess
 import sys
 
@@ -121,6 +122,26 @@ async def test_files_and_diff_capture_every_change(sandbox, docker_connection, d
         assert applied.exit_code == 0, applied.output
         assert await replay.read_file("data/blob.bin") == binary
         assert await replay.diff() == diff
+
+
+async def test_diff_holds_the_agents_sources_not_what_running_its_tests_left(sandbox):
+    """The agent adds a module and its test and runs pytest; bytecode written anyway
+    (compileall ignores PYTHONDONTWRITEBYTECODE) and an egg-info folder are there too."""
+    assert (await sandbox.exec("echo $PYTHONDONTWRITEBYTECODE", 30)).output == "1\n"
+    await sandbox.write_file("minimath/extra.py", "def triple(x):\n    return 3 * x\n")
+    await sandbox.write_file("tests/test_extra.py", "from minimath.extra import triple\n\n\n"
+                             "def test_triple():\n    assert triple(2) == 6\n")
+    tests = await sandbox.exec("python -m pytest -q tests/test_extra.py", 120)
+    assert tests.exit_code == 0, tests.output
+    left = await sandbox.exec("find . -name __pycache__ -not -path './.git/*'; ls -a", 30)
+    assert "__pycache__" not in left.output and ".pytest_cache" in left.output
+    built = await sandbox.exec("python -m compileall -q minimath tests && mkdir -p "
+                               "minimath.egg-info && echo x > minimath.egg-info/PKG-INFO", 60)
+    assert built.exit_code == 0, built.output
+    diff = await sandbox.diff()
+    assert re.findall(r"^diff --git a/(\S+) b/", diff, re.MULTILINE) == [
+        "minimath/extra.py", "tests/test_extra.py"]
+    assert "GIT binary patch" not in diff
 
 
 async def test_dead_container_is_reported_as_such(sandbox, docker_connection):

@@ -56,6 +56,7 @@ class ModelCheck:
     parser: str
     reasoning: str
     stop_tokens: list[tuple[int, str]]
+    writes_tool_calls: bool = True
     sessions: list[SessionResult] = field(default_factory=list)
     error: str | None = None
 
@@ -69,6 +70,9 @@ class ModelCheck:
                  f"tool-call parser: {self.parser} (tool_parser=auto, the default, picks it)",
                  f"reasoning: {self.reasoning}",
                  f"stop/EOS IDs: {stops or 'none'}"]
+        if not self.writes_tool_calls:
+            lines.append("tool calls: the template writes none (it renders an assistant "
+                         "turn's tool calls as nothing), so no parser can read them back")
         if self.error:
             lines.append(f"token truth: could not be checked: {self.error}")
         for result in self.sessions:
@@ -89,7 +93,11 @@ class ModelCheck:
         if not self.stop_tokens:
             advice.append("eos_token_id in generation_config.json (or eos_token in "
                           "tokenizer_config.json): the engine has no stop token")
-        if any(result.num_tool_calls_lost for result in self.sessions):
+        if not self.writes_tool_calls:
+            advice.append("nothing for tool calls, the template has no format for them: "
+                          "use a scaffold whose actions are text (mini-swe-agent's bash "
+                          "blocks) or a model whose template writes tool calls")
+        elif any(result.num_tool_calls_lost for result in self.sessions):
             advice.append(f"tool_parser=NAME: the template's tool calls do not parse with "
                           f"{self.parser!r} (choose one of {sorted(PARSERS)})")
         if not self.holds:
@@ -105,6 +113,14 @@ def _reasoning_format(parser: str, template: str) -> str:
     if "<think>" in template or "reasoning_content" in template:
         return "<think> blocks (reasoning_content)"
     return "none written by the template"
+
+
+def _writes_tool_calls(renderer: Renderer) -> bool:
+    """Whether the template writes an assistant turn's tool call at all (SmolLM2's, say,
+    renders only the content): the call's argument shows in the render."""
+    call = _assistant(0, call=True)
+    text = renderer.render([{"role": "user", "content": "u"}, call], TOOLS)
+    return "ls 0" in text
 
 
 def _stop_tokens(renderer: Renderer) -> list[tuple[int, str]]:
@@ -221,6 +237,7 @@ def check_model(model_dir: Path, num_turns: int = 12) -> ModelCheck:
     check = ModelCheck(model_dir, parser, _reasoning_format(parser, template),
                        _stop_tokens(renderer))
     try:
+        check.writes_tool_calls = _writes_tool_calls(renderer)
         for strip in (False, True):
             check.sessions.append(play_session(renderer, parser, num_turns, strip))
     except TemplateError as error:

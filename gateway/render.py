@@ -3,7 +3,9 @@ text encoded and decoded with `tokenizers` (never `transformers`, which would im
 torch into the gateway).
 
 `Renderer` is loaded once from a Hugging Face model directory (`tokenizer.json`,
-`tokenizer_config.json` with `chat_template`, `generation_config.json`). Token truth,
+`tokenizer_config.json`, the chat templates where `template_env.read_chat_templates` finds
+them, `generation_config.json`); a call with tools renders the `tool_use` template when
+the model has one. Token truth,
 which decides when a prompt reuses a session's earlier token IDs, is in
 `tokentruth.py`; this module only renders and codes.
 
@@ -24,7 +26,11 @@ from jinja2 import meta
 from tokenizers import Tokenizer
 
 from undertow.gateway.errors import BadRequest
-from undertow.gateway.template_env import chat_template_environment
+from undertow.gateway.template_env import (
+    chat_template_environment,
+    read_chat_templates,
+    special_token_text,
+)
 
 _MARK = "\u2063UNDERTOW_MARK\u2063"
 
@@ -83,18 +89,24 @@ class Renderer:
             raise FileNotFoundError(f"{tokenizer_file} is missing; pass a Hugging Face model "
                                     "directory (undertow model init --out DIR builds one)")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        template = config.get("chat_template")
-        if isinstance(template, list):
-            template = next(item["template"] for item in template if item["name"] == "default")
-        if not template:
-            raise FileNotFoundError(f"{model_dir}/tokenizer_config.json has no chat_template")
+        config_file = model_dir / "tokenizer_config.json"
+        config = (json.loads(config_file.read_text(encoding="utf-8"))
+                  if config_file.exists() else {})
+        templates = read_chat_templates(model_dir)
+        if templates.select(with_tools=False) is None:
+            raise FileNotFoundError(
+                f"{model_dir} has no default chat template (read {templates.source}); put the "
+                "model's template in chat_template.jinja")
         environment = chat_template_environment(_raise_exception)
-        self._template = environment.from_string(template)
-        # The names the template reads besides its own (a request's template argument
+        self._default = environment.from_string(templates.select(with_tools=False))
+        self._with_tools = environment.from_string(templates.select(with_tools=True))
+        # The names the templates read besides their own (a request's template argument
         # that none of them takes would change nothing: see `reads`).
-        self._variables = frozenset(meta.find_undeclared_variables(environment.parse(template)))
-        self._special = {name: config.get(name) for name in ("bos_token", "eos_token")}
+        self._variables = frozenset().union(*(
+            meta.find_undeclared_variables(environment.parse(text))
+            for text in templates.by_name.values()))
+        self._special = {name: special_token_text(config.get(name))
+                         for name in ("bos_token", "eos_token")}
         self._kwargs: dict = {}
         self.max_length = int(config.get("model_max_length") or 0)
         self.stop_token_ids = self._read_stop_token_ids(model_dir, config)
@@ -232,7 +244,8 @@ class Renderer:
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = False) -> str:
         try:
-            return self._template.render(messages=_with_argument_objects(messages),
+            template = self._with_tools if tools else self._default
+            return template.render(messages=_with_argument_objects(messages),
                                          tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
                                          **self._special, **self._kwargs)
@@ -274,8 +287,7 @@ class Renderer:
     @property
     def eos_text(self) -> str:
         """The EOS token's text as `tokenizer_config.json` names it ("" when it does not)."""
-        eos = self._special.get("eos_token")
-        return eos.get("content") or "" if isinstance(eos, dict) else eos or ""
+        return self._special.get("eos_token") or ""
 
     def sampled_stop_text(self, completion_ids: Sequence[int]) -> str:
         """The text of the completion's last token when it is a stop token, else ""."""

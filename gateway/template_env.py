@@ -1,19 +1,31 @@
-"""The one Jinja environment chat templates are rendered in, built as `transformers`'
-`apply_chat_template` builds it (sandboxed, `trim_blocks`, `lstrip_blocks`, loop controls,
-`tojson` that keeps non-ASCII text, `raise_exception`, `strftime_now`), without importing it.
+"""Chat templates as `transformers` finds and renders them, without importing it.
 
-Three renderers use it, so that one template gives one text everywhere: the gateway's
-`render.Renderer` (a session's prompt), the built-in engine's tokenizer
-(`engines/builtin/tokenizer.py`, its own `/v1/chat/completions`), and the learner's
-template of the models it builds (`learner/modeldir/chat_template.py`). Each passes what a
-template's `raise_exception(message)` raises: its own package's error.
+Where a model directory keeps its templates (`read_chat_templates`), in `transformers`' order:
+`chat_template.jinja` (the default) and `additional_chat_templates/NAME.jinja` (what
+`save_pretrained` writes since transformers 4.5x, and how current Hugging Face repos ship);
+failing those, `chat_template` in `tokenizer_config.json`, a string or a list of named
+templates (`[{"name": "default", "template": ...}, {"name": "tool_use", ...}]`). Which one a
+call renders (`ChatTemplates.select`): `tool_use` when the call has tools and the model has
+one, else `default`, as `apply_chat_template` and vLLM choose.
+
+The one Jinja environment they are rendered in is built as `apply_chat_template` builds it
+(sandboxed, `trim_blocks`, `lstrip_blocks`, loop controls, `tojson` that keeps non-ASCII
+text, `raise_exception`, `strftime_now`). Three renderers use both, so that one template
+gives one text everywhere: the gateway's `render.Renderer` (a session's prompt), the
+built-in engine's tokenizer (`engines/builtin/tokenizer.py`, its own
+`/v1/chat/completions`), and the learner's template of the models it builds
+(`learner/modeldir/chat_template.py`); the tool-parser detection and `undertow doctor` read
+the templates the same way. Each renderer passes what a template's
+`raise_exception(message)` raises: its own package's error.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import NoReturn
 
 import jinja2
@@ -36,3 +48,73 @@ def chat_template_environment(refuse: Callable[[str], NoReturn]
     environment.globals["raise_exception"] = refuse
     environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return environment
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+@dataclass(frozen=True)
+class ChatTemplates:
+    """A model directory's chat templates by name (`default`, `tool_use`, ...); empty
+    when it has none. `source` says where they were read, for messages."""
+
+    by_name: Mapping[str, str]
+    source: str
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+    def select(self, with_tools: bool) -> str | None:
+        """The template a call renders: `tool_use` for a call with tools when there is
+        one, else `default` (None when the directory has no default)."""
+        if with_tools and "tool_use" in self.by_name:
+            return self.by_name["tool_use"]
+        return self.by_name.get("default")
+
+    @property
+    def text(self) -> str:
+        """Every template's text, joined (what the tool-parser detection searches)."""
+        return "\n".join(self.by_name.values())
+
+
+def read_chat_templates(model_dir: Path) -> ChatTemplates:
+    """The chat templates of a Hugging Face model directory (module docstring); ValueError
+    when `tokenizer_config.json`'s `chat_template` has a form no loader reads."""
+    model_dir = Path(model_dir)
+    by_name: dict[str, str] = {}
+    default_file = model_dir / CHAT_TEMPLATE_FILE
+    if default_file.is_file():
+        by_name["default"] = default_file.read_text(encoding="utf-8")
+    extra_dir = model_dir / CHAT_TEMPLATE_DIR
+    if extra_dir.is_dir():
+        for path in sorted(extra_dir.glob("*.jinja")):
+            by_name[path.stem] = path.read_text(encoding="utf-8")
+    if by_name:
+        return ChatTemplates(by_name, f"{model_dir}/{CHAT_TEMPLATE_FILE}")
+    config_file = model_dir / TOKENIZER_CONFIG
+    source = f"{config_file} (chat_template)"
+    if not config_file.is_file():
+        return ChatTemplates({}, source)
+    return ChatTemplates(_named_templates(
+        json.loads(config_file.read_text(encoding="utf-8")).get("chat_template"), source), source)
+
+
+def special_token_text(token) -> str | None:
+    """A special token as `tokenizer_config.json` names it (`bos_token`, `eos_token`): its
+    text, or the `content` of the older `AddedToken` object form."""
+    return token.get("content") if isinstance(token, Mapping) else token
+
+
+def _named_templates(value, source: str) -> dict[str, str]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list) and all(isinstance(item, Mapping) and isinstance(
+            item.get("name"), str) and isinstance(item.get("template"), str) for item in value):
+        return {item["name"]: item["template"] for item in value}
+    raise ValueError(f"{source} is neither a template string nor a list of "
+                     "{\"name\": ..., \"template\": ...} entries; fix it or write the "
+                     f"template to {CHAT_TEMPLATE_FILE}")

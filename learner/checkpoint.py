@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import yaml
 
+from undertow.gateway.template_env import CHAT_TEMPLATE_DIR
 from undertow.gateway.tree import tree_from_json, tree_to_json
 
 CHECKPOINTS = "checkpoints"
@@ -100,6 +101,9 @@ def write_model_dir(model: torch.nn.Module, base_model_dir: Path, out: Path) -> 
         source = Path(base_model_dir) / name
         if source.exists() and not (out / name).exists():
             shutil.copy2(source, out / name)
+    named = Path(base_model_dir) / CHAT_TEMPLATE_DIR
+    if named.is_dir() and not (out / named.name).exists():
+        shutil.copytree(named, out / named.name)
     return out
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from undertow.gateway.template_env import read_chat_templates
+
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = REPO / "system-packages.txt"
 MIN_IMAGE_DISK_BYTES = 5 * 2**30
@@ -166,11 +168,13 @@ def check_model_dir(model_dir: Path) -> Check:
                .exists()]
     if not list(model_dir.glob("*.safetensors")):
         missing.append("*.safetensors")
-    template = (model_dir / "chat_template.jinja").exists() or '"chat_template"' in (
-        (model_dir / "tokenizer_config.json").read_text()
-        if (model_dir / "tokenizer_config.json").exists() else "")
-    if not template:
-        missing.append("a chat template (chat_template.jinja or tokenizer_config.json)")
+    try:
+        template = read_chat_templates(model_dir).select(with_tools=False)
+    except ValueError as error:
+        missing.append(f"a readable chat template ({error})")
+    else:
+        if template is None:
+            missing.append("a chat template (chat_template.jinja or tokenizer_config.json)")
     return Check(f"model {model_dir}", not missing,
                  "complete" if not missing else f"missing {', '.join(missing)}",
                  f"undertow model init --out {model_dir}  (or copy the model's files there)")

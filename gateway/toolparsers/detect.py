@@ -7,8 +7,9 @@ the most to the least specific (Qwen3-Coder's template also writes `<tool_call>`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from undertow.gateway.template_env import read_chat_templates
 
 MARKERS = (("harmony", ("<|channel|>",)),
            ("deepseek_v3", ("tool▁calls▁begin", "tool_calls_begin")),
@@ -27,20 +28,9 @@ def parser_of_template(template: str) -> str:
 
 
 def template_of(model_dir: Path) -> str:
-    """The chat template text of a Hugging Face model directory (all named templates
-    joined), from `tokenizer_config.json` or `chat_template.jinja`."""
-    model_dir = Path(model_dir)
-    texts = []
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.exists():
-        texts.append(jinja.read_text(encoding="utf-8"))
-    config = model_dir / "tokenizer_config.json"
-    if config.exists():
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template") or ""
-        if isinstance(template, list):
-            template = "\n".join(item.get("template", "") for item in template)
-        texts.append(template)
-    return "\n".join(texts)
+    """The chat template text of a Hugging Face model directory, every named template
+    joined (a `tool_use` template is where the tool-call format is written)."""
+    return read_chat_templates(model_dir).text
 
 
 def resolve_parser(name: str, model_dir: Path) -> str:

@@ -1,5 +1,6 @@
 """Text in and out of the built-in engine: `tokenizer.json` through the `tokenizers` library, and
-the model directory's chat template rendered with jinja2 the way Hugging Face renders it.
+the model directory's chat template (found by `template_env.read_chat_templates`) rendered with
+jinja2 the way Hugging Face renders it.
 
 Everything here is torch-free; the server uses it on the event loop (tokenizing a prompt) and the
 scheduler uses `decode` for stop strings.
@@ -12,7 +13,11 @@ import jinja2
 from tokenizers import Tokenizer as FastTokenizer
 
 from undertow.gateway.engines.builtin.errors import BadRequest
-from undertow.gateway.template_env import chat_template_environment
+from undertow.gateway.template_env import (
+    chat_template_environment,
+    read_chat_templates,
+    special_token_text,
+)
 
 
 def _raise_exception(message: str):
@@ -30,9 +35,9 @@ class Tokenizer:
         self.fast = FastTokenizer.from_file(str(path))
         config_path = model_dir / "tokenizer_config.json"
         self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.templates = read_chat_templates(model_dir)
         env = chat_template_environment(_raise_exception)
-        template = self.config.get("chat_template")
-        self.chat_template = env.from_string(template) if isinstance(template, str) else None
+        self._compiled = {text: env.from_string(text) for text in self.templates.by_name.values()}
         self.eos_token_ids = self._eos_token_ids(model_dir)
 
     def _eos_token_ids(self, model_dir: Path) -> frozenset[int]:
@@ -42,9 +47,7 @@ class Tokenizer:
             if path.exists():
                 eos = json.loads(path.read_text()).get("eos_token_id")
                 ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        eos_token = self.config.get("eos_token")
-        if isinstance(eos_token, dict):
-            eos_token = eos_token.get("content")
+        eos_token = special_token_text(self.config.get("eos_token"))
         if isinstance(eos_token, str) and self.fast.token_to_id(eos_token) is not None:
             ids.add(self.fast.token_to_id(eos_token))
         return frozenset(ids)
@@ -65,13 +68,15 @@ class Tokenizer:
     def render_chat(self, messages: list, tools: list | None = None,
                     add_generation_prompt: bool = True, **extra) -> str:
         """The prompt text of a chat, rendered with the model directory's template."""
-        if self.chat_template is None:
-            raise BadRequest("the model directory has no chat_template in tokenizer_config.json;"
-                             " use /v1/completions or /generate instead")
+        text = self.templates.select(with_tools=bool(tools))
+        if text is None:
+            raise BadRequest(f"the model directory has no chat template (read "
+                             f"{self.templates.source}); use /v1/completions or /generate "
+                             "instead")
         try:
-            return self.chat_template.render(
+            return self._compiled[text].render(
                 messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                bos_token=self.config.get("bos_token") or "",
-                eos_token=self.config.get("eos_token") or "", **extra)
+                bos_token=special_token_text(self.config.get("bos_token")) or "",
+                eos_token=special_token_text(self.config.get("eos_token")) or "", **extra)
         except jinja2.exceptions.TemplateError as error:
             raise BadRequest(f"the chat template rejected the messages: {error}") from error

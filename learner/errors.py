@@ -9,6 +9,9 @@ it); those defined here are the training path's (packing, losses, advantages, mo
     ├── ChatTemplateError    (also a ValueError) messages the built models' template refuses
     │                        (`modeldir/chat_template.py`)
     ├── DeviceError          a configured device that cannot be used here (`sharding.py`)
+    ├── ModelFetchError      a pretrained model's download, check or conversion failed, or
+    │                        its output directory holds something else
+    │                        (`modeldir/pretrained.py`)
     ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
     ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
     ├── MembershipError      an elastic step's member failed or timed out (`elastic/step.py`)
@@ -41,3 +44,10 @@ class MicroBatchTooLongError(LearnerError, ValueError):
 
 class LossConfigError(LearnerError, ValueError):
     """A loss configuration that names no known loss or correction, or a bad parameter."""
+
+
+class ModelFetchError(LearnerError):
+    """`undertow model fetch` could not build the model directory: a download failed, a
+    wheel or the joined GGUF is not the pinned one, the conversion failed, or the output
+    directory holds something else. The message names the package or directory and what to
+    do; the output directory is left as it was."""

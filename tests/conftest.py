@@ -90,17 +90,32 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 MODELS_CACHE = REPO / ".cache" / "models"
 
 
+FETCH_TIMEOUT_S = 1800
+
+
+def pretrained_dir(name: str) -> Path:
+    """`MODELS_CACHE / name`, fetched first when it is missing (as `make setup-models` does),
+    so that pytest alone works on a fresh machine. Concurrent fetches (xdist workers) are
+    safe: each builds in its own temporary directory and the first complete one is kept."""
+    path = MODELS_CACHE / name
+    if not (path / "undertow_fetch.json").is_file() and not path.is_symlink():
+        subprocess.run([sys.executable, "-m", "undertow.cli", "model", "fetch", name,
+                        "--out", str(path)], check=True, cwd=REPO, timeout=FETCH_TIMEOUT_S)
+    return path
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct as a Hugging Face directory (Llama architecture, its own
-    tokenizer and chat template)."""
-    return MODELS_CACHE / "smollm2-135m-instruct"
+    """SmolLM2-135M-Instruct as a Hugging Face directory (LlamaForCausalLM, its own
+    tokenizer and chat template, float32 weights dequantised from its Q4_1 GGUF)."""
+    return pretrained_dir("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
 def qwen_coder_dir() -> Path:
-    """Qwen2.5-Coder-0.5B-Instruct as a Hugging Face directory (Qwen2 architecture)."""
-    return MODELS_CACHE / "qwen2.5-coder-0.5b-instruct"
+    """Qwen2.5-Coder-0.5B-Instruct as a Hugging Face directory (Qwen2ForCausalLM, untied
+    lm_head as its GGUF stores it, float32 weights dequantised from the GGUF)."""
+    return pretrained_dir("qwen2.5-coder-0.5b-instruct")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -15,7 +15,7 @@ from pathlib import Path
 # Command groups in `undertow/commands/`, one module each (see its docstring).
 COMMAND_MODULES: tuple[str, ...] = ("engine", "gateway", "rollout", "doctor", "serve",
                                     "session", "trees_repair", "ui", "tasks_import", "export",
-                                    "eval", "chat_eval", "model_check")
+                                    "eval", "chat_eval", "model_check", "model_fetch")
 
 
 def _add_model(commands) -> None:

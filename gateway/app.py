@@ -36,6 +36,7 @@ from undertow.gateway.api import (
     openai_completions,
     responses,
 )
+from undertow.gateway.api.common import client_left
 from undertow.gateway.api.errors import error_middleware
 from undertow.gateway.auto_sessions import AutoSessions
 from undertow.gateway.calls import CallRunner
@@ -75,11 +76,13 @@ def context_length_of(model_dir: Path, renderer: Renderer, configured: int) -> i
 
 
 def _metrics_middleware(metrics: GatewayMetrics):
+    """Counts each scaffold call by API and status, or as a client disconnect when its
+    client left before the reply's end (`client_left`): a client's choice, no 5xx."""
     @web.middleware
     async def record(request: web.Request, handler):
         api = next((name for suffix, name in _API_NAMES if request.path.endswith(suffix)), None)
         started_s = time.perf_counter()
-        status = 500
+        status, response = 500, None
         try:
             response = await handler(request)
             status = response.status
@@ -88,7 +91,9 @@ def _metrics_middleware(metrics: GatewayMetrics):
             status = error.status
             raise
         finally:
-            if api is not None:
+            if api is not None and client_left(request, response):
+                metrics.client_disconnects.inc(api=api)
+            elif api is not None:
                 metrics.calls.inc(api=api, status=str(status))
                 metrics.call_duration_s.observe(time.perf_counter() - started_s, api=api)
     return record

@@ -214,11 +214,13 @@ class Registry:
 @dataclass(frozen=True)
 class GatewayMetrics:
     """Every metric the gateway exports. Call-level metrics are recorded by the API
-    (labels: `api` = chat|completions|messages|responses, `status` = HTTP status);
+    (labels: `api` = chat|completions|messages|responses, `status` = HTTP status; a call
+    whose client left before its reply's end counts in `client_disconnects` instead);
     engine-level ones by the engine pool."""
 
     registry: Registry
     calls: Counter
+    client_disconnects: Counter
     prompt_tokens: Counter
     completion_tokens: Counter
     time_to_first_token_s: Histogram
@@ -242,6 +244,10 @@ class GatewayMetrics:
         return cls(
             registry=r,
             calls=r.counter("undertow_calls_total", "Scaffold calls answered.", ("api", "status")),
+            client_disconnects=r.counter(
+                "undertow_client_disconnects_total", "Scaffold calls whose client closed the "
+                "connection before the reply's end (not in undertow_calls_total; a stream's "
+                "engine request is aborted).", ("api",)),
             prompt_tokens=r.counter("undertow_prompt_tokens_total", "Prompt tokens sent.",
                                     ("api",)),
             completion_tokens=r.counter("undertow_completion_tokens_total",

@@ -1,13 +1,15 @@
 """What every scaffold API shares: the session a request reaches, its JSON body
 (size-limited), its fingerprint for retries, JSON replies, and the loop that writes
 a call as Server-Sent Events with keep-alives (`stream_events`, each API bringing its
-`EventFormatter`). Bodies are parsed and serialised with orjson: a long history's
+`EventFormatter`; a client that leaves mid-reply is marked `CLIENT_LEFT`, see
+`client_left`). Bodies are parsed and serialised with orjson: a long history's
 request is parsed several times faster than by `json`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -19,7 +21,9 @@ from undertow.gateway.calls import CallRequest, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from undertow.gateway.sessions import Session, SessionRegistry
 
+log = logging.getLogger(__name__)
 KEEPALIVE = object()
+CLIENT_LEFT = web.RequestKey("client_left", bool)
 RETRY_HEADERS = ("x-stainless-retry-count", "x-retry-count")
 
 
@@ -76,14 +80,6 @@ def is_retry(request: web.Request) -> bool:
     return False
 
 
-async def start_sse(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-    await response.prepare(request)
-    return response
-
-
 def sse(data: Any, event: str | None = None) -> bytes:
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     head = f"event: {event}\n".encode() if event else b""
@@ -120,29 +116,57 @@ async def stream_events(request: web.Request, items: AsyncIterator, keepalive_s:
     """Writes a call's `Delta`s and `Outcome` (`CallRunner.stream`) as the formatter's
     events, as they come, with keep-alives. An error before the first byte is raised
     (an ordinary error response); after it, the formatter's error event ends the stream.
-    The last byte follows the `Outcome`, so a delivered reply is always recorded."""
-    response: web.StreamResponse | None = None
-    begun = False
+    The last byte follows the `Outcome`, so a delivered reply is always recorded.
+
+    A client that closes the connection mid-reply is no error: the call's iteration is
+    closed at once (its engine request aborted, nothing recorded unless the `Outcome`
+    was already), and the request is marked `CLIENT_LEFT` for the metrics."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
     try:
-        async for item in with_keepalive(items, keepalive_s):
-            response = response or await start_sse(request)
-            if item is KEEPALIVE:
-                await response.write(formatter.keepalive())
-                continue
-            if not begun:
-                begun = True
-                call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
-                for data in formatter.begin(call_id):
-                    await response.write(data)
-            for data in (formatter.delta(item) if isinstance(item, Delta)
-                         else formatter.finish(item)):
-                await response.write(data)
-    except GatewayError as error:
-        if response is None:
-            raise
-        await response.write(formatter.error(error))
-    await response.write_eof()
+        async with contextlib.aclosing(with_keepalive(items, keepalive_s)) as events:
+            try:
+                await _write_events(request, response, events, formatter)
+            except GatewayError as error:
+                if not response.prepared:
+                    raise
+                await response.write(formatter.error(error))
+        await response.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError: the client has gone
+        request[CLIENT_LEFT] = True
+        log.info("%s %s: the client closed the connection mid-reply; the call was "
+                 "abandoned", request.method, request.path)
     return response
+
+
+async def _write_events(request: web.Request, response: web.StreamResponse,
+                        events: AsyncIterator, formatter: EventFormatter) -> None:
+    begun = False
+    async for item in events:
+        if not response.prepared:
+            await response.prepare(request)
+        if item is KEEPALIVE:
+            await response.write(formatter.keepalive())
+            continue
+        if not begun:
+            begun = True
+            call_id = item.call_id if isinstance(item, Delta) else item.choices[0].call_id
+            for data in formatter.begin(call_id):
+                await response.write(data)
+        for data in (formatter.delta(item) if isinstance(item, Delta)
+                     else formatter.finish(item)):
+            await response.write(data)
+
+
+def client_left(request: web.Request, response: web.StreamResponse | None) -> bool:
+    """Whether the client closed its connection before the reply's end: a stream it cut
+    (`stream_events`), or a reply not yet sent whose connection is gone (a call that is
+    not streamed runs to its end and is recorded; its reply waits for the SDK's retry)."""
+    if request.get(CLIENT_LEFT, False):
+        return True
+    return (response is not None and not response.prepared
+            and (request.transport is None or request.transport.is_closing()))
 
 
 async def reply_to_call(request: web.Request, runner, session: Session, call: CallRequest,

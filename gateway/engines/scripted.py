@@ -5,7 +5,9 @@ IDs instead of sampling a model.
 - `ScriptedEngine` replays `scripts` in request order (then `default`). Tests of tool
   calls, thinking blocks and exact capture use it (the fake sits at the outer edge: the
   gateway's engine pool and client talk to it over HTTP as to any engine); it remembers
-  what it sent for each `rid`, so tests can compare the tree with it.
+  what it sent for each `rid`, so tests can compare the tree with it, and what
+  `/abort_request` named (`aborted`; a stream in flight that it names ends early, as
+  SGLang's does). Fault switches: `delay_s` per token, `end_delay_s` before `[DONE]`.
 - `ReplayEngine` replays one script per *session*, chosen from the prompt: the script
   whose `key` (e.g. the task's problem statement) the decoded prompt contains, and its
   k-th turn for a prompt that already holds k assistant turns. Sessions may interleave
@@ -52,20 +54,33 @@ class ScriptedEngine:
     end_delay_s: float = 0.0  # from the finishing event to `[DONE]`
     num_requests: int = 0
     prompt_ids: list[int] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)  # what `/abort_request` named
+    streaming: dict[str, bool] = field(default_factory=dict)  # rid -> aborted, while it streams
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/generate", self.generate)
         for path in ("/health", "/health_generate"):
             app.router.add_get(path, self.ok)
-        for path in ("/abort_request", "/flush_cache", "/pause_generation",
-                     "/continue_generation"):
+        app.router.add_post("/abort_request", self.abort_request)
+        for path in ("/flush_cache", "/pause_generation", "/continue_generation"):
             app.router.add_post(path, self.ok)
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/get_server_info", self.server_info)
         return app
 
     async def ok(self, request: web.Request) -> web.Response:
+        return web.json_response({"success": True})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """Notes what it names (SGLang's form: `{"rid"}`, or `{"abort_all": true}` as "");
+        each stream in flight whose rid starts with it ends with `finish_reason` abort
+        and the tokens sent so far, as SGLang's does."""
+        body = await request.json()
+        prefix = "" if body.get("abort_all") else str(body.get("rid") or "")
+        self.aborted.append(prefix)
+        for rid in self.streaming:
+            self.streaming[rid] = self.streaming[rid] or rid.startswith(prefix)
         return web.json_response({"success": True})
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -113,14 +128,33 @@ class ScriptedEngine:
             return web.json_response(reply(len(output_ids), True))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for num in range(1, len(output_ids) + 1):
+        self.streaming[rid] = False
+        try:
+            await self._stream(response, rid, finish, reply, len(output_ids))
+        except ConnectionError:  # the gateway left: no reply to write (SGLang's is quiet too)
+            pass
+        finally:
+            del self.streaming[rid]
+        return response
+
+    async def _stream(self, response: web.StreamResponse, rid: str, finish: dict, reply,
+                      num_output: int) -> None:
+        """One event per token, then the finishing one and `[DONE]`; an aborted stream
+        ends early (`abort_request`)."""
+        for num in range(1, num_output + 1):
             await asyncio.sleep(self.delay_s)
+            if self.streaming[rid]:
+                aborted = reply(num - 1, True)
+                aborted["meta_info"]["finish_reason"] = {"type": "abort",
+                                                         "message": "Abort by user request"}
+                await response.write(f"data: {json.dumps(aborted)}\n\n".encode())
+                await response.write(b"data: [DONE]\n\n")
+                return
             await response.write(f"data: {json.dumps(reply(num, False))}\n\n".encode())
-        await response.write(f"data: {json.dumps(reply(len(output_ids), True))}\n\n".encode())
+        await response.write(f"data: {json.dumps(reply(num_output, True))}\n\n".encode())
         if self.end_delay_s:
             await asyncio.sleep(self.end_delay_s)
         await response.write(b"data: [DONE]\n\n")
-        return response
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ the gold `patch`, the held-back `test_patch`, and the tests that decide it. The
 fields are SWE-bench's, so SWE-bench, SWE-Gym and SWE-smith instances load
 unchanged (their list fields may be JSON strings, as SWE-bench stores them);
 Undertow adds how to run it: `image`, `test_cmd`, `log_parser`, `timeout_s`,
-and, for task sets that ship their sources instead of images, `source_dir`.
+and, for task sets that ship their sources instead of images, `source_dir` (a git
+repository holding `base_commit`, or the repository in its fixed state: `task_image.py`).
 SWE-bench's `version` and `environment_setup_commit` load too, with the set-up of the
 official harness: `pre_install` (image set-up) and `eval_commands` (run before
 `test_cmd`). `start_commands` run in every container of the task when it starts, before
@@ -40,7 +41,8 @@ class Task:
     Invariants: `instance_id` is non-empty; `FAIL_TO_PASS` and `PASS_TO_PASS` are
     tuples of test IDs as the task's log parser names them; `timeout_s` > 0;
     `image` is None when the image is to be built from `source_dir` (then
-    `source_dir` is set and `base_commit` is the hash `task_image` produces).
+    `source_dir` is set and `base_commit` is the hash `task_image` produces: a commit
+    the repository at `source_dir` holds, kept as given, or the stamped one).
     """
 
     instance_id: str

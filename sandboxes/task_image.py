@@ -1,13 +1,20 @@
 """Per-task images, and the deterministic base commit of tasks that ship their source.
 
 A task either names a published image (SWE-bench, SWE-Gym, SWE-smith: used as
-is) or ships its repository (`source_dir`, in its fixed state). For the latter,
-the task's buggy base state is the source with the gold `patch` applied in
-reverse; it is committed as the only commit of a fresh git history (fixed author,
-date and config, so its hash - the task's `base_commit` - is the same on every
-machine and the fix cannot be read from history), and copied, owned by the
-non-root user, to `/testbed` in an image derived from the base image. The build
-runs with `--network=none`.
+is) or ships its repository (`source_dir`). That is one of two things:
+
+- a git repository that holds the task's `base_commit` (a dataset's row over a local
+  clone): the base state is that commit, as SWE-bench's images hold it, fetched alone
+  (a one-commit shallow history, so later commits - the fix - are not there) and checked
+  out; its hash stays the row's `base_commit`;
+- else the repository in its fixed state (a shipped task set, `taskset.py`): the
+  task's buggy base state is the source with the gold `patch` applied in reverse; it
+  is committed as the only commit of a fresh git history (fixed author, date and
+  config, so its hash - the task's `base_commit`, `undertow tasks stamp` writes it -
+  is the same on every machine and the fix cannot be read from history).
+
+Either way it is copied, owned by the non-root user, to `/testbed` in an image derived
+from the base image. The build runs with `--network=none`.
 
 A task's `pre_install` commands run here, where the official harness runs them (its
 instance image's `setup_repo.sh`, after the reset to the base commit; `task_setup.py`):
@@ -41,6 +48,7 @@ PRE_INSTALL_LABEL = "undertow.pre_install"
 _STEP_MARKER = ">>>>> pre_install"
 _IGNORED = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache")
 _FIXED_DATE = "2000-01-01T00:00:00+0000"
+_FULL_HASH = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "undertow", "GIT_AUTHOR_EMAIL": "undertow@localhost",
     "GIT_AUTHOR_DATE": _FIXED_DATE, "GIT_COMMITTER_NAME": "undertow",
@@ -57,11 +65,37 @@ def _git(args: list[str], cwd: Path, stdin: str | None = None) -> str:
     return result.stdout.strip()
 
 
+def holds_base_commit(task: Task) -> bool:
+    """Whether the task's `source_dir` is a git repository (its own, not one it sits in)
+    that has the task's `base_commit`, a full commit hash."""
+    source = task.source_dir
+    if source is None or not (source / ".git").exists() or not _FULL_HASH.match(task.base_commit):
+        return False
+    found = subprocess.run(["git", "-c", "safe.directory=*", "cat-file", "-e",
+                            f"{task.base_commit}^{{commit}}"], cwd=source, capture_output=True,
+                           env=_GIT_ENV)
+    return found.returncode == 0
+
+
+def _fetch_base_commit(task: Task, dest: Path) -> str:
+    """The task's base commit alone, fetched from its source repository and checked out."""
+    dest.mkdir(parents=True)
+    _git(["init", "-q", "-b", "main"], dest)
+    _git(["-c", "safe.directory=*", "fetch", "-q", "--depth", "1", "--no-tags",
+          task.source_dir.resolve().as_uri(), task.base_commit], dest)
+    _git(["checkout", "-q", "-B", "main", task.base_commit], dest)
+    (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
+    return _git(["rev-parse", "HEAD"], dest)
+
+
 def prepare_testbed(task: Task, dest: Path) -> str:
-    """Writes the task's base state with its one-commit history to `dest`; returns the hash."""
+    """Writes the task's base state with its one-commit history to `dest`; returns the hash
+    (the module doc says which of the two kinds of source gives which)."""
     if task.source_dir is None or not task.source_dir.is_dir():
         raise ImageError(f"task {task.instance_id}: no source folder at {task.source_dir}; "
                          "a task without `image` must ship its repository")
+    if holds_base_commit(task):
+        return _fetch_base_commit(task, dest)
     shutil.copytree(task.source_dir, dest, ignore=_IGNORED)
     _git(["init", "-q", "-b", "main"], dest)
     if task.patch.strip():
@@ -77,6 +111,8 @@ def prepare_testbed(task: Task, dest: Path) -> str:
 
 def compute_base_commit(task: Task) -> str:
     """The base commit hash that `prepare_testbed` (and so the task's image) produces."""
+    if holds_base_commit(task):
+        return task.base_commit
     with tempfile.TemporaryDirectory() as scratch:
         return prepare_testbed(task, Path(scratch) / "testbed")
 
@@ -154,7 +190,9 @@ def _build_sync(client: docker.DockerClient, task: Task, base_tag: str) -> str:
         if task.base_commit and base_commit != task.base_commit:
             raise ImageError(
                 f"task {task.instance_id}: its source gives base commit {base_commit}, the task "
-                f"says {task.base_commit}; run `undertow tasks stamp` on the task set")
+                f"says {task.base_commit}, which {task.source_dir} does not hold as a git "
+                "repository; for a source in its fixed state run `undertow tasks stamp` on "
+                "the task set, for a clone give a commit it has")
         context = _context(testbed, task, base_tag, base_commit)
         labels = {BASE_COMMIT_LABEL: base_commit, PRE_INSTALL_LABEL: _pre_install_key(task),
                   "undertow.task": task.instance_id,

@@ -10,7 +10,8 @@ reverse; its held-back tests exist only in `test_patch`, which must apply on top
 that base state. `base_commit` is the hash of the one-commit history
 `task_image.prepare_testbed` makes of the base state; `stamp_task_set` computes and
 writes it (other fields and their order are kept), `check_stamps` reports tasks
-whose recorded hash does not match.
+whose recorded hash does not match. A task whose `source_dir` is a git repository
+holding its `base_commit` (a dataset row over a local clone) keeps that commit as given.
 """
 
 import json

@@ -1,11 +1,16 @@
 """`undertow tasks import NAME --from DIR --out DIR`: a dataset's rows in, a task set out.
 
-Each row goes through its dataset's `convert` (`formats.py`), gets its image name (the
-row's own, else the dataset's template; `image_template` overrides both; `registry`
-prefixes it, for a private mirror), the official harness's 30-minute limit on its tests,
-and must then load as a `Task`. The rows kept are
-written to `OUT/tasks.jsonl` (loadable by `load_tasks`, so `undertow rollout --tasks OUT`
-runs them); `ImportReport` counts the rows dropped, by reason.
+Each row goes through its dataset's `convert` (`formats.py`), keeps the Undertow task
+fields it gives itself (`ROW_FIELDS`: its `image`, `source_dir`, `workdir`, `timeout_s`),
+gets its image name (the row's own, else the dataset's template; `image_template`
+overrides both; `registry` prefixes it, for a private mirror), the official harness's
+30-minute limit on its tests, and must then load as a `Task`. A row over a local
+repository (`source_dir`, relative to the rows' folder, and no image of its own) gets no
+image name: its image is built from that repository at the row's `base_commit`
+(`task_image.py`), which stays as given. The rows kept are written to `OUT/tasks.jsonl`
+(loadable by `load_tasks`, so `undertow rollout --tasks OUT` runs them; a `source_dir`
+is written relative to OUT when it lies below it, else absolute); `ImportReport` counts
+the rows dropped, by reason.
 """
 
 import json
@@ -17,10 +22,13 @@ from typing import Any
 
 from undertow.sandboxes.datasets.formats import DatasetFormat, get_format, image_fields
 from undertow.sandboxes.errors import DroppedRow, TaskFormatError
-from undertow.sandboxes.task import parse_task, read_records, task_record
+from undertow.sandboxes.task import Task, parse_task, read_records, task_record
 
 # The official harness's time limit of an instance's tests (run_evaluation --timeout).
 TESTS_TIMEOUT_S = 1800.0
+# Undertow's own task fields, which the datasets' converters do not read: a row that gives
+# one keeps it.
+ROW_FIELDS = ("image", "source_dir", "workdir", "timeout_s")
 
 
 @dataclass(frozen=True)
@@ -46,9 +54,12 @@ class ImportReport:
 
 
 def image_name(record: Mapping[str, Any], dataset: DatasetFormat, image_template: str | None,
-               registry: str | None) -> str:
-    """The task's image: the row's own unless a template is forced, else the dataset's."""
+               registry: str | None) -> str | None:
+    """The task's image: the row's own unless a template is forced, else the dataset's;
+    None for a row over a local repository (`source_dir`) that names none."""
     image = record.get("image")
+    if not image and record.get("source_dir") and not image_template:
+        return None
     if image_template or not image:
         template = image_template or dataset.image_template
         try:
@@ -59,21 +70,31 @@ def image_name(record: Mapping[str, Any], dataset: DatasetFormat, image_template
     return f"{registry.rstrip('/')}/{image}" if registry else image
 
 
+def _with_row_fields(record: dict[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` with the `ROW_FIELDS` that `row` gives and the conversion left unset."""
+    for name in ROW_FIELDS:
+        if record.get(name) in (None, "") and row.get(name) not in (None, ""):
+            record[name] = row[name]
+    return record
+
+
 def convert_rows(dataset: DatasetFormat, rows: Iterable[tuple[str, Any]],
-                 image_template: str | None = None, registry: str | None = None
-                 ) -> tuple[list[dict[str, Any]], Counter, dict[str, str], int]:
-    """The task records of the rows that convert and load; the others counted by reason."""
-    records, dropped, examples, seen = [], Counter(), {}, set()
+                 image_template: str | None = None, registry: str | None = None,
+                 base_dir: Path | None = None,
+                 ) -> tuple[list[Task], Counter, dict[str, str], int]:
+    """The tasks of the rows that convert and load (a relative `source_dir` is taken
+    from `base_dir`); the others counted by reason."""
+    tasks, dropped, examples, seen = [], Counter(), {}, set()
     num_rows = 0
     for where, row in rows:
         num_rows += 1
         try:
-            record = dataset.convert(row)
+            record = _with_row_fields(dataset.convert(row), row)
             record["image"] = image_name(record, dataset, image_template, registry)
             record.setdefault("timeout_s", TESTS_TIMEOUT_S)
             if record["instance_id"] in seen:
                 raise DroppedRow("repeats an earlier instance_id")
-            task = parse_task(record, where)
+            task = parse_task(record, where, base_dir)
         except (DroppedRow, TaskFormatError) as error:
             reason = str(error) if isinstance(error, DroppedRow) else (
                 "malformed: " + str(error).rsplit(": ", 1)[-1])
@@ -81,20 +102,23 @@ def convert_rows(dataset: DatasetFormat, rows: Iterable[tuple[str, Any]],
             examples.setdefault(reason, where)
             continue
         seen.add(task.instance_id)
-        records.append(task_record(task))
-    return records, dropped, examples, num_rows
+        tasks.append(task)
+    return tasks, dropped, examples, num_rows
 
 
 def import_dataset(name: str, source: Path, out_dir: Path, *, image_template: str | None = None,
                    registry: str | None = None) -> ImportReport:
     """Imports the rows at `source` as dataset `name`; writes `out_dir/tasks.jsonl`."""
     dataset = get_format(name)
-    rows, _ = read_records(source)
-    records, dropped, examples, num_rows = convert_rows(dataset, rows, image_template, registry)
+    rows, base_dir = read_records(source)
+    tasks, dropped, examples, num_rows = convert_rows(dataset, rows, image_template, registry,
+                                                      base_dir.resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path = out_dir / "tasks.jsonl"
     with out_path.open("w", encoding="utf-8") as out:
-        for record in records:
-            record.pop("source_dir", None)
+        for task in tasks:
+            record = task_record(task, out_dir.resolve())
+            if record["source_dir"] is None:
+                del record["source_dir"]
             out.write(json.dumps({**record, "dataset": dataset.name}, ensure_ascii=False) + "\n")
-    return ImportReport(dataset.name, num_rows, len(records), dict(dropped), out_path, examples)
+    return ImportReport(dataset.name, num_rows, len(tasks), dict(dropped), out_path, examples)

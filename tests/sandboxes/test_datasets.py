@@ -1,6 +1,8 @@
 """Dataset loaders and `undertow tasks import`, on fixture rows of each dataset's shape."""
 
+import asyncio
 import json
+import subprocess
 
 import pytest
 
@@ -10,6 +12,8 @@ from undertow.sandboxes.datasets.formats import FORMATS
 from undertow.sandboxes.datasets.images import how_to_get
 from undertow.sandboxes.datasets.importer import import_dataset
 from undertow.sandboxes.task import load_tasks
+from undertow.sandboxes.task_image import compute_base_commit, prepare_testbed
+from undertow.sandboxes.taskset import check_stamps, stamp_task_set
 
 
 def _write_jsonl(path, rows):
@@ -129,6 +133,88 @@ def test_import_command_reports_kept_and_dropped(tmp_path, capsys):
     assert main(["tasks", "import", "nope", "--from", str(source), "--out",
                  str(tmp_path / "x")]) == 2
     assert "unknown dataset 'nope'" in capsys.readouterr().err
+
+
+BUGGY_CALC = "def double(x):\n    return x + 1\n"
+FIXED_CALC = "def double(x):\n    return 2 * x\n"
+CALC_TEST = "from calc import double\n\n\ndef test_double():\n    assert double(3) == 6\n"
+
+
+def _git(repo, *args) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout
+
+
+def _row_over_a_local_clone(data):
+    """`data/repos/calc`, a clone whose base commit has the bug and whose next commit fixes
+    it (as a clone of a real project holds its later history), and a SWE-bench row over it
+    (`source_dir` relative to the rows' folder); the row's base commit and the fix's."""
+    repo = data / "repos" / "calc"
+    repo.mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "calc.py").write_text(BUGGY_CALC)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    (repo / "calc.py").write_text(FIXED_CALC)
+    _git(repo, "commit", "-qam", "fix")
+    fix = _git(repo, "rev-parse", "HEAD").strip()
+    patch = _git(repo, "diff", base, fix)
+    (repo / "test_calc.py").write_text(CALC_TEST)
+    _git(repo, "add", "-N", "test_calc.py")
+    test_patch = _git(repo, "diff", "--", "test_calc.py")
+    _git(repo, "rm", "-q", "--cached", "test_calc.py")
+    (repo / "test_calc.py").unlink()
+    row = dataset_rows.swe_bench_row("acme__calc-1", "acme/calc", "0.1",
+                                     ["test_calc.py::test_double"], base_commit=base,
+                                     patch=patch, test_patch=test_patch, source_dir="repos/calc")
+    _write_jsonl(data / "rows.jsonl", [row])
+    return row, fix
+
+
+def test_rows_over_a_local_repository_keep_their_source_and_base_commit(tmp_path):
+    row, fix = _row_over_a_local_clone(tmp_path / "data")
+    assert main(["tasks", "import", "swe-bench", "--from", str(tmp_path / "data" / "rows.jsonl"),
+                 "--out", str(tmp_path / "out")]) == 0
+    [task] = load_tasks(tmp_path / "out")
+    assert task.image is None and task.base_commit == row["base_commit"]
+    assert task.source_dir == (tmp_path / "data" / "repos" / "calc").resolve()
+    assert [s.matches for s in check_stamps(tmp_path / "out")] == [True]
+    stamp_task_set(tmp_path / "out")   # the task-set route: stamping keeps it as given
+    assert load_tasks(tmp_path / "out")[0].base_commit == row["base_commit"]
+
+    testbed = tmp_path / "testbed"
+    assert prepare_testbed(task, testbed) == row["base_commit"] == compute_base_commit(task)
+    assert (testbed / "calc.py").read_text() == BUGGY_CALC
+    assert _git(testbed, "rev-list", "--all", "--count").strip() == "1"
+    missing = subprocess.run(["git", "cat-file", "-e", fix], cwd=testbed, capture_output=True)
+    assert missing.returncode != 0   # the fix is not in the testbed's history
+
+
+@pytest.mark.docker
+def test_a_row_over_a_local_repository_builds_runs_and_grades(tmp_path, docker_connection,
+                                                              docker_run, base_image):
+    from undertow.sandboxes.grading import grade
+    from undertow.sandboxes.sandbox import Sandbox
+    from undertow.sandboxes.task_image import ensure_task_image
+
+    row, _ = _row_over_a_local_clone(tmp_path / "data")
+    import_dataset("swe-bench", tmp_path / "data" / "rows.jsonl", tmp_path / "out")
+    [task] = load_tasks(tmp_path / "out")
+
+    async def build_run_and_grade():
+        image = await ensure_task_image(docker_connection, task)
+        async with await Sandbox.start(docker_connection, image, run=docker_run,
+                                       session="local-repo",
+                                       base_commit=task.base_commit) as sandbox:
+            head = await sandbox.exec("git rev-parse HEAD; cat calc.py", timeout_s=30)
+        gold = await grade(docker_connection, task, task.patch, run=docker_run, image=image)
+        empty = await grade(docker_connection, task, "", run=docker_run, image=image)
+        return head.output, gold, empty
+
+    head, gold, empty = asyncio.run(build_run_and_grade())
+    assert head == f"{row['base_commit']}\n{BUGGY_CALC}"
+    assert (gold.reward, empty.reward) == (1.0, 0.0), (gold.reason, gold.log_tail)
 
 
 @pytest.mark.docker

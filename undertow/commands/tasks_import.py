@@ -4,6 +4,8 @@ NAME is one of `sandboxes/datasets/formats.py`'s datasets (swe-bench, swe-bench-
 swe-bench-verified, swe-bench-multilingual, swe-gym, swe-smith, r2e-gym, swe-rebench).
 Prints how many rows were kept and why the others were dropped; with `--check-images`,
 also each missing image and the command that gets it (exit status 1 if any is missing).
+A row over a local repository (`source_dir`, relative to the rows' folder, and no `image`)
+keeps its fields: its image is built from that clone at the row's `base_commit`.
 """
 
 from __future__ import annotations

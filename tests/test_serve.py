@@ -123,3 +123,41 @@ async def test_gateway_serve_announces_auto_sessions(tiny_model_dir, tmp_path):
                                  "closes without a reward")
     assert 'undertow_auto_sessions_enabled{group="desk"} 1' in metrics
     assert "undertow_auto_sessions_opened_total 0" in metrics
+
+
+@pytest.mark.slow
+async def test_serve_a_pretrained_model_answers_as_transformers(smollm2_dir, tmp_path):
+    """`undertow serve --model` on SmolLM2-135M-Instruct (its own tokenizer, its template
+    in chat_template.jinja), one call from the real `openai` client: the captured prompt
+    IDs are transformers' `apply_chat_template`, the completion IDs its greedy `generate`,
+    and the answer text their decode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True)["input_ids"])
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10,
+                                  do_sample=False)[0, len(prompt_ids):].tolist()
+    del model
+    store = tmp_path / "store"
+    async with started("serve", "--model", str(smollm2_dir), "--store", str(store),
+                       "--auto-sessions", "real", until="next") as (lines, _):
+        client = openai.AsyncOpenAI(base_url=f"{field(lines, 'gateway')}/v1", api_key="k",
+                                    max_retries=0)
+        try:
+            reply = await client.chat.completions.create(
+                model="undertow", messages=messages, max_tokens=10, temperature=0)
+        finally:
+            await client.close()
+    [tree] = load_store_trees(store)
+    [call] = tree.calls
+    token_ids = tree.path_token_ids(call.leaf)
+    assert token_ids[:call.num_prompt_tokens] == prompt_ids
+    assert token_ids[call.num_prompt_tokens:] == expected
+    assert reply.choices[0].message.content == tokenizer.decode(expected,
+                                                                 skip_special_tokens=True)
+    assert "Paris" in reply.choices[0].message.content

@@ -34,10 +34,18 @@ class Conversion:
 def _load(gguf_dir: Path, gguf_name: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name,
-                                                 dtype=getattr(torch, dtype))
+    # In bfloat16 transformers warns that its packed-GGUF kernels are fastest in float32:
+    # true of running the loaded model, beside the point for writing its weights out.
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name,
+                                                     dtype=getattr(torch, dtype))
+    finally:
+        logging.set_verbosity(verbosity)
     return tokenizer, model
 
 

@@ -5,7 +5,9 @@ session -> tree -> session, overlay two runs, open a half-written run, and watch
 gateway's sessions; screenshots of each view are kept in the test's temporary folder."""
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -288,3 +290,119 @@ def test_pool_run_draws_each_cells_roles_over_time(elastic_pool_run, browser, tm
         page.close()
     finally:
         _stop(ui)
+
+
+NUM_SESSIONS = 16
+LOSSES = [1.25e-4, 1.5e-4, 1.0e-4]
+KLS = [-2.0e-5, 3.0e-5, 1.0e-5]
+
+
+def _write_group(store_dir: Path, group: str) -> None:
+    """One group of NUM_SESSIONS sessions sharing a 3-token prompt; each samples 2 tokens,
+    then a second call adds 2 tokens of tool output. Written as the gateway's store writes
+    its log (one event per line), without an event loop: Playwright's sync API runs one."""
+    from undertow.gateway.tree import Tree
+
+    tree, events = Tree(group), []
+    for n in range(NUM_SESSIONS):
+        session, reply = f"s{n:02d}", [100 + n, 200 + n]
+        events += [tree.add_call(f"{session}-0", session, [1, 2, 3], reply, [-0.5] * 2,
+                                 [0, 0]).to_json(),
+                   tree.add_call(f"{session}-1", session, [1, 2, 3, *reply, 7, 8], [9], [-0.1],
+                                 [0]).to_json(),
+                   {"kind": "session_close", "session_id": session, "reward": float(n % 2),
+                    "meta": {"cause": "exited"}}]
+    store_dir.mkdir(parents=True)
+    (store_dir / f"{group}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+@pytest.fixture(scope="module")
+def small_values_runs(tmp_path_factory) -> Path:
+    """`runs/tiny`: three steps whose loss and KL are of order 1e-5 to 1e-4 and a group of
+    NUM_SESSIONS sessions; `runs/bad`: a metrics file with a null and a list line."""
+    runs = tmp_path_factory.mktemp("ui-small") / "runs"
+    tiny = runs / "tiny"
+    _write_group(tiny / "store", "g000000-r0")
+    (tiny / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "loss": loss, "kl": kl, "reward_mean": 0.5}) + "\n"
+        for step, loss, kl in zip((1, 2, 3), LOSSES, KLS, strict=True)))
+    (runs / "bad").mkdir()
+    (runs / "bad" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\nnull\n[1,2,3]\n')
+    return runs
+
+
+@pytest.fixture(scope="module")
+def small_values_viewer(small_values_runs):
+    log = small_values_runs.parent / "ui.log"
+    process = _start([sys.executable, "-m", "undertow.cli", "ui", "--runs",
+                      str(small_values_runs), "--port", "0"], log)
+    try:
+        yield _wait_for_url(process, log, "undertow ui:")
+    finally:
+        _stop(process)
+
+
+def _lab(rgb: str) -> tuple[float, float, float]:
+    """CIELAB (D65) of a CSS `rgb(r, g, b)` string."""
+    def linear(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(float(v)) for v in rgb[rgb.index("(") + 1:rgb.index(")")].split(","))
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+    fx, fy, fz = (t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116
+                  for t in (x, y, z))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def test_runs_list_keeps_every_run_when_one_has_records_of_the_wrong_type(
+        small_values_viewer, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1300, "height": 700})
+    _open(page, small_values_viewer, "#/")
+    assert page.locator('[data-testid="error"]').count() == 0
+    assert page.locator('[data-testid="runs"] tr[data-run]').count() == 2
+    bad = page.locator('tr[data-run="bad"]').inner_text()
+    assert "metrics.jsonl line 2 holds null" in bad and "metrics.jsonl line 3 holds a list" in bad
+    page.screenshot(path=str(tmp_path / "runs-with-a-bad-run.png"), full_page=True)
+    page.close()
+
+
+def test_small_losses_read_on_the_axes_and_each_session_has_its_own_colour(
+        small_values_viewer, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    _open(page, small_values_viewer, "#/run/tiny")
+    for chart, values in (("loss", LOSSES), ("KL (behaviour ‖ policy)", KLS)):
+        labels = page.locator(f'svg[data-chart="{chart}"] text[data-axis="y"]').all_text_contents()
+        top, middle, bottom = (float(label) for label in labels)
+        assert top == pytest.approx(max(values), rel=0.01)
+        assert bottom == pytest.approx(min(values), rel=0.01)
+        assert middle == pytest.approx((max(values) + min(values)) / 2, rel=0.01)
+    page.screenshot(path=str(tmp_path / "small-values.png"), full_page=True)
+
+    _open(page, small_values_viewer, "#/run/tiny/tree/g000000-r0")
+    swatches = page.locator(".legend .swatch")
+    colours = [swatches.nth(i).evaluate("el => getComputedStyle(el).backgroundColor")
+               for i in range(1, swatches.count())]   # the first is the shared prompt's
+    assert len(colours) == NUM_SESSIONS and len(set(colours)) == NUM_SESSIONS
+    labs = [_lab(colour) for colour in colours]
+    nearest = min(math.dist(p, q) for i, p in enumerate(labs) for q in labs[:i])
+    assert nearest > 20, f"two sessions' colours are only {nearest:.1f} apart (CIELAB)"
+    page.screenshot(path=str(tmp_path / "sixteen-sessions.png"), full_page=True)
+    page.close()
+
+
+def test_step_and_session_pages_show_the_same_new_prompt_tokens(small_values_viewer, browser):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    _open(page, small_values_viewer, "#/run/tiny/step/1")
+    header = page.locator('[data-testid="sessions"] tr').first.locator("th").all_inner_texts()
+    column = header.index("new prompt tokens")
+    row = page.locator('[data-testid="sessions"] tr', has=page.locator('a:text-is("s05")'))
+    on_step_page = int(row.locator("td").nth(column).inner_text())
+    _open(page, small_values_viewer, "#/run/tiny/session/g000000-r0/s05")
+    per_call = [int(re.search(r"\((\d+) new\)", text).group(1)) for text in
+                page.locator('[data-testid="calls"] .call h3').all_inner_texts()]
+    # s05 sent the shared 3-token prompt, then 2 tokens of tool output after its reply.
+    assert per_call == [3, 2] and on_step_page == sum(per_call)
+    page.close()

@@ -11,6 +11,7 @@ import pytest
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tree import Tree
 from undertow.learner.trackers import newest_groups
+from undertow.ui import runs as ui_runs
 from undertow.ui import views
 from undertow.ui.runs import Catalog, NotFoundError, RunFolder
 
@@ -65,6 +66,35 @@ def test_session_view_gives_each_calls_new_tokens_and_reply(run):
     assert third["labels"] == ["rewrite"] and first["labels"] == []
     assert second["prompt_text"] == "<4>"   # no tokenizer in this run: IDs stand in
     assert not view["decoded"]
+
+
+def _reference_new_prompt_tokens(tree: Tree, session_id: str) -> int:
+    """From the tree's token IDs, not its nodes: each call's prompt tokens past the longest
+    prefix it shares with the session's previous call's tokens, summed over the calls."""
+    total, previous = 0, []
+    for call in [c for c in tree.calls if c.session_id == session_id]:
+        token_ids = tree.path_token_ids(call.leaf)
+        prompt = token_ids[:len(token_ids) - call.num_completion_tokens]
+        num_shared = next((i for i, (a, b) in enumerate(zip(prompt, previous, strict=False))
+                           if a != b), min(len(prompt), len(previous)))
+        total += len(prompt) - num_shared
+        previous = token_ids
+    return total
+
+
+def test_step_and_session_pages_count_the_same_new_prompt_tokens(run):
+    """Session `b` sends the prompt `a` already put in the tree: the tree stores no new
+    token for it (`Call.num_prompt_tokens` 0), but its call sent 3 prompt tokens new to
+    the session, which its session page shows; the step page now says the same."""
+    tree = run.tree(GROUP)
+    (group,) = views.step_view(run, 1)["groups"]
+    rows = {row["session"]: row for row in group["sessions"]}
+    for session_id in ("a", "b"):
+        calls = views.session_view(run, GROUP, session_id)["calls"]
+        on_session_page = sum(c["num_new_prompt_tokens"] for c in calls)
+        assert rows[session_id]["num_new_prompt_tokens"] == on_session_page
+        assert on_session_page == _reference_new_prompt_tokens(tree, session_id)
+    assert (rows["a"]["num_new_prompt_tokens"], rows["b"]["num_new_prompt_tokens"]) == (5, 3)
 
 
 def test_session_pages(run):
@@ -132,6 +162,87 @@ def test_half_written_and_missing_runs_say_what_is_missing(tmp_path):
     assert "cut off" in problems and "no checkpoint" in problems and "no tree store" in problems
     assert Catalog(tmp_path / "nowhere").problems() == [f"{tmp_path / 'nowhere'} does not exist"]
     assert "holds no run" in Catalog(runs / "not-a-run").problems()[0]
+
+
+BAD_METRICS = (
+    '{"step": 1, "loss": 0.5, "step_s": 2.0, "num_trained_tokens": 8}\n'
+    "null\n"
+    "[1,2,3]\n"
+    '{"step": 2, "lo\n'                                   # damaged in the middle
+    '{"step": "three", "loss": 0.1}\n'
+    '{"step": 3, "loss": "n/a", "new_metric": {"from": "another part"}}\n'
+    '{"step": 4, "los')                                     # cut off: the file ends here
+
+
+def test_each_bad_metrics_line_is_named_with_its_line_and_the_rest_is_shown(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(BAD_METRICS)
+    run = RunFolder("run", tmp_path / "run")
+    records, problems = run.metrics()
+    assert [r["step"] for r in records] == [1, 3]
+    assert records[0]["tokens_per_s"] == 4.0 and "tokens_per_s" not in records[1]
+    assert records[1]["new_metric"] == {"from": "another part"}
+    assert problems == [
+        "metrics.jsonl line 2 holds null, not a record (a JSON object); it is skipped",
+        "metrics.jsonl line 3 holds a list, not a record (a JSON object); it is skipped",
+        "metrics.jsonl line 4 is damaged (not JSON: Unterminated string starting at "
+        "column 13); it is skipped",
+        'metrics.jsonl line 5 has no step number ("step" is "three", not an integer); '
+        "it is skipped",
+        "metrics.jsonl line 7 is cut off (the file ends mid-line: written while the run "
+        "stopped, or still being written); it is skipped"]
+    summary = run.summary()
+    assert summary["num_steps"] == 2 and set(problems) <= set(summary["problems"])
+    assert views.step_view(run, 3)["metrics"]["loss"] == "n/a"
+
+
+def test_a_file_of_bad_lines_names_a_few_and_counts_the_rest(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text("7\n" * 12 + '{"step": 1}\n')
+    records, problems = ui_runs.read_jsonl(path, "steps.jsonl")
+    assert records == [{"step": 1}]
+    assert len(problems) == ui_runs.MAX_LINE_PROBLEMS + 1
+    assert problems[0] == ("steps.jsonl line 1 holds a number, not a record (a JSON object); "
+                           "it is skipped")
+    assert problems[-1] == f"steps.jsonl: {12 - ui_runs.MAX_LINE_PROBLEMS} more bad lines"
+
+
+async def _get(runs_dir: Path, *paths: str) -> list[tuple[int, dict]]:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from undertow.ui.server import Viewer, ViewerConfig
+
+    async with TestClient(TestServer(Viewer(ViewerConfig(runs_dir=runs_dir)).app())) as client:
+        answers = []
+        for path in paths:
+            reply = await client.get(path)
+            answers.append((reply.status, await reply.json()))
+        return answers
+
+
+async def test_the_server_lists_every_run_when_one_has_bad_records(run, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "good").symlink_to(run.path)
+    (runs / "bad").mkdir()
+    (runs / "bad" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.25}\nnull\n[1,2,3]\n')
+    (listed, listed_status), (one, one_status) = [
+        (body, status) for status, body in await _get(runs, "/api/runs", "/api/runs/bad")]
+    assert (listed_status, one_status) == (200, 200)
+    by_name = {r["name"]: r for r in listed["runs"]}
+    assert sorted(by_name) == ["bad", "good"] and by_name["good"]["num_steps"] == 1
+    assert by_name["bad"]["num_steps"] == 1
+    assert [p for p in one["problems"] if "metrics.jsonl" in p] == [
+        "metrics.jsonl line 2 holds null, not a record (a JSON object); it is skipped",
+        "metrics.jsonl line 3 holds a list, not a record (a JSON object); it is skipped"]
+    assert one["metrics"] == [{"step": 1, "loss": 0.25}]
+
+
+async def test_a_failure_the_viewer_did_not_foresee_answers_json(run, tmp_path):
+    (run.store_dir / f"{GROUP}.jsonl").write_text('{"kind": "call"}\n{"kind": "nonsense"}\n')
+    [(status, body)] = await _get(run.path, f"/api/runs/run/groups/{GROUP}/tree")
+    assert status == 500
+    assert body["error"].startswith(f"the viewer failed on /api/runs/run/groups/{GROUP}/tree:")
 
 
 def test_a_store_alone_is_shown_as_a_run(run, tmp_path):

@@ -12,8 +12,11 @@ A run directory (`undertow train`'s `run.run_dir`) may hold:
 
 Any of them may be missing or half-written (a run that crashed, or is still going):
 `RunFolder.problems` lists what is not there in words, and every reader returns what
-is there. `Catalog` is the set of runs that `undertow ui --runs DIR` serves: DIR itself
-when it is a run, else each folder below it that is one; `--store DIR` adds a store
+is there. A line of a record file that is not a record (cut off at the end, damaged in
+the middle, JSON of another type, a step record without a step) is named with its file
+and line (`read_jsonl`) and skipped; fields this version does not know are kept.
+`Catalog` is the set of runs that `undertow ui --runs DIR` serves: DIR itself when it
+is a run, else each folder below it that is one; `--store DIR` adds a store
 without a run. Nothing here imports torch or writes a file.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,25 +42,74 @@ RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
 # Written by a pool run (`learner/elastic/loop.py`): every decision and step with the cells' roles.
 POOL_TIMELINE_FILE = "pool_timeline.jsonl"
+# Bad lines listed per file; a run whose every line is damaged names a few, then counts.
+MAX_LINE_PROBLEMS = 5
 
 
 class NotFoundError(CommandError, LookupError):
     """A run, step, group or session the viewer was asked for does not exist."""
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The records of a JSON-lines file and whether a line could not be read (torn)."""
+def read_jsonl(path: Path, name: str,
+               check: Callable[[dict[str, Any]], str] | None = None,
+               ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records (JSON objects) of a JSON-lines file, and each line that is not one,
+    in words naming `name` and the line: a last line cut off (the file ends mid-line:
+    a run that stopped while writing, or one still writing), a damaged line (not JSON),
+    a record of the wrong type (JSON, not an object), or one that `check` refuses (it
+    returns why, or "" for a good record). Bad lines are skipped, the rest is kept;
+    at most `MAX_LINE_PROBLEMS` are listed per file, then how many more there are."""
     if not path.exists():
-        return [], False
-    records, torn = [], False
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return [], []
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as error:
+        return [], [f"{name} cannot be read ({error}); none of its records are shown"]
+    records, problems = [], []
+    for index, line in enumerate(lines):
         if not line.strip():
             continue
+        problem = ""
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            torn = True
-    return records, torn
+            record = json.loads(line)
+        except ValueError as error:  # not JSON, or not UTF-8 text
+            problem = ("is cut off (the file ends mid-line: written while the run stopped, "
+                       "or still being written)" if index == len(lines) - 1
+                       else f"is damaged ({_not_json(error)})")
+        else:
+            if not isinstance(record, dict):
+                problem = f"holds {_json_kind(record)}, not a record (a JSON object)"
+            elif check is not None and (why := check(record)):
+                problem = why
+            else:
+                records.append(record)
+        if problem:
+            problems.append(f"{name} line {index + 1} {problem}; it is skipped")
+    if len(problems) > MAX_LINE_PROBLEMS:
+        num_more = len(problems) - MAX_LINE_PROBLEMS
+        problems = problems[:MAX_LINE_PROBLEMS] + [f"{name}: {num_more} more bad lines"]
+    return records, problems
+
+
+def _not_json(error: ValueError) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        return f"not JSON: {error.msg.removesuffix(' at')} at column {error.colno}"
+    return "not UTF-8 text"
+
+
+def _json_kind(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    kinds = {list: "a list", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _step_record_problem(record: dict[str, Any]) -> str:
+    """Why a metrics record cannot be a step ("" when it can): it needs an integer step."""
+    step = record.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return ""
+    return f'has no step number ("step" is {json.dumps(step)[:40]}, not an integer)'
 
 
 @dataclass
@@ -115,17 +168,26 @@ class RunFolder:
                 return loaded
         return {}
 
-    def metrics(self) -> tuple[list[dict[str, Any]], bool]:
-        records, torn = read_jsonl(self.path / METRICS_FILE)
+    def metrics(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The step records of `metrics.jsonl`, and its lines that are not one (in words).
+        Fields this version does not know are kept as they are."""
+        records, problems = read_jsonl(self.path / METRICS_FILE, METRICS_FILE,
+                                       _step_record_problem)
         for record in records:
-            if record.get("step_s") and record.get("num_trained_tokens") is not None:
-                record["tokens_per_s"] = record["num_trained_tokens"] / record["step_s"]
-        return records, torn
+            step_s, num_tokens = record.get("step_s"), record.get("num_trained_tokens")
+            if _is_number(step_s) and step_s > 0 and _is_number(num_tokens):
+                record["tokens_per_s"] = num_tokens / step_s
+        return records, problems
+
+    def line_problems(self) -> list[str]:
+        """The bad lines of the run's other record files (`steps.jsonl`, the pool timeline)."""
+        return [problem for name in (STEPS_FILE, POOL_TIMELINE_FILE)
+                for problem in read_jsonl(self.path / name, name)[1]]
 
     def cell_timeline(self) -> list[dict[str, Any]]:
         """A pool run's events that carry the cells' roles (`t_s`, `event`, `cells`,
         `step`), in order; empty for a run without a pool."""
-        records, _ = read_jsonl(self.path / POOL_TIMELINE_FILE)
+        records, _ = read_jsonl(self.path / POOL_TIMELINE_FILE, POOL_TIMELINE_FILE)
         return [{k: r.get(k) for k in ("t_s", "event", "step", "weight_version", "cells")}
                 for r in records if isinstance(r.get("cells"), dict)]
 
@@ -151,7 +213,7 @@ class RunFolder:
         """The groups step `step` took (trained, or dropped by it), and where that came
         from: `steps.jsonl` (launch indices, named by the store), or an inference from
         launch order when the run did not record them."""
-        records, _ = read_jsonl(self.path / STEPS_FILE)
+        records, _ = read_jsonl(self.path / STEPS_FILE, STEPS_FILE)
         # After a resume the step is taken again: its last line is the one trained.
         matching = [r for r in records if r.get("step") == step]
         newest = newest_groups(self.store_dir) if self.store_dir.is_dir() else {}
@@ -198,16 +260,14 @@ class RunFolder:
             return "done"
         return f"step {num_records} of {num_steps or '?'}"
 
-    def problems(self, torn: bool = False) -> list[str]:
-        """What the run lacks, in words (empty for a complete run)."""
+    def problems(self) -> list[str]:
+        """What the run lacks, in words (empty for a complete run); the bad lines of its
+        record files are `metrics()`'s and `line_problems()`'s."""
         found = []
         if not self.path.is_dir():
             return [f"{self.path} does not exist"]
         if not self.store_only and not (self.path / METRICS_FILE).exists():
             found.append(f"no {METRICS_FILE}: no step has finished (or this is not a run)")
-        if torn:
-            found.append(f"{METRICS_FILE} ends in a line that is cut off (written while the "
-                         "run stopped); it is skipped")
         if not self.store_only and not self.checkpoints():
             found.append("no checkpoint: the run config and state are unknown")
         if not self.store_dir.is_dir():
@@ -217,10 +277,10 @@ class RunFolder:
         return found
 
     def summary(self) -> dict[str, Any]:
-        records, torn = self.metrics()
+        records, bad_lines = self.metrics()
         return {"name": self.name, "path": str(self.path), "status": self.status(len(records)),
                 "num_steps": len(records), "num_groups": len(self.groups()),
-                "problems": self.problems(torn)}
+                "problems": self.problems() + bad_lines + self.line_problems()}
 
 
 class Catalog:
@@ -270,6 +330,10 @@ def _text(content: Any, max_chars: int = 20_000) -> str:
                             for part in content)
     text = "" if content is None else str(content)
     return text if len(text) <= max_chars else text[:max_chars] + f" … ({len(text)} chars)"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _is_run(path: Path) -> bool:

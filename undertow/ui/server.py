@@ -2,7 +2,7 @@
 
 Routes (all GET):
 
-- `/` and `/static/NAME`: the page (`static/index.html`, `app.js`, `style.css`);
+- `/` and `/static/NAME`: the page (`static/index.html`, `app.js`, `format.js`, `style.css`);
 - `/api/info`: what this server shows (runs folder, store, whether live is on);
 - `/api/runs`: every run with its status, number of steps and problems;
 - `/api/runs/{run}`: its config, metrics, groups, a pool run's cell roles over time, and
@@ -13,9 +13,11 @@ Routes (all GET):
 - `/api/live`: server-sent events, one `sessions` event per poll of the gateway's
   `GET /admin/sessions` (open sessions with their calls so far) while the page listens.
 
-The gateway's admin token stays in this process: it is sent to the gateway in the
-`Authorization` header, never to the browser, and no URL carries it. File reads run in
-a worker thread so that a large run never stalls the event loop.
+A run whose files cannot be read is listed with what went wrong (its bad lines are named
+by `runs.read_jsonl`); any other failure answers JSON `{"error": ...}` with status 500, so
+that the page shows it. The gateway's admin token stays in this process: it is sent to
+the gateway in the `Authorization` header, never to the browser, and no URL carries it.
+File reads run in a worker thread so that a large run never stalls the event loop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +35,9 @@ import orjson
 from aiohttp import web
 
 from undertow.ui import views
-from undertow.ui.runs import Catalog, NotFoundError
+from undertow.ui.runs import Catalog, NotFoundError, RunFolder
 
+log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 MAX_CALLS_PER_PAGE = 100
@@ -93,7 +97,7 @@ class Viewer:
     async def runs(self, request: web.Request) -> web.Response:
         def read() -> dict[str, Any]:
             self.catalog.refresh()
-            return {"runs": [run.summary() for run in self.catalog.runs.values()],
+            return {"runs": [_summary(run) for run in self.catalog.runs.values()],
                     "problems": self.catalog.problems()}
         return _json(await asyncio.to_thread(read))
 
@@ -163,6 +167,19 @@ class Viewer:
             await self.http.close()
 
 
+def _summary(run: RunFolder) -> dict[str, Any]:
+    """The run's row in the runs list. A run whose files this version cannot read is listed
+    with what went wrong, so that one bad run never hides the others."""
+    try:
+        return run.summary()
+    except Exception as error:  # any failure is this run's, shown in its row
+        log.exception("run %s could not be read", run.name)
+        return {"name": run.name, "path": str(run.path), "status": "unreadable",
+                "num_steps": 0, "num_groups": 0,
+                "problems": [f"the viewer could not read this run ({type(error).__name__}: "
+                             f"{error}); its log has the details"]}
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     """A JSON answer (orjson: a page of thousands of tokens encodes in milliseconds)."""
     return web.Response(body=orjson.dumps(data, option=JSON_OPTIONS), status=status,
@@ -184,6 +201,13 @@ async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except NotFoundError as error:
         return _json({"error": str(error)}, status=404)
+    except web.HTTPException:
+        raise
+    except Exception as error:  # the page shows it, not a bare 500
+        log.exception("%s failed", request.path)
+        return _json({"error": f"the viewer failed on {request.path}: "
+                               f"{type(error).__name__}: {error} (its log has the details)"},
+                     status=500)
 
 
 async def serve(config: ViewerConfig, ready=None) -> None:

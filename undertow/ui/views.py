@@ -11,12 +11,15 @@
 Token text comes from the run's tokenizer (`Decoder`); without one, token IDs stand in.
 A call's prompt shares its first tokens with the session's previous call along the
 same tree nodes (the gateway reuses the earlier tokens verbatim), so the new part is
-found by comparing node IDs, not tokens: a page costs its own calls' new tokens.
+found by comparing node IDs, not tokens: a page costs its own calls' new tokens. Its
+size (`call_prompt`) is what both pages call "new prompt tokens": per call on the
+session page, summed over the session's calls on the step page.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from undertow.gateway.tree import Call, Tree
@@ -36,14 +39,50 @@ def advantage_config(config: dict[str, Any]) -> AdvantageConfig:
     return AdvantageConfig(**{k: v for k, v in section.items() if k in known})
 
 
+@dataclass(frozen=True)
+class CallPrompt:
+    """Where a call's new prompt tokens lie on its path: the path's node IDs, its number
+    of tokens (prompt and reply), of prompt tokens, and of tokens it shares, node for
+    node, with the session's previous call's path."""
+
+    path: list[int]
+    num_tokens: int
+    num_prompt_tokens: int
+    num_shared: int
+
+    @property
+    def num_new_prompt_tokens(self) -> int:
+        """The prompt tokens the session's previous call did not have: what this call
+        sent anew (the task for a first call, tool results and messages after)."""
+        return self.num_prompt_tokens - min(self.num_shared, self.num_prompt_tokens)
+
+
+def call_prompt(tree: Tree, call: Call, previous: Call | None) -> CallPrompt:
+    """`call`'s prompt against `previous`, the session's call before it (None: first).
+    Both the session page (per call) and the step page (per session) count new prompt
+    tokens with this. It is not `Call.num_prompt_tokens`, the tokens the call added to
+    the group's tree: a prompt that another session already sent adds none there."""
+    path = tree.path(call.leaf)
+    previous_path = tree.path(previous.leaf) if previous else []
+    num_tokens = sum(len(tree.nodes[node_id].token_ids) for node_id in path)
+    return CallPrompt(path, num_tokens, num_tokens - call.num_completion_tokens,
+                      _num_shared_tokens(tree, path, previous_path))
+
+
+def session_calls(tree: Tree, session_id: str) -> list[Call]:
+    return [c for c in tree.calls if c.session_id == session_id]
+
+
 def session_row(tree: Tree, session_id: str, advantage: float | None) -> dict[str, Any]:
     paths = tree.sessions[session_id]
-    calls = [c for c in tree.calls if c.session_id == session_id]
+    calls = session_calls(tree, session_id)
     return {"session": session_id, "reward": paths.reward, "closed": paths.closed,
             "cause": paths.meta.get("cause", "closed" if paths.closed else "open"),
             "duration_s": paths.meta.get("duration_s", _calls_duration_s(calls)),
             "num_calls": len(calls),
-            "num_prompt_tokens": sum(c.num_prompt_tokens for c in calls),
+            "num_new_prompt_tokens": sum(
+                call_prompt(tree, call, calls[i - 1] if i else None).num_new_prompt_tokens
+                for i, call in enumerate(calls)),
             "num_completion_tokens": sum(c.num_completion_tokens for c in calls),
             "advantage": advantage}
 
@@ -77,7 +116,7 @@ def session_view(run: RunFolder, group: str, session_id: str, offset: int = 0,
     if session_id not in tree.sessions:
         raise NotFoundError(f"group {group} has no session {session_id!r}")
     decoder = run.decoder()
-    calls = [c for c in tree.calls if c.session_id == session_id]
+    calls = session_calls(tree, session_id)
     page = []
     for index in range(offset, min(offset + limit, len(calls))):
         previous = calls[index - 1] if index else None
@@ -96,24 +135,21 @@ def session_view(run: RunFolder, group: str, session_id: str, offset: int = 0,
 def call_view(tree: Tree, call: Call, previous: Call | None, index: int,
               decoder: Decoder) -> dict[str, Any]:
     """One call: the prompt tokens new since `previous`, and the reply token by token."""
-    path = tree.path(call.leaf)
-    previous_path = tree.path(previous.leaf) if previous else []
-    num_shared = _num_shared_tokens(tree, path, previous_path)
-    num_tokens = sum(len(tree.nodes[node_id].token_ids) for node_id in path)
-    start = num_tokens - call.num_completion_tokens
-    first = min(num_shared, start)
-    # Only the tail past `first` is read: a page costs its calls' new tokens, not their context.
-    token_ids, logprobs, versions = _path_tail(tree, path, num_tokens - first)
-    new_prompt, reply = token_ids[:start - first], token_ids[start - first:]
-    reply_versions = versions[start - first:]
-    rewrote = previous is not None and num_shared < sum(
-        len(tree.nodes[node_id].token_ids) for node_id in previous_path)
+    prompt = call_prompt(tree, call, previous)
+    num_new = prompt.num_new_prompt_tokens
+    # Only the tail past the shared part is read: a page costs its calls' new tokens, not
+    # their context.
+    token_ids, logprobs, versions = _path_tail(
+        tree, prompt.path, num_new + call.num_completion_tokens)
+    new_prompt, reply = token_ids[:num_new], token_ids[num_new:]
+    reply_versions = versions[num_new:]
+    rewrote = previous is not None and prompt.num_shared < tree.path_length(previous.leaf)
     return {"index": index, "call_id": call.call_id, "branch": call.branch,
             "labels": _labels(call, rewrote, reply_versions),
-            "num_prompt_tokens": start, "num_new_prompt_tokens": len(new_prompt),
+            "num_prompt_tokens": prompt.num_prompt_tokens, "num_new_prompt_tokens": num_new,
             "prompt_text": decoder.text(new_prompt),
             "reply": {"token_ids": reply, "pieces": decoder.pieces(reply),
-                      "logprobs": logprobs[start - first:], "weight_versions": reply_versions},
+                      "logprobs": logprobs[num_new:], "weight_versions": reply_versions},
             "finish_reason": call.meta.get("finish_reason"),
             "timings": call.meta.get("timings"), "api": call.meta.get("api")}
 

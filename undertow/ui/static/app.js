@@ -1,10 +1,9 @@
 // Undertow run viewer: a hash-routed page over the JSON of undertow/ui/server.py.
 // Routes: #/ runs · #/compare/A,B · #/run/R · #/run/R/step/N · #/run/R/tree/G ·
-// #/run/R/session/G/S?offset=K · #/live. Plain DOM, no library, nothing fetched elsewhere.
+// #/run/R/session/G/S?offset=K · #/live. Plain DOM, no library, nothing fetched elsewhere;
+// numbers and colours are format.js's.
 "use strict";
 
-const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2",
-                 "#ca8a04", "#db2777", "#4b5563", "#65a30d"];
 const CHARTS = [
   ["reward (mean ± spread)", "reward_mean", "reward_std"], ["pass rate", "pass_rate"],
   ["loss", "loss"], ["KL (behaviour ‖ policy)", "kl"], ["entropy", "entropy"],
@@ -42,14 +41,18 @@ function svg(tag, attrs, ...children) {
 
 async function getJSON(url) {
   const reply = await fetch(url);
-  const body = await reply.json();
+  const text = await reply.text();
+  let body;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    throw new Error(`${url}: HTTP ${reply.status}, not JSON: ${text.slice(0, 300)}`);
+  }
   if (!reply.ok) throw new Error(body.error || `${url}: HTTP ${reply.status}`);
   return body;
 }
 
 const enc = encodeURIComponent;
-const fmt = (v, digits = 3) => v === null || v === undefined ? "–"
-  : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v);
 
 function show(...nodes) {
   const view = document.getElementById("view");
@@ -65,7 +68,7 @@ function crumbs(...parts) {
 function problems(list) {
   if (!list || !list.length) return null;
   return h("div", { class: "problems", "data-testid": "problems" },
-    h("strong", {}, "Not there:"), h("ul", {}, list.map(p => h("li", {}, p))));
+    h("strong", {}, "Missing or unreadable:"), h("ul", {}, list.map(p => h("li", {}, p))));
 }
 
 // ---- charts ----
@@ -75,7 +78,7 @@ function derive(records) {
 }
 
 function lineChart(title, series) {
-  const W = 340, H = 170, L = 44, B = 20, T = 8, R = 8;
+  const W = 340, H = 170, L = 58, B = 20, T = 8, R = 8;
   const points = series.flatMap(s => s.points.flatMap(p => s.band
     ? [[p[0], p[1] - (p[2] || 0)], [p[0], p[1] + (p[2] || 0)]] : [p]));
   const box = svg("svg", { viewBox: `0 0 ${W} ${H}`, "data-chart": title });
@@ -86,15 +89,23 @@ function lineChart(title, series) {
     const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
     let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
     if (x0 === x1) { x0 -= 1; x1 += 1; }
-    if (y0 === y1) { y0 -= 1; y1 += 1; }
+    if (y0 === y1) { const pad = Math.abs(y0) / 10 || 1; y0 -= pad; y1 += pad; }
     const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
     const sy = y => H - B - (y - y0) / (y1 - y0) * (H - B - T);
     box.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#9ca3af" }),
                svg("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#9ca3af" }));
-    for (const [text, x, y, anchor] of [[fmt(y1), L - 4, T + 8, "end"],
-        [fmt(y0), L - 4, H - B, "end"], [`step ${fmt(x0)}`, L, H - 4, "start"],
-        [fmt(x1), W - R, H - 4, "end"]]) {
-      const label = svg("text", { x, y, "text-anchor": anchor, "font-size": 10, fill: "#6b7280" });
+    const ticks = [y1, (y0 + y1) / 2, y0];
+    axisLabels(ticks).forEach((text, i) => {
+      const y = sy(ticks[i]);
+      if (i === 1) box.append(svg("line", { x1: L, y1: y, x2: W - R, y2: y, stroke: "#e5e7eb" }));
+      const label = svg("text", { x: L - 4, y: y + 3, "text-anchor": "end", "font-size": 10,
+                                  fill: "#6b7280", "data-axis": "y" });
+      label.textContent = text;
+      box.append(label);
+    });
+    for (const [text, x, anchor] of [[`step ${x0}`, L, "start"], [String(x1), W - R, "end"]]) {
+      const label = svg("text", { x, y: H - 4, "text-anchor": anchor, "font-size": 10,
+                                  fill: "#6b7280" });
       label.textContent = text;
       box.append(label);
     }
@@ -110,7 +121,7 @@ function lineChart(title, series) {
       for (const p of s.points) {
         const dot = svg("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: s.color });
         const tip = svg("title");
-        tip.textContent = `${s.name} · step ${p[0]}: ${fmt(p[1], 4)}`;
+        tip.textContent = `${s.name} · step ${p[0]}: ${sig(p[1], 4)}`;
         dot.append(tip);
         box.append(dot);
       }
@@ -120,10 +131,11 @@ function lineChart(title, series) {
 }
 
 function chartGrid(runs) {
+  const colours = palette(runs.length);
   const legend = h("div", { class: "legend" }, runs.map((run, i) => h("span", {},
-    h("span", { class: "swatch", style: `background:${PALETTE[i % PALETTE.length]}` }), run.name)));
+    h("span", { class: "swatch", style: `background:${colours[i]}` }), run.name)));
   const charts = CHARTS.map(([title, key, spread]) => lineChart(title, runs.map((run, i) => ({
-    name: run.name, color: PALETTE[i % PALETTE.length], band: Boolean(spread),
+    name: run.name, color: colours[i], band: Boolean(spread),
     points: derive(run.metrics).filter(r => typeof r[key] === "number")
       .map(r => [r.step, r[key], spread ? r[spread] : 0]),
   }))));
@@ -254,7 +266,7 @@ async function stepPage(name, step) {
       href: `#/run/${enc(name)}/session/${enc(group.group)}/${enc(s.session)}` }, s.session)),
       h("td", { class: "num" }, fmt(s.reward)), h("td", { class: "num", "data-testid": "advantage" },
         fmt(s.advantage, 4)), h("td", {}, s.cause), h("td", { class: "num" }, fmt(s.duration_s, 2)),
-      [s.num_calls, s.num_prompt_tokens, s.num_completion_tokens].map(v =>
+      [s.num_calls, s.num_new_prompt_tokens, s.num_completion_tokens].map(v =>
         h("td", { class: "num" }, fmt(v))))))));
   const metrics = Object.entries(data.metrics).filter(([, v]) => typeof v !== "object");
   show(h("h1", {}, `Step ${step} of ${name}`),
@@ -390,7 +402,8 @@ async function treePage(name, group) {
   crumbs(["runs", "#/"], [name, `#/run/${enc(name)}`], [`tree ${group}`]);
   const data = await getJSON(`/api/runs/${enc(name)}/groups/${enc(group)}/tree`);
   const sessions = Object.keys(data.sessions);
-  const colour = sid => PALETTE[sessions.indexOf(sid) % PALETTE.length];
+  const colours = palette(sessions.length);
+  const colour = sid => colours[sessions.indexOf(sid)];
   const { placed, rows } = treeLayout(data.nodes);
   const maxTokens = Math.max(1, ...data.nodes.map(n => n.num_tokens));
   const COL = 170, ROW = 34, MAXW = 150;

@@ -238,6 +238,21 @@ async def test_the_server_lists_every_run_when_one_has_bad_records(run, tmp_path
     assert one["metrics"] == [{"step": 1, "loss": 0.25}]
 
 
+async def test_a_run_the_viewer_cannot_read_is_listed_with_why(run, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "good").symlink_to(run.path)
+    checkpoint = runs / "odd" / "checkpoints" / "step-000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.yaml").write_text("learner: [1, 2]\n")   # a section that is a list
+    [(status, listed)] = await _get(runs, "/api/runs")
+    by_name = {r["name"]: r for r in listed["runs"]}
+    assert status == 200 and by_name["good"]["num_steps"] == 1
+    assert by_name["odd"]["status"] == "unreadable"
+    assert by_name["odd"]["problems"][0].startswith(
+        "the viewer could not read this run (AttributeError:")
+
+
 async def test_a_failure_the_viewer_did_not_foresee_answers_json(run, tmp_path):
     (run.store_dir / f"{GROUP}.jsonl").write_text('{"kind": "call"}\n{"kind": "nonsense"}\n')
     [(status, body)] = await _get(run.path, f"/api/runs/run/groups/{GROUP}/tree")

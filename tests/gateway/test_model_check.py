@@ -22,7 +22,8 @@ def model_check(model_dir) -> subprocess.CompletedProcess:
                           timeout=300, check=False)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", sorted(name for name, family in FAMILIES.items()
+                                         if family.parser))  # it checks the parser too
 def test_model_check_reports_token_truth_parser_and_stop_ids(tiny_model_dir, tmp_path, name):
     family = FAMILIES[name]
     checked = model_check(family_model_dir(tiny_model_dir, family, tmp_path / name))
@@ -40,9 +41,9 @@ def test_model_check_says_what_to_set_when_token_truth_fails(tiny_model_dir, tmp
     config = json.loads(config_path.read_text())
     # the last assistant turn gets an extra marker that a followed turn does not get
     config["chat_template"] = config["chat_template"].replace(
-        "{{- '<|im_end|>\\n' -}}\n{%- elif message.role == 'tool'",
-        "{%- if loop.last -%}{{- ' (last)' -}}{%- endif -%}{{- '<|im_end|>\\n' -}}\n"
-        "{%- elif message.role == 'tool'")
+        "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\"",
+        "{%- if loop.last -%}{{- ' (last)' -}}{%- endif -%}{{- '<|im_end|>\\n' }}\n"
+        "    {%- elif message.role == \"tool\"")
     assert "(last)" in config["chat_template"]
     config_path.write_text(json.dumps(config))
     checked = model_check(model_dir)
@@ -50,3 +51,19 @@ def test_model_check_says_what_to_set_when_token_truth_fails(tiny_model_dir, tmp
     assert "token truth, history verbatim: FAILS" in checked.stdout
     assert "set: token_truth: template" in checked.stdout
     assert "verdict: token truth does NOT hold" in checked.stdout
+
+
+@pytest.mark.parametrize("name", ["smollm2_dir", "qwen_coder_dir"])
+def test_model_check_passes_on_the_pretrained_models(request, name):
+    """The real directories (template in chat_template.jinja, real tokenizers): token truth
+    holds in both sessions, Hermes for Qwen2.5's `<tool_call>` template, `<|im_end|>` as
+    the stop token; SmolLM2's template writes no tool calls, and the check says so rather
+    than asking for another parser."""
+    checked = model_check(request.getfixturevalue(name))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "tool-call parser: hermes " in checked.stdout
+    assert "'<|im_end|>'" in checked.stdout
+    assert checked.stdout.count(": holds (8 of 8 later calls extend") == 2
+    writes_none = "tool calls: the template writes none" in checked.stdout
+    assert writes_none == (name == "smollm2_dir")
+    assert "set: tool_parser=NAME" not in checked.stdout

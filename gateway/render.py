@@ -171,7 +171,8 @@ class Renderer:
         finds the turn: the suffix is the text after the marker, less what the template
         writes after the content when the turn is the last (its tool calls, its turn
         end). None when the marker does not show (the template drops such content) or
-        the turn's end is written differently once messages follow."""
+        the turn's end is written differently once messages follow, unless only its end
+        token differs (`_after_swapped_turn_end`)."""
         last = window[num_history - 1]
         if last.get("role") != "assistant":
             return None
@@ -183,7 +184,20 @@ class Renderer:
             return None
         after = alone[alone.index(_MARK) + len(_MARK):]
         tail = full[full.index(_MARK) + len(_MARK):]
-        return tail[len(after):] if tail.startswith(after) else None
+        if tail.startswith(after):
+            return tail[len(after):]
+        return self._after_swapped_turn_end(after, tail)
+
+    def _after_swapped_turn_end(self, after: str, tail: str) -> str | None:
+        """The suffix when the last turn ends with one special token (gpt-oss writes
+        `<|return|>`, the token its model samples, in a render that ends there) and the
+        same turn ends with another once messages follow (`<|end|>`): the text after that
+        other token. Token truth keeps the sampled token where the template writes the
+        other (as `closing_text` does for `<|call|>`); None for any other difference."""
+        if not after or self._leading_special_token(after) != after:
+            return None
+        swapped = self._leading_special_token(tail)
+        return tail[len(swapped):] if swapped else None
 
     def _probe_local_suffix(self) -> bool:
         """Whether rendering a window gives the same suffix as rendering everything, on
@@ -243,16 +257,21 @@ class Renderer:
 
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = False) -> str:
+        given = _with_argument_objects(messages)
         try:
             template = self._with_tools if tools else self._default
-            return template.render(messages=_with_argument_objects(messages),
+            return template.render(messages=given,
                                          tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
                                          **self._special, **self._kwargs)
         except TemplateError:
             raise
-        except jinja2.TemplateError as error:
-            raise TemplateError(f"the chat template failed on these messages: {error}") from error
+        except (jinja2.TemplateError, TypeError, ValueError, LookupError,
+                AttributeError) as error:
+            # A template's own Python errors too: gpt-oss's tests `"..." in message.content`
+            # and fails with TypeError on an assistant message whose content is null.
+            raise TemplateError(f"the chat template failed on these messages: "
+                                f"{type(error).__name__}: {error}") from error
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

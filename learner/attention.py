@@ -16,12 +16,24 @@ kernel skips every tile of the sequence no query may see and needs no (T, T) ten
 On a CPU, torch 2.13 runs flex_attention's forward only (no backward), so there it is a
 checked reference, not a training path.
 
-It is registered with transformers as the attention "undertow_tree", which falls back
-to SDPA whenever it is given an ordinary mask (the flat path). Given a
-`SegmentContext` instead of `AttentionBlocks`, it runs one segment of a long
+It is registered with transformers as the attention "undertow_tree", for any causal LM
+whose decoder layers hand their keyword arguments down to the attention function (Llama,
+Qwen2 and Qwen3 decoders of transformers 5, tested here). The tree reaches it as the
+keyword argument `tree_mask` of the decoder's forward (`decoder_hidden`), not as
+`attention_mask`: a decoder builds its mask from `attention_mask` by its own rules (a
+Qwen decoder takes a dict of masks per layer type, a Llama decoder only a tensor), and
+every one of them passes its extra keyword arguments through its layers unchanged. No
+mask function is registered for "undertow_tree", so a decoder builds no (T, T) mask of
+its own for it (transformers' packed-sequence detection would otherwise build one from
+the tree's restarting positions): without `tree_mask` it gets the 4-D mask it was given
+(the dense path) or none, and then runs SDPA causally (one path alone, the flat path).
+Given a `SegmentContext` instead of `AttentionBlocks`, it runs one segment of a long
 micro-batch (`segments.py`): the segment's queries attend to the keys and values of
 the segments before it, which the context supplies, and the segment's own keys and
 values are recorded in the context for the segments after it.
+
+Tree attention gives each query every ancestor key: a model with sliding-window layers
+would see more than it was trained to, so `check_tree_attention` refuses one.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from undertow.learner.packing import MicroBatch
 
 TREE_ATTENTION = "undertow_tree"
+TREE_MASK = "tree_mask"
 
 
 @dataclass(frozen=True)
@@ -173,29 +186,64 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
+def decoder_hidden(model: torch.nn.Module, token_ids: torch.Tensor,
+                   position_ids: torch.Tensor | None = None,
+                   tree_mask: AttentionBlocks | SegmentContext | BlockMask | None = None,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(T, H) last hidden states of the causal LM `model`'s decoder (`model.model`) over
+    one sequence `token_ids` (T,) at `position_ids` (T,) (None: 0..T-1), with the tree
+    as `tree_mask` (module docstring) or a 4-D `attention_mask`, or neither (causal)."""
+    extra = {} if tree_mask is None else {TREE_MASK: tree_mask}
+    return model.model(input_ids=token_ids[None],
+                       position_ids=None if position_ids is None else position_ids[None],
+                       attention_mask=attention_mask, use_cache=False,
+                       **extra).last_hidden_state[0]                   # (T, H)
+
+
+def check_tree_attention(config) -> None:
+    """ValueError unless every attention layer of the model (its transformers `config`)
+    is full causal attention, which is all that tree attention computes."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        others = sorted(set(layer_types) - {"full_attention"})
+        if others:
+            raise ValueError(f"{config.model_type} has {others} layers; tree attention "
+                             "computes full causal attention only: load it with "
+                             "attn_implementation='sdpa' and attention 'dense'")
+    elif (getattr(config, "sliding_window", None) is not None
+          and getattr(config, "use_sliding_window", True)):
+        raise ValueError(f"{config.model_type} uses a sliding window of "
+                         f"{config.sliding_window} tokens; tree attention computes full causal "
+                         "attention only: load it with attn_implementation='sdpa' and "
+                         "attention 'dense'")
+
+
 def _tree_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                     **kwargs):
     """transformers attention function: blockwise for `AttentionBlocks`, flex_attention
-    for a `BlockMask`, else SDPA.
+    for a `BlockMask` (either given as `tree_mask`), else SDPA with `attention_mask`.
     query (1, H, T, D), key/value (1, KVH, T, D); returns (1, T, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if isinstance(attention_mask, SegmentContext):
-        key, value = attention_mask.keys_and_values(module.layer_idx, key, value)
-        attention_mask = attention_mask.blocks
-    device_type = query.device.type
-    if torch.is_autocast_enabled(device_type):
-        # Under autocast (learner.mixed_precision) Qwen3's q/k norms return float32 while
-        # v is bf16; the kernels below are not autocast ops, so give them one dtype.
-        dtype = torch.get_autocast_dtype(device_type)
-        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-    if isinstance(attention_mask, BlockMask):
-        output = _flex_tree_attention(query, key, value, attention_mask,
-                                      query.shape[-1] ** -0.5 if scaling is None else scaling)
-        return output.transpose(1, 2).contiguous(), None                # (1, T, H, D)
-    if not isinstance(attention_mask, AttentionBlocks):
+    tree_mask = kwargs.pop(TREE_MASK, None)
+    if tree_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    if isinstance(tree_mask, SegmentContext):
+        key, value = tree_mask.keys_and_values(module.layer_idx, key, value)
+        tree_mask = tree_mask.blocks
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):
+        # Under autocast (learner.mixed_precision) a model with q/k norms (Qwen3) returns
+        # float32 q and k while v is bf16; the kernels below are not autocast ops, so
+        # give them one dtype.
+        dtype = torch.get_autocast_dtype(device_type)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    if isinstance(tree_mask, BlockMask):
+        output = _flex_tree_attention(query, key, value, tree_mask,
+                                      query.shape[-1] ** -0.5 if scaling is None else scaling)
+        return output.transpose(1, 2).contiguous(), None                # (1, T, H, D)
+    attention_mask = tree_mask
     if dropout:
         raise ValueError(f"block attention has no dropout (got {dropout}); set the model "
                          "config's attention_dropout to 0")
@@ -290,11 +338,10 @@ class _MergedBlockAttention(torch.autograd.Function):
 
 
 def register_tree_attention() -> None:
-    """Makes "undertow_tree" known to transformers (idempotent)."""
+    """Makes "undertow_tree" known to transformers (idempotent), without a mask function
+    of its own (module docstring)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(TREE_ATTENTION, _tree_attention)
-    AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 
 

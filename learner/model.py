@@ -1,17 +1,23 @@
-"""The training-side forward: a Hugging Face Qwen3 model scoring packed micro-batches.
+"""The training-side forward: a Hugging Face causal LM scoring packed micro-batches.
 
 `PolicyModel.load(model_dir)` loads the model directory with transformers'
-`AutoModelForCausalLM`. `score(micro_batch)` runs the decoder once over the packed
-sequence with the micro-batch's ancestor-only mask, given as a 4-D additive float
-mask (1, 1, T, T), and its original position IDs, then applies the LM head only at
-the terms' predictor positions and returns each term's logprob (and entropy).
-transformers 5.x passes a 4-D float mask through unchanged for both the "eager" and
-"sdpa" attention of Qwen3 (a 4-D *bool* mask is NOT honoured by "eager": it is
-added as 0/1), which tests/learner/test_model.py checks against one forward per path.
+`AutoModelForCausalLM`: any decoder of the Llama, Qwen2 or Qwen3 families (the tiny
+model of `modeldir/` is a Qwen3; SmolLM2 is a Llama, Qwen2.5-Coder a Qwen2; with a head
+tied to the embedding or one of its own). `score(micro_batch)` runs the decoder once
+over the packed sequence with the micro-batch's ancestor-only mask and its original
+position IDs, then applies the LM head only at the terms' predictor positions and
+returns each term's logprob (and entropy). It needs of the model only what every such
+decoder has: `model.model` (the decoder, taking `input_ids`, `position_ids`,
+`attention_mask` and extra keyword arguments for the attention function),
+`get_output_embeddings()`, and full causal attention in every layer
+(`attention.check_tree_attention`). tests/learner/test_model.py checks every way below
+against one forward per path, on the tiny model and on SmolLM2's real weights.
 
 Three ways to apply the mask, by `attention=` (or the constructor's default):
-- "dense": the (1, 1, T, T) float mask through the model's attention ("eager" or
-  "sdpa"). Memory O(T^2) for the mask alone (1 GiB at T = 16k in fp32), and the
+- "dense": a 4-D additive float mask (1, 1, T, T) through the model's attention
+  ("eager", "sdpa" or "undertow_tree"); transformers 5.x passes a 4-D float mask
+  through unchanged (a 4-D *bool* mask is NOT honoured by "eager": it is added as
+  0/1). Memory O(T^2) for the mask alone (1 GiB at T = 16k in fp32), and the
   attention computes every masked pair too.
 - "blocks" (default): tree attention without a mask tensor (`attention.py`); cost
   and memory follow the tree's true ancestor pairs, not T^2.
@@ -39,6 +45,8 @@ from torch import nn
 from undertow.learner.attention import (
     TREE_ATTENTION,
     attention_blocks,
+    check_tree_attention,
+    decoder_hidden,
     flex_block_mask,
     register_tree_attention,
 )
@@ -57,7 +65,8 @@ class Scores:
 
 
 class PolicyModel:
-    """A causal LM (transformers' Qwen3ForCausalLM) used for scoring and training.
+    """A causal LM (transformers' `*ForCausalLM`, module docstring) used for scoring
+    and training.
 
     `head_chunk_tokens`: rows of the LM head per chunk (`lm_head.py`; 0 applies it to
     every scored position at once, the unchunked reference). `max_segment_tokens`: a
@@ -68,7 +77,8 @@ class PolicyModel:
     `activation_checkpointing`: each decoder layer keeps only its input for the
     backward pass and is run again there (transformers' activation checkpointing,
     non-reentrant; the model is put in training mode for it, which changes nothing
-    else in a Qwen3 model without dropout).
+    else in a model whose attention and MLP have no dropout, as these families'
+    configs set; tree attention refuses a dropout).
     """
 
     def __init__(self, model: nn.Module, max_query_tokens: int = 8192,
@@ -78,6 +88,8 @@ class PolicyModel:
                             ("max_segment_tokens", max_segment_tokens)):
             if value < 0:
                 raise ValueError(f"PolicyModel.{name} must be >= 0 (0: off), got {value}")
+        if model.config._attn_implementation == TREE_ATTENTION:
+            check_tree_attention(model.config)
         self.model = model
         self.max_query_tokens = max_query_tokens
         self.head_chunk_tokens = head_chunk_tokens
@@ -120,37 +132,45 @@ class PolicyModel:
         "blocks"). `attention`: "blocks", "dense", "flex", or "auto" (the constructor's
         `attention` unless "auto"; else blocks when the model's attention is
         "undertow_tree")."""
-        if attention == "auto":
-            attention = self.attention
-        if attention == "auto":
-            tree = self.model.config._attn_implementation == TREE_ATTENTION
-            attention = "blocks" if tree else "dense"
+        attention = self.resolve_attention(attention)
         if attention == "blocks" and 0 < self.max_segment_tokens < micro_batch.num_tokens:
             scorer = SegmentedScorer(self.model, micro_batch, self.score_hidden,
                                      self.max_segment_tokens, self.max_query_tokens)
             anchor = self.model.get_output_embeddings().weight
             return Scores(*segmented_scores(anchor, scorer, with_entropy))
+        tree_mask = dense_mask = None
         if attention == "blocks":
-            # A dict is taken by transformers as masks already prepared per layer type.
-            mask = {"full_attention": attention_blocks(micro_batch, self.max_query_tokens)}
+            tree_mask = attention_blocks(micro_batch, self.max_query_tokens)
         elif attention == "flex":
-            mask = {"full_attention": flex_block_mask(micro_batch)}
+            tree_mask = flex_block_mask(micro_batch)
         else:
-            mask = micro_batch.attention_mask(self.dtype).to(micro_batch.token_ids.device)
-            mask = mask[None, None]                                      # (1, 1, T, T)
-        hidden = self.model.model(
-            input_ids=micro_batch.token_ids[None],
-            position_ids=micro_batch.position_ids[None],
-            attention_mask=mask, use_cache=False).last_hidden_state[0]  # (T, H)
+            dense_mask = micro_batch.attention_mask(self.dtype).to(micro_batch.token_ids.device)
+            dense_mask = dense_mask[None, None]                          # (1, 1, T, T)
+        hidden = decoder_hidden(self.model, micro_batch.token_ids, micro_batch.position_ids,
+                                tree_mask, dense_mask)                   # (T, H)
         targets = micro_batch.token_ids[micro_batch.term_token_index]
         return Scores(*self.score_hidden(hidden[micro_batch.term_predictor_index], targets,
                                          with_entropy))
 
+    def resolve_attention(self, attention: str = "auto") -> str:
+        """The way `score` applies the mask: `attention`, else the constructor's, else
+        "blocks" when the model's attention is "undertow_tree" and "dense" otherwise.
+        ValueError for "blocks" or "flex" on a model loaded without "undertow_tree"."""
+        if attention == "auto":
+            attention = self.attention
+        tree = self.model.config._attn_implementation == TREE_ATTENTION
+        if attention == "auto":
+            return "blocks" if tree else "dense"
+        if attention in ("blocks", "flex") and not tree:
+            raise ValueError(f"attention {attention!r} needs the model loaded with "
+                             f"attn_implementation={TREE_ATTENTION!r}, not "
+                             f"{self.model.config._attn_implementation!r}; use 'dense'")
+        return attention
+
     def score_path(self, token_ids: torch.Tensor, scored: torch.Tensor,
                    with_entropy: bool = False) -> Scores:
         """Scores positions `scored` (each > 0) of one path run alone, causal mask."""
-        hidden = self.model.model(input_ids=token_ids[None],
-                                  use_cache=False).last_hidden_state[0]  # (T, H)
+        hidden = decoder_hidden(self.model, token_ids)                   # (T, H)
         return Scores(*self.score_hidden(hidden[scored - 1], token_ids[scored], with_entropy))
 
     def score_hidden(self, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool

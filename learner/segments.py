@@ -43,7 +43,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from undertow.learner.attention import SegmentContext, attention_blocks, split_blocks
+from undertow.learner.attention import (
+    SegmentContext,
+    attention_blocks,
+    decoder_hidden,
+    split_blocks,
+)
 from undertow.learner.packing import MicroBatch
 
 HeadFn = Callable[[torch.Tensor, torch.Tensor, bool],
@@ -76,11 +81,8 @@ class SegmentedScorer:
         terms' (n,) logprobs and entropies."""
         start, end = self.bounds[index]
         context = SegmentContext(self.blocks[index], past_keys, past_values)
-        hidden = self.model.model(
-            input_ids=self.micro_batch.token_ids[None, start:end],
-            position_ids=self.micro_batch.position_ids[None, start:end],
-            attention_mask={"full_attention": context},
-            use_cache=False).last_hidden_state[0]                          # (n, H)
+        hidden = decoder_hidden(self.model, self.micro_batch.token_ids[start:end],
+                                self.micro_batch.position_ids[start:end], context)  # (n, H)
         terms = self.terms[index]
         targets = self.micro_batch.token_ids[self.micro_batch.term_token_index[terms]]
         rows = self.micro_batch.term_predictor_index[terms] - start

@@ -4,8 +4,10 @@ A training **cell** is a group of devices (GPUs, or CPU processes in tests) that
 as one member of an elastic step (`elastic/step.py`). Inside a cell the model is sharded
 with PyTorch's FSDP2 (`fully_shard`) over a `DeviceMesh` of the cell's processes: each
 decoder layer is one FSDP unit, and the decoder with the embedding and the final norm is
-the root unit. A head tied to the embedding (Qwen3 up to 4B) reads the root's gathered
-embedding weight; a head of its own (Qwen2.5-7B, Qwen3-8B and larger) is a unit of its
+the root unit (`model.model.layers` and `model.model`, as every Llama, Qwen2 and Qwen3
+causal LM of transformers has them). A head tied to the embedding (SmolLM2, Qwen2.5 up
+to 3B, Qwen3 up to 4B) reads the root's gathered embedding weight; a head of its own
+(Qwen2.5-7B, Qwen3-8B and larger) is a unit of its
 own, a `lm_head.ScoringHead` whose forward computes the chunked scores, so that FSDP2
 gathers its weight for the scores and reduce-scatters its gradient after their backward.
 It is a second root (the decoder's forward never calls it), so it is not resharded
@@ -74,7 +76,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from undertow.learner.attention import TREE_ATTENTION
+from undertow.learner.attention import decoder_hidden
 from undertow.learner.config import DEVICES, MIXED_PRECISIONS, TrainConfig
 from undertow.learner.errors import LearnerError
 from undertow.learner.lm_head import ScoringHead
@@ -172,7 +174,8 @@ def step_to(step: PackedStep, device: torch.device) -> PackedStep:
 def activation_bytes_per_token(config: Any, compute_bytes: int,
                                activation_checkpointing: bool) -> float:
     """An upper estimate of the activation bytes one packed token keeps for backward in a
-    Qwen3 decoder (`config`: its transformers config): per layer the attention's q, k, v
+    decoder of attention and gated-MLP layers (Llama, Qwen2, Qwen3; `config`: its
+    transformers config): per layer the attention's q, k, v
     and output and the MLP's gate, up and product, with `ACTIVATION_SAFETY` for autograd's
     extra copies; with checkpointing every layer keeps only its input, and one layer's
     activations are alive at a time."""
@@ -238,14 +241,16 @@ def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> No
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.float32)
     model = policy.model
+    embedding = model.get_input_embeddings()
+    tied = model.get_output_embeddings().weight is embedding.weight   # before sharding
     for layer in model.model.layers:
         fully_shard(layer, **options)
     # The root unit is the decoder, not the causal LM: `PolicyModel.score` calls the
     # decoder and applies the head itself, so the causal LM's forward hook never runs.
     fully_shard(model.model, **options)
     _prefetch_in_layer_order(model.model)
-    if model.config.tie_word_embeddings:
-        model.lm_head = _TiedHead(model.model.embed_tokens)
+    if tied:
+        model.lm_head = _TiedHead(embedding)
     else:
         model.lm_head = ScoringHead(model.lm_head)
         fully_shard(model.lm_head, **options)
@@ -300,10 +305,7 @@ def round_pass(policy: PolicyModel, device: torch.device, micro_batches: list[Mi
 
 def segments_of(policy: PolicyModel, micro_batch: MicroBatch) -> int:
     """How many segments `PolicyModel.score` scores the micro-batch in (1: whole)."""
-    attention = policy.attention
-    if attention == "auto":
-        tree = policy.model.config._attn_implementation == TREE_ATTENTION
-        attention = "blocks" if tree else "dense"
+    attention = policy.resolve_attention()
     if attention == "blocks" and 0 < policy.max_segment_tokens < micro_batch.num_tokens:
         return math.ceil(micro_batch.num_tokens / policy.max_segment_tokens)
     return 1
@@ -342,9 +344,9 @@ def idle_forward(policy: PolicyModel, device: torch.device) -> None:
 
 
 def _idle_scores(policy: PolicyModel, device: torch.device) -> torch.Tensor:
-    token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)              # (1, 1)
-    hidden = policy.model.model(input_ids=token_ids, use_cache=False).last_hidden_state[0]
-    return policy.score_hidden(hidden, token_ids[0], False)[0]                 # (1,)
+    token_ids = torch.zeros(1, dtype=torch.long, device=device)                 # (1,)
+    hidden = decoder_hidden(policy.model, token_ids)                            # (1, H)
+    return policy.score_hidden(hidden, token_ids, False)[0]                    # (1,)
 
 
 def _prefetch_in_layer_order(decoder: nn.Module) -> None:

@@ -1,7 +1,10 @@
-"""Fixtures for the learner's math tests: random group trees (`random_trees.py`) and
-the tiny model at float32, with a nearby reference model."""
+"""Fixtures for the learner's math tests: random group trees (`random_trees.py`), the
+tiny model at float32 with a nearby reference model, and small random models of the
+pretrained families' architectures (Llama from SmolLM2's config, Qwen2 from
+Qwen2.5-Coder's)."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +68,34 @@ def reference32(policy32):
             noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
             parameter.add_(0.01 * noise)
     return PolicyModel(model, max_query_tokens=8)
+
+
+def _shrunk_model_dir(real_dir: Path, out: Path, seed: int) -> Path:
+    """A model of `real_dir`'s architecture and config (its family, biases, norms, rope,
+    tied head) shrunk to 2 layers of width 64 with random weights from `seed`: the
+    family's code path in milliseconds. Vocabulary 6016 (the random trees' IDs < 6000)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(real_dir)
+    config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                   "vocab_size": 6016, "tie_word_embeddings": True,
+                   "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:2]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_model_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """SmolLM2's Llama config shrunk (`_shrunk_model_dir`)."""
+    return _shrunk_model_dir(smollm2_dir, tmp_path_factory.mktemp("models") / "llama", 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_model_dir(qwen_coder_dir, tmp_path_factory) -> Path:
+    """Qwen2.5-Coder's Qwen2 config (q/k/v biases) shrunk (`_shrunk_model_dir`)."""
+    return _shrunk_model_dir(qwen_coder_dir, tmp_path_factory.mktemp("models") / "qwen2", 2)

@@ -1,7 +1,8 @@
 """FSDP2 in a training cell (`sharding.py`), on CPU with gloo, and the device helpers.
 
 - Two processes shard the tiny model (tied head, and `tiny-untied` with an LM head of
-  its own, a unit of its own) with `fully_shard` over a 2-process `DeviceMesh`,
+  its own, a unit of its own), and the Llama and Qwen2 architectures shrunk (tied heads,
+  `conftest.py`), with `fully_shard` over a 2-process `DeviceMesh`,
   train one tree-packed step (four groups with branches, micro-batches of at most 48
   tokens, so there are many, an odd number, and one process runs an idle round) with
   gradient clipping and AdamW, and gather the gradients and parameters: each gradient
@@ -54,7 +55,8 @@ CONFIG = LossConfig(name="grpo", correction="decoupled_ppo", entropy_coef=0.01,
                     max_importance_weight=1.5)
 LR = 1e-3
 HEAD_CHUNK_TOKENS = 16   # the LM head in several chunks per micro-batch
-SEGMENT_TOKENS = {"tiny_model_dir": 20, "tiny_untied_model_dir": 32}   # module docstring
+SEGMENT_TOKENS = {"tiny_model_dir": 20, "tiny_untied_model_dir": 32,   # module docstring
+                  "tiny_llama_model_dir": 20, "tiny_qwen2_model_dir": 20}
 
 
 def _packed_step():
@@ -109,7 +111,7 @@ def _cell_member(rank: int, port: int, model_dir: str, out_dir: str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_dir_fixture", ["tiny_model_dir", "tiny_untied_model_dir"])
+@pytest.mark.parametrize("model_dir_fixture", list(SEGMENT_TOKENS))
 def test_a_sharded_cell_of_two_trains_the_step_one_process_trains(model_dir_fixture, request,
                                                                    tmp_path):
     tiny_model_dir = request.getfixturevalue(model_dir_fixture)

@@ -12,8 +12,8 @@ Invariants:
 - Choice 0's head is left last, so that it is the newest: a scaffold that continues
   choice 0 (as they do) extends the newest head, with no branch (`HeadReplay` keeps that
   order after a restart).
-- The prompt's list of IDs is never extended: the pool, the engine request and a
-  migration still running may hold it as an unchanging list.
+- The prompt's IDs are never changed: the pool, the engine request and a migration
+  still running may hold them (a `TokenPath`: heads extend it into new paths).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from undertow.gateway.head_replay import head_record, message_of_events
 from undertow.gateway.render import Renderer
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
+from undertow.gateway.token_path import TokenPath
 from undertow.gateway.tokentruth import Head, Prompt
 
 
@@ -55,7 +56,8 @@ class CallRecorder:
         choices = [self._choice(result, request) for result in results]
         if request.messages is not None and not session.closed:  # closed while it ran
             for choice, leaf in reversed(list(zip(choices, leaves, strict=True))):
-                self._leave_head(session, request, prompt, choice, leaf, num_prompt)
+                self._leave_head(session, request, prompt, choice, leaf, num_prompt,
+                                 started_s)
         session.num_calls += 1
         await written  # a done future (`flush` mode) is awaited without a loop turn
         self._count(request, num_prompt, choices, results, started_s)
@@ -86,20 +88,19 @@ class CallRecorder:
                              branch=branch, meta=meta, extends_leaf=prompt.extends_leaf)
 
     def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
-                    choice: Choice, leaf: int, num_prompt: int) -> None:
-        """The head this choice leaves for the session's next call. With one choice, the
-        head owns a new list of its path's IDs (the prompt's and the completion's), which
-        the next call takes over instead of copying 128k IDs out of the tree. The prompt's
-        own list is never extended: the pool, the engine request and a migration still
-        running may hold it as an unchanging list."""
-        token_ids = prompt.token_ids + choice.token_ids if request.n == 1 else None
+                    choice: Choice, leaf: int, num_prompt: int, started_s: float) -> None:
+        """The head this choice leaves for the session's next call, with its path's IDs:
+        the prompt's `TokenPath` extended by the completion, sharing the prompt's chunks
+        (so it costs the completion, not the history; nothing is read out of the tree
+        or copied, and the prompt the pool holds is not changed)."""
+        token_ids = TokenPath.of(prompt.token_ids).extend(choice.token_ids)
         ids_json = (prompt.token_ids_json.extend(choice.token_ids)
                     if prompt.token_ids_json is not None else None)
         session.add_head(Head(choice.call_id, prompt.message_keys, prompt.tools_key,
                               choice.message, leaf, num_prompt,
                               self.renderer.closing_text(choice.token_ids), prompt.messages,
                               ids_json, token_ids,
-                              self.renderer.next_turn_start(choice.token_ids)),
+                              self.renderer.next_turn_start(choice.token_ids), started_s),
                          self.sessions.num_heads)
 
     @staticmethod

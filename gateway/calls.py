@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 from undertow.gateway.call_record import CallRecorder
@@ -47,12 +47,13 @@ from undertow.gateway.errors import (
     Unavailable,
 )
 from undertow.gateway.render import Renderer
-from undertow.gateway.sampler import ChoiceSampler, StopTrimmer
+from undertow.gateway.sampler import ChoiceSampler, StopTrimmer, new_call_id
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
 from undertow.gateway.tokentruth import (
     TOKEN_TRUTH_POLICIES,
     VERBATIM,
+    InFlightCall,
     Prompt,
     build_prompt,
 )
@@ -99,7 +100,8 @@ class CallRunner:
 
         prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
                               request.messages, request.tools, session.heads,
-                              path_token_ids, policy=self.token_truth)
+                              path_token_ids, policy=self.token_truth,
+                              in_flight=session.calls_in_flight)
         self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
         if prompt.branch:
             self.metrics.branches.inc(reason=prompt.branch)
@@ -163,21 +165,23 @@ class CallRunner:
         self._check_prompt_ids(request)
         prompt = self.prompt(session, request)
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)
-        started_s = time.time()
+        started_s, call_id = time.time(), new_call_id()
         replay: list[Delta | Outcome] = []
         results: list[Sampled] = []
-        items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens)
-        async with contextlib.aclosing(items):
-            try:
-                async for item in items:
-                    if isinstance(item, Sampled):
-                        results.append(item)
-                        continue
-                    replay.append(item)
-                    yield item
-            except Exception as error:
-                raise api_error_of(error) from None
-        outcome = await self.recorder.record(session, request, prompt, results, started_s)
+        items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens,
+                                        call_id)
+        with _in_flight(session, request, prompt, call_id, started_s):
+            async with contextlib.aclosing(items):
+                try:
+                    async for item in items:
+                        if isinstance(item, Sampled):
+                            results.append(item)
+                            continue
+                        replay.append(item)
+                        yield item
+                except Exception as error:
+                    raise api_error_of(error) from None
+            outcome = await self.recorder.record(session, request, prompt, results, started_s)
         replay.append(outcome)
         if request.fingerprint:
             session.remember_reply(request.fingerprint, replay)
@@ -191,6 +195,23 @@ class CallRunner:
                 isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
                              f"[0, {vocab_size})", param="prompt")
+
+
+@contextlib.contextmanager
+def _in_flight(session: Session, request: CallRequest, prompt: Prompt, call_id: str,
+               started_s: float) -> Iterator[None]:
+    """A chat call counts among its session's `calls_in_flight` (which later calls are
+    labelled against, `tokentruth.py`) from its start until it is recorded or abandoned."""
+    if request.messages is None:
+        yield
+        return
+    call = InFlightCall(call_id, prompt.message_keys, prompt.tools_key, prompt.messages,
+                        prompt.token_ids, started_s)
+    session.calls_in_flight.append(call)
+    try:
+        yield
+    finally:
+        session.calls_in_flight.remove(call)
 
 
 def api_error_of(error: BaseException) -> BaseException:

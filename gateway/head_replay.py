@@ -18,6 +18,7 @@ if the gateway had never stopped.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from undertow.gateway.render import Renderer
@@ -110,14 +111,18 @@ class HeadReplay:
         tail = self.renderer.decode(token_ids[max(0, num_prompt - 8):num_prompt], False)
         message = assistant_message(text, parser, stored["parse_tools"],
                                     lambda: "call_restored", tail)
+        started_s = ((event.get("meta") or {}).get("timings") or {}).get("start_s") or 0.0
         head = Head(event["call_id"], keys, stored["tools"], message, call.leaf,
                     len(token_ids) - len(completion_ids),
                     self.renderer.closing_text(completion_ids),
-                    next_turn_start=self.renderer.next_turn_start(completion_ids))
+                    next_turn_start=self.renderer.next_turn_start(completion_ids),
+                    started_s=started_s)
         if event.get("branch") == "sample" and session.heads:
-            # choice i > 0 of the call whose choice 0 is the newest head: the live gateway
-            # left choice 0's head last (`CallRecorder.record`), and so does replay
-            session.heads.insert(len(session.heads) - 1, head)
+            # choice i > 0 of the call whose choice 0 was just replayed: the live gateway
+            # left choice 0's head after its other choices' (`CallRecorder.record`), and
+            # so does replay, just before it (the last head that started when it did)
+            after = bisect.bisect_right(session.heads, started_s, key=lambda h: h.started_s)
+            session.heads.insert(max(after - 1, 0), head)
             del session.heads[:-self.sessions.num_heads]
         else:
             session.add_head(head, self.sessions.num_heads)

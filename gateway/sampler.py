@@ -29,6 +29,12 @@ from undertow.gateway.tokentruth import Prompt
 from undertow.gateway.toolparsers import Content, Unparsed, create_parser
 
 
+def new_call_id() -> str:
+    """A call's ID, also its engine request's `rid`: `call-` and 16 hex digits, so that
+    no two start with each other (see `pool.py`'s module doc)."""
+    return f"call-{secrets.token_hex(8)}"
+
+
 class ChoiceSampler:
     """Samples choices on one pool, with one renderer and the gateway's tool parser."""
 
@@ -37,21 +43,24 @@ class ChoiceSampler:
         self.tool_parser = tool_parser
 
     def sample_all(self, session_id: str, request: CallRequest, prompt: Prompt,
-                   max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
+                   max_new_tokens: int, call_id: str | None = None
+                   ) -> AsyncIterator[Delta | Sampled]:
         """Every choice's deltas, each choice's `Sampled` after its deltas. One choice
-        (nearly every call) is sampled in the caller's task, `request.n` in tasks."""
+        (nearly every call) is sampled in the caller's task, `request.n` in tasks.
+        `call_id` names choice 0 (its engine `rid`); the other choices get new IDs."""
+        call_id = call_id or new_call_id()
         if request.n == 1:
-            return self.sample(session_id, request, prompt, 0, f"call-{secrets.token_hex(8)}",
-                               max_new_tokens)
-        return self._choices(session_id, request, prompt, max_new_tokens)
+            return self.sample(session_id, request, prompt, 0, call_id, max_new_tokens)
+        return self._choices(session_id, request, prompt, max_new_tokens, call_id)
 
     async def _choices(self, session_id: str, request: CallRequest, prompt: Prompt,
-                       max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
+                       max_new_tokens: int, call_id: str) -> AsyncIterator[Delta | Sampled]:
         """The deltas of `request.n` choices sampled side by side, as they come, and each
         choice's result after its deltas."""
         queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._run_choice(session_id, request, prompt, index,
-                                                      max_new_tokens, queue))
+        tasks = [asyncio.create_task(self._run_choice(
+                     session_id, request, prompt, index, call_id if index == 0 else new_call_id(),
+                     max_new_tokens, queue))
                  for index in range(request.n)]
         num_results = 0
         try:
@@ -66,12 +75,13 @@ class ChoiceSampler:
                 task.cancel()
 
     async def _run_choice(self, session_id: str, request: CallRequest, prompt: Prompt,
-                          index: int, max_new_tokens: int, queue: asyncio.Queue) -> None:
+                          index: int, call_id: str, max_new_tokens: int,
+                          queue: asyncio.Queue) -> None:
         """Samples one choice; its deltas, then its result (or its error, which the caller
         translates) go to `queue`."""
         try:
-            async for item in self.sample(session_id, request, prompt, index,
-                                          f"call-{secrets.token_hex(8)}", max_new_tokens):
+            async for item in self.sample(session_id, request, prompt, index, call_id,
+                                          max_new_tokens):
                 queue.put_nowait(item)
         except asyncio.CancelledError:
             raise

@@ -7,9 +7,10 @@ retry of a reply it never received is answered again, not recorded twice).
 
 Heads are rebuilt from the store on restart (`head_replay.py`), so token truth survives
 it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
-retry waits for its original) live in memory only, as does `known_messages` (by API:
-the last request's messages as sent and as parsed, so that an API parses only what a
-request adds to them).
+retry waits for its original) live in memory only, as do `calls_in_flight` (the chat
+calls still generating, oldest first, which labels count as heads: `tokentruth.py`) and
+`known_messages` (by API: the last request's messages as sent and as parsed, so that an
+API parses only what a request adds to them).
 
 A session is opened by the admin API (the gateway makes its key) or, with
 auto-sessions on (`auto_sessions.py`), by the first call of a key the gateway does not
@@ -20,6 +21,7 @@ trained until a reward is set by closing it). Either way its key is refused from
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import secrets
 import time
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from undertow.gateway.errors import BadRequest, NotFound, Unauthorized
-from undertow.gateway.tokentruth import Head
+from undertow.gateway.tokentruth import Head, InFlightCall
 
 NUM_REMEMBERED_REPLIES = 4
 
@@ -50,6 +52,7 @@ class Session:
     heads: list[Head] = field(default_factory=list)
     replies: OrderedDict[str, Any] = field(default_factory=OrderedDict)
     in_flight: dict[str, Any] = field(default_factory=dict)
+    calls_in_flight: list[InFlightCall] = field(default_factory=list)
     closed: bool = False
     reward: float | None = None
     num_calls: int = 0
@@ -58,16 +61,19 @@ class Session:
     last_used_s: float = field(default_factory=time.monotonic)
 
     def add_head(self, head: Head, num_heads: int) -> None:
-        """Adds the newest head, keeping at most `num_heads`. Only heads that share the
-        newest one's messages keep them (older ones are matched by their keys), and only
-        the newest keeps its IDs (as a list and as JSON), so a session holds about one copy
-        of its history however many heads it has."""
-        self.heads.append(head)
+        """Adds a head in the order its call started (`Head.started_s`: last, unless a
+        call that started later has finished first), keeping the newest `num_heads`.
+        Only heads that share the newest one's messages keep them (older ones are matched
+        by their keys), and only the newest keeps its IDs (as a list and as JSON), so a
+        session holds about one copy of its history however many heads it has."""
+        self.heads.insert(bisect.bisect_right(self.heads, head.started_s,
+                                              key=lambda h: h.started_s), head)
         del self.heads[:-num_heads]
+        newest = self.heads[-1]
         for index, old in enumerate(self.heads[:-1]):
             if (old.token_ids_json is not None or old.token_ids is not None
-                    or (old.messages is not None and old.messages is not head.messages)):
-                keep = old.messages if old.messages is head.messages else None
+                    or (old.messages is not None and old.messages is not newest.messages)):
+                keep = old.messages if old.messages is newest.messages else None
                 self.heads[index] = replace(old, messages=keep, token_ids_json=None,
                                             token_ids=None)
 

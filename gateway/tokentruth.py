@@ -28,6 +28,11 @@ Otherwise the prompt is rendered in full and labelled with why the session branc
 condensation), `subagent` (a conversation that shares no first message with the
 session's earlier ones, or that continues an older parallel conversation).
 
+Labels follow what the session sent, not when: a call still generating counts as the
+head it will leave (`InFlightCall`), and heads are ordered by when their calls started
+(`Head.started_s`), so a call that overlaps the ones before it is labelled as it would
+be had they finished before it started.
+
 That is the `verbatim` policy, the default. The `template` policy renders every call in
 full instead, as the template shows it at inference, and labels a call whose render
 departs from the path it continues `template` (see `_template_prompt` and the README).
@@ -43,6 +48,7 @@ from typing import Any
 
 from undertow.gateway.engines.protocol import TokenIdsJson
 from undertow.gateway.render import Renderer
+from undertow.gateway.token_path import TokenPath
 
 RETRY, REWRITE, SUBAGENT, TEMPLATE = "retry", "rewrite", "subagent", "template"
 # Policies (`GatewayConfig.token_truth`): `verbatim` reuses the sampled IDs (above);
@@ -60,9 +66,11 @@ class Head:
     request's messages in internal chat form, one per key; never mutated.
     `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
     the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when
-    kept (the newest head only, until a prompt takes it over), is that path as a list the
-    head owns: no one else holds or mutates it. `next_turn_start` is the text of a
-    sampled stop token that begins the next message (`Renderer.next_turn_start`)."""
+    kept (the newest head only), is that path as a `TokenPath`, sharing its chunks with
+    the prompts before and after it (so a call reads and copies only what it adds). `next_turn_start` is the text of a
+    sampled stop token that begins the next message (`Renderer.next_turn_start`).
+    `started_s` is when its call started (wall clock; 0 when not known): a session keeps
+    its heads in that order, whatever order their calls finished in."""
 
     call_id: str
     message_keys: tuple[str, ...]
@@ -73,8 +81,23 @@ class Head:
     closing_text: str
     messages: list[dict] | None = None
     token_ids_json: TokenIdsJson | None = None
-    token_ids: list[int] | None = field(default=None, repr=False)
+    token_ids: TokenPath | None = field(default=None, repr=False)
     next_turn_start: str = ""
+    started_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class InFlightCall:
+    """A chat call of the session that is still generating, as labelling sees it: the
+    head it will leave, less what only its end tells (its reply, its leaf). `call_id` is
+    its choice 0's; `token_ids` its prompt (never changed: the pool holds it)."""
+
+    call_id: str
+    message_keys: tuple[str, ...]
+    tools_key: str
+    messages: list[dict] | None
+    token_ids: Sequence[int] = field(repr=False)
+    started_s: float
 
 
 @dataclass(frozen=True)
@@ -83,9 +106,10 @@ class Prompt:
     `extends_leaf` is the tree leaf whose path is exactly the first `num_reused_tokens`.
     `messages` are the request's messages for the head this call will leave (sharing
     the objects of the head it extended, so a session keeps one copy of its history).
-    `token_ids_json` is the JSON array of `token_ids` (None only for raw prompt IDs)."""
+    `token_ids_json` is the JSON array of `token_ids` (None only for raw prompt IDs).
+    `token_ids` is a `TokenPath` (a list for raw prompt IDs): nobody changes it."""
 
-    token_ids: list[int]
+    token_ids: Sequence[int]
     branch: str | None
     extends: str | None
     num_reused_tokens: int
@@ -173,16 +197,18 @@ def same_assistant(sent: dict, returned: dict) -> bool:
 
 def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
                  heads: Sequence[Head], path_token_ids: Callable[[int], list[int]],
-                 policy: str = VERBATIM) -> Prompt:
+                 policy: str = VERBATIM, in_flight: Sequence[InFlightCall] = ()) -> Prompt:
     """The prompt for `messages`, by token truth from the newest head it extends,
-    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree
-    into a list the prompt then owns (and extends). With `policy="template"`, the
-    template's full render (`_template_prompt`)."""
+    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree,
+    for a head that did not keep its path's IDs (`_path_of`). The session's calls `in_flight`
+    (oldest first) are labelled against as the heads they will be (module doc). With
+    `policy="template"`, the template's full render (`_template_prompt`)."""
     if policy == TEMPLATE:
-        return _template_prompt(renderer, messages, tools, heads, path_token_ids)
+        return _template_prompt(renderer, messages, tools, heads, path_token_ids, in_flight)
     keys = _Keys(messages)
     tkey = tools_key(tools, renderer.template_kwargs)
-    for position, head in enumerate(reversed(heads)):
+    newest = _newest(heads, in_flight)
+    for head in reversed(heads):
         num_head = len(head.message_keys)
         if tkey != head.tools_key or len(messages) <= num_head + 1:
             continue
@@ -197,39 +223,44 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
         if head.next_turn_start and suffix.startswith(head.next_turn_start):
             suffix = suffix[len(head.next_turn_start):]  # sampled already
         new_ids = renderer.encode(head.closing_text + suffix)
-        token_ids = path_token_ids(head.leaf)
-        num_reused = len(token_ids)
-        token_ids += new_ids
+        history = _path_of(head, path_token_ids)
+        num_reused = len(history)
+        token_ids = history.extend(new_ids)
         ids_json = (head.token_ids_json.extend(new_ids)
                     if head.token_ids_json is not None else TokenIdsJson.of(token_ids))
-        branch = None if position == 0 else _older_head_reason(head, heads[-1])
+        branch = None if head is newest else _older_head_reason(head, newest)
         if same_history:
             return Prompt(token_ids, branch, head.call_id, num_reused,
                           keys.after(head.message_keys), tkey, head.leaf,
                           head.messages + messages[num_head:], ids_json)
         return Prompt(token_ids, branch, head.call_id, num_reused, keys.all(), tkey,
                       head.leaf, list(messages), ids_json)
-    for head in reversed(heads):
-        if head.tools_key == tkey and (head.messages == messages
-                                       or head.message_keys == keys.all()):
-            reused = path_token_ids(head.leaf)[:head.num_prompt_tokens]
-            return Prompt(reused, RETRY, head.call_id, len(reused), head.message_keys, tkey,
-                          messages=head.messages, token_ids_json=TokenIdsJson.of(reused))
-    token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
-    return Prompt(token_ids, _full_render_reason(keys.all(), heads), None, 0, keys.all(), tkey,
-                  messages=list(messages), token_ids_json=TokenIdsJson.of(token_ids))
+    for earlier in _newest_first(heads, in_flight):
+        if earlier.tools_key == tkey and (earlier.messages == messages
+                                          or earlier.message_keys == keys.all()):
+            reused = (TokenPath.of(earlier.token_ids) if isinstance(earlier, InFlightCall)
+                      else _path_of(earlier, path_token_ids).prefix(earlier.num_prompt_tokens))
+            return Prompt(reused, RETRY, earlier.call_id, len(reused), earlier.message_keys,
+                          tkey, messages=earlier.messages,
+                          token_ids_json=TokenIdsJson.of(reused))
+    token_ids = TokenPath.of(renderer.encode(renderer.render(messages, tools,
+                                                             add_generation_prompt=True)))
+    return Prompt(token_ids, _full_render_reason(keys.all(), (*heads, *in_flight)), None, 0,
+                  keys.all(), tkey, messages=list(messages),
+                  token_ids_json=TokenIdsJson.of(token_ids))
 
 
 def _template_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
-                     heads: Sequence[Head], path_token_ids: Callable[[int], list[int]]
-                     ) -> Prompt:
+                     heads: Sequence[Head], path_token_ids: Callable[[int], list[int]],
+                     in_flight: Sequence[InFlightCall] = ()) -> Prompt:
     """`token_truth: template`: every call's prompt is the template's full render, so
     training contexts equal what the template shows at inference. A call whose render
     begins with the path of the head it continues extends it (no branch); when the
     template rewrote that history (or its text re-tokenizes differently), the call
     starts a branch labelled `template`, and trains on its own prompt."""
     keys, tkey = _Keys(messages), tools_key(tools, renderer.template_kwargs)
-    token_ids = renderer.encode(renderer.render(messages, tools, add_generation_prompt=True))
+    token_ids = TokenPath.of(renderer.encode(renderer.render(messages, tools,
+                                                             add_generation_prompt=True)))
     ids_json = TokenIdsJson.of(token_ids)
     for head in reversed(heads):
         num_head = len(head.message_keys)
@@ -237,15 +268,24 @@ def _template_prompt(renderer: Renderer, messages: list[dict], tools: list[dict]
                 or keys.all()[:num_head] != head.message_keys
                 or not same_assistant(messages[num_head], head.assistant)):
             continue
-        path = path_token_ids(head.leaf)
-        if token_ids[:len(path)] == path:
+        path = _path_of(head, path_token_ids)
+        if token_ids.prefix(len(path)) == path:
             return Prompt(token_ids, None, head.call_id, len(path), keys.all(), tkey,
                           head.leaf, list(messages), ids_json)
         return Prompt(token_ids, TEMPLATE, None, 0, keys.all(), tkey,
                       messages=list(messages), token_ids_json=ids_json)
-    retry = any(head.tools_key == tkey and head.message_keys == keys.all() for head in heads)
-    return Prompt(token_ids, RETRY if retry else _full_render_reason(keys.all(), heads), None,
-                  0, keys.all(), tkey, messages=list(messages), token_ids_json=ids_json)
+    earlier = (*heads, *in_flight)
+    retry = any(e.tools_key == tkey and e.message_keys == keys.all() for e in earlier)
+    return Prompt(token_ids, RETRY if retry else _full_render_reason(keys.all(), earlier),
+                  None, 0, keys.all(), tkey, messages=list(messages), token_ids_json=ids_json)
+
+
+def _path_of(head: Head, path_token_ids: Callable[[int], list[int]]) -> TokenPath:
+    """The IDs of the path to `head.leaf`: the head's own when it kept them (the newest
+    head: no read of the tree, no copy), else read from the tree."""
+    if head.token_ids is not None:
+        return head.token_ids
+    return TokenPath.of(path_token_ids(head.leaf))
 
 
 class _Keys:
@@ -268,16 +308,36 @@ class _Keys:
         return self._all
 
 
-def _older_head_reason(head: Head, newest: Head) -> str:
+def _newest_first(heads: Sequence[Head], in_flight: Sequence[InFlightCall]
+                  ) -> list[Head | InFlightCall]:
+    """Heads and calls in flight, the last started first (on a tie, the later head,
+    then heads before calls in flight: the order `_newest` picks)."""
+    return sorted((*reversed(heads), *reversed(in_flight)), key=lambda e: e.started_s,
+                  reverse=True)
+
+
+def _newest(heads: Sequence[Head], in_flight: Sequence[InFlightCall]
+            ) -> Head | InFlightCall | None:
+    """The conversation the session started last: its newest head, or a call still in
+    flight that started after it (a head wins a tie: its call has just been recorded)."""
+    head = heads[-1] if heads else None
+    call = in_flight[-1] if in_flight else None
+    if call is not None and (head is None or call.started_s > head.started_s):
+        return call
+    return head
+
+
+def _older_head_reason(head: Head, newest: Head | InFlightCall) -> str:
     """Continuing an older conversation: a rewrite if the newest one grew out of it,
     otherwise a parallel (sub-agent) conversation."""
     grew_from = newest.message_keys[:len(head.message_keys)] == head.message_keys
     return REWRITE if grew_from else SUBAGENT
 
 
-def _full_render_reason(keys: tuple[str, ...], heads: Sequence[Head]) -> str | None:
-    if not heads:
+def _full_render_reason(keys: tuple[str, ...], earlier: Sequence[Head | InFlightCall]
+                        ) -> str | None:
+    if not earlier:
         return None
-    if keys and all(not head.message_keys or head.message_keys[0] != keys[0] for head in heads):
+    if keys and all(not e.message_keys or e.message_keys[0] != keys[0] for e in earlier):
         return SUBAGENT
     return REWRITE

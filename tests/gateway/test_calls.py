@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.gateway.capture import calls_of
+from tests.gateway.capture import calls_of, captured
 from tests.gateway.test_api_scripted import script
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -73,3 +73,68 @@ async def test_retry_of_an_abandoned_original_is_generated_once(gateway, scripte
         answer = await reply.json()
     assert answer["choices"][0]["message"]["content"] == "the retry"
     assert len(calls_of(gateway.tree(), session["session_id"])) == 1
+
+
+SYSTEM = {"role": "system", "content": "You are the main agent."}
+LONG = "the first call's long reply, still being sampled " * 4
+SHORT = "short"
+
+
+def conversations() -> dict[str, list[dict]]:
+    """The calls of the labelling tests, by name: `main` and its exact re-send `again`,
+    `side` (another first message: a sub-agent), `edited` (main's task edited: a
+    rewrite) and `next` (main's next turn, after its reply)."""
+    main = [SYSTEM, {"role": "user", "content": "fix the bug"}]
+    return {"main": main, "again": list(main),
+            "side": [{"role": "system", "content": "You name conversations."},
+                     {"role": "user", "content": "name it"}],
+            "edited": [SYSTEM, {"role": "user", "content": "fix the other bug"}],
+            "next": [*main, {"role": "assistant", "content": LONG},
+                     {"role": "user", "content": "and now?"}]}
+
+
+async def labels_of(gateway, scripted, renderer, steps: list[list[str]]
+                    ) -> list[tuple[str | None, list[int]]]:
+    """Runs the named calls in a new session, step after step; the calls of one step
+    overlap: each starts once the one before it has reached the engine, while `main`
+    (whose reply is long; the others' are short) still generates. Returns each call's
+    (branch label, prompt IDs) in start order."""
+    session = await gateway.open_session()
+    url = f"{session['base_url']}/chat/completions"
+    headers = {"Authorization": f"Bearer {session['api_key']}"}
+    rids_before = set(scripted.sent)
+    for step in steps:
+        pending = []
+        for name in step:
+            script(scripted, renderer, LONG if name == "main" else SHORT)
+            num_requests = scripted.num_requests
+            pending.append(asyncio.create_task(post(
+                gateway, url, {"model": "m", "messages": conversations()[name]}, headers)))
+            while scripted.num_requests == num_requests:  # it has reached the engine
+                await asyncio.sleep(0.005)
+        await asyncio.gather(*pending)
+    tree = gateway.tree()
+    calls = {call.call_id: call for call in tree.calls}
+    started = [rid for rid in scripted.sent if rid not in rids_before]  # in start order
+    assert len(started) == sum(map(len, steps))
+    return [(calls[rid].branch, captured(tree, rid).prompt_ids) for rid in started]
+
+
+@pytest.mark.parametrize(("overlapping", "expected"), [
+    ([["main", "again"]], [None, "retry"]),
+    ([["main", "side"]], [None, "subagent"]),
+    ([["main", "edited"]], [None, "rewrite"]),
+    # side starts while main generates and finishes first; next continues main, an older
+    # conversation than the last one started, as it does when side starts after main ends
+    ([["main", "side"], ["next"]], [None, "subagent", "subagent"]),
+])
+async def test_a_call_that_overlaps_earlier_ones_is_labelled_as_if_they_had_finished(
+        gateway, scripted, renderer, overlapping, expected):
+    scripted.delay_s = 0.02  # per token: main generates for about a second
+    one_by_one = [[name] for step in overlapping for name in step]
+    sequential = await labels_of(gateway, scripted, renderer, one_by_one)
+    overlapped = await labels_of(gateway, scripted, renderer, overlapping)
+    assert [label for label, _ in sequential] == expected
+    assert [label for label, _ in overlapped] == expected
+    # and the same prompt IDs: a retry of a call still generating reuses its prompt's IDs
+    assert [ids for _, ids in overlapped] == [ids for _, ids in sequential]

@@ -1,8 +1,11 @@
 """Token truth survives a gateway restart: after the gateway stops and a new one
 replays the same store, a session's next call extends its last call's prompt and
-completion IDs verbatim (no full render, no branch), tool calls included."""
+completion IDs verbatim (no full render, no branch), tool calls included, and its heads
+keep the order their calls started in (which labels read)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import aiohttp
 import openai
@@ -11,6 +14,7 @@ import pytest
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.test_api_scripted import OPENAI_TOOLS, TOOL_TEXT, script
+from tests.gateway.test_calls import LONG, SHORT, conversations
 from undertow.gateway.app import STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -139,3 +143,41 @@ async def test_continuing_choice_0_of_n_is_no_rewrite(scripted, renderer, tiny_m
     last = captured(tree, call_ids[-1])
     assert last.branch is None and last.meta["extends"] == choice_0.call_id
     assert last.meta["token_truth"]
+
+
+async def test_heads_keep_the_order_their_calls_started_in_after_restart(
+        scripted, renderer, tiny_model_dir, tmp_path):
+    """Two overlapping calls, the one started second finishing first: after a restart
+    the next call is labelled as before it (`test_calls.py`'s overlapping labels)."""
+    store_dir = tmp_path / "store"
+    app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    scripted.delay_s = 0.02
+    try:
+        session = await open_session(url, "overlap")
+        client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+        script(scripted, renderer, LONG)
+        script(scripted, renderer, SHORT)
+        main = asyncio.create_task(client.chat.completions.create(
+            model="m", messages=conversations()["main"]))
+        while not scripted.sent:  # main has reached the engine
+            await asyncio.sleep(0.005)
+        await client.chat.completions.create(model="m", messages=conversations()["side"])
+        assert not main.done()
+        await main
+        await client.close()
+    finally:
+        await runner.cleanup()
+    app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{url}/s/{session['session_id']}/v1",
+                                    api_key=session["api_key"])
+        script(scripted, renderer, SHORT)
+        await client.chat.completions.create(model="m", messages=conversations()["next"])
+        await client.close()
+        tree = app[STORE_KEY].tree("overlap")
+    finally:
+        await runner.cleanup()
+    main_id, side_id, next_id = list(scripted.sent)
+    assert [c.call_id for c in tree.calls] == [side_id, main_id, next_id]  # as they ended
+    last = captured(tree, next_id)
+    assert last.branch == "subagent" and last.meta["extends"] == main_id

@@ -65,10 +65,12 @@ def test_two_steps_train_on_gateway_trees_and_publish_versions(straight_run):
     assert [(r["step"], r["weight_version"]) for r in records] == [(1, 1), (2, 2)]
     assert all(r["num_sessions"] == 2 and r["num_trained_tokens"] > 0 for r in records)
     assert all(r["reward_mean"] == 0.5 and r["pass_rate"] == 0.5 for r in records)
-    for record in records:   # the engine sampled with the weights the learner scores with
-        assert 0 < record["mismatch_mean"] <= record["mismatch_max"] < 1e-3, record
+    # The engine sampled with the weights the learner scores with: the logprobs differ by
+    # rounding only (a token scored from the wrong position would be off by nats).
+    for record in records:
+        assert 0 <= record["mismatch_mean"] <= record["mismatch_max"] < 1e-2, record
         assert record["ratio_p5"] <= record["ratio_p50"] <= record["ratio_p95"]
-        assert abs(record["ratio_p50"] - 1) < 1e-3 and record["masked_fraction"] == 0
+        assert abs(record["ratio_p50"] - 1) < 1e-2 and record["masked_fraction"] == 0
     assert latest_checkpoint(straight_run).name == "step-000002"
     trees = load_store_trees(straight_run / "store")
     versions = {tree.group_id: {v for n in tree.nodes.values() if n.trainable

@@ -45,8 +45,11 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
 NUM_TURNS = 30
 # The families the SDK sessions on an engine run (one per template kind, as many as
-# before the real templates came: the cost of those tests stays what it was).
-ENGINE_FAMILIES = ("deepseek", "glm45", "harmony", "llama3", "qwen25", "qwen3", "qwen3_coder")
+# before the real templates came: the cost of those tests stays what it was). Not gpt-oss:
+# on the tiny tokenizer its `<|return|>` is text, not the special stop token its template
+# swaps for `<|end|>` once messages follow, so after an answer the history differs from
+# the render and the call is a rewrite (with its real tokenizer it holds: above).
+ENGINE_FAMILIES = ("deepseek", "glm45", "glm47", "llama3", "qwen25", "qwen3", "qwen3_coder")
 
 
 @pytest.fixture(scope="module")

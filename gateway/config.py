@@ -10,6 +10,8 @@ from undertow.gateway.errors import BadRequest
 from undertow.gateway.router import RouterConfig
 from undertow.gateway.store import check_group
 
+REOPEN_POLICIES = ("never", "expired", "closed")
+
 
 @dataclass(frozen=True)
 class AutoSessionsConfig:
@@ -19,14 +21,25 @@ class AutoSessionsConfig:
     With it, a request to a bare route (`/v1/...`) whose key the gateway does not know
     opens a session in `group` on first use, keyed by that key, so each distinct key is
     its own session. A session so opened closes by the admin API (with a reward) or
-    after `idle_close_s` without a call, with no reward (not trained until one is set);
-    a closed session's key is refused (401), never given a new session. The idle check
-    runs every `check_interval_s`.
+    after `idle_close_s` without a call, with no reward (not trained until one is set).
+    The idle check runs every `check_interval_s`.
+
+    `reopen` says what a call with a closed session's key gets: "expired" (the default)
+    opens a new session of the same group under the key when the old one expired for
+    idleness, and refuses the key (401) when an operator closed it with a reward;
+    "closed" reopens either; "never" refuses both. A reopened key's old session stays as
+    it was (its calls, its reward or none); the new one has its own ID. The default
+    because expiry is the gateway's own timeout, not anyone's decision that the work is
+    done: agents that keep their key in a config file (opencode, aider) come back with it
+    on their next run, and refusing it forever means editing that file per session. A
+    close with a reward is such a decision (the session is scored), so calls on its key
+    afterwards are more likely something left running than new work.
     """
 
     group: str
     idle_close_s: float = 1800.0
     check_interval_s: float = 10.0
+    reopen: str = "expired"
 
     def __post_init__(self) -> None:
         try:
@@ -37,12 +50,24 @@ class AutoSessionsConfig:
             raise ValueError(f"idle_close_s={self.idle_close_s} must be positive")
         if self.check_interval_s <= 0:
             raise ValueError(f"check_interval_s={self.check_interval_s} must be positive")
+        if self.reopen not in REOPEN_POLICIES:
+            raise ValueError(f"auto-sessions: reopen={self.reopen!r}: choose one of "
+                             f"{', '.join(REOPEN_POLICIES)}")
+
+    def reopens(self, expired: bool) -> bool:
+        """Whether a call with the key of a closed auto session opens a new one
+        (`expired`: it closed for idleness, not with a reward)."""
+        return self.reopen == "closed" or (self.reopen == "expired" and expired)
 
     def describe(self) -> str:
         """The start-up line that says auto-sessions are on."""
+        reopening = {"never": "its key is refused from then on",
+                     "expired": "its key opens a new session on its next call",
+                     "closed": "its key opens a new session on its next call, as does the "
+                               "key of one closed with a reward"}[self.reopen]
         return (f"auto-sessions on: an unknown API key opens a session in group "
                 f"{self.group!r} on first use (one per key); idle {self.idle_close_s:g} s, it "
-                "closes without a reward")
+                f"closes without a reward and {reopening} (reopen: {self.reopen})")
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ API parses only what a request adds to them).
 A session is opened by the admin API (the gateway makes its key) or, with
 auto-sessions on (`auto_sessions.py`), by the first call of a key the gateway does not
 know (the client's key is the session's key; `auto` is set). A session is closed with a
-reward (the admin API; trained on) or expires without one (an idle auto session; not
-trained until a reward is set by closing it). Either way its key is refused from then on.
+reward (the admin API; trained on) or expires without one (an idle auto session,
+`expired`; not trained until a reward is set by closing it). Either way the session
+refuses calls from then on; auto-sessions may reopen its key as a new session (a key
+names its newest session).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Session:
     known_messages: dict[str, Any] = field(default_factory=dict)
     auto: bool = False
     last_used_s: float = field(default_factory=time.monotonic)
+    expired: bool = False
 
     def add_head(self, head: Head, num_heads: int) -> None:
         """Adds a head in the order its call started (`Head.started_s`: last, unless a
@@ -121,8 +124,11 @@ class SessionRegistry:
         return self.new_session(group, key, session_id, meta), key
 
     def new_session(self, group: str, key: str, session_id: str | None = None,
-                    meta: dict[str, Any] | None = None, auto: bool = False) -> Session:
-        """A session for `key`, not yet added (the caller stores its open event first)."""
+                    meta: dict[str, Any] | None = None, auto: bool = False,
+                    reopens: Session | None = None) -> Session:
+        """A session for `key`, not yet added (the caller stores its open event first).
+        A key already in use is refused, unless it is the key of `reopens`, a closed
+        session that the new one takes the key over from."""
         session_id = session_id or f"s-{secrets.token_hex(8)}"
         if not isinstance(session_id, str) or not session_id.replace("-", "").replace(
                 "_", "").isalnum() or len(session_id) > 128:
@@ -131,14 +137,19 @@ class SessionRegistry:
         if session_id in self._by_id:
             raise BadRequest(f"session {session_id} exists; pick another ID or omit it",
                              param="session_id")
-        if hash_key(key) in self._by_key:
+        current = self._by_key.get(hash_key(key))
+        if current is not None and not (current is reopens and current.closed):
             raise BadRequest("this key already belongs to a session")
         return Session(session_id, group, hash_key(key), time.time(), dict(meta or {}),
                        auto=auto)
 
     def add(self, session: Session) -> None:
+        """Registers a session; its key names it unless the key names a newer session
+        (a reopened key: replay reads groups' files in name order, not in time order)."""
         self._by_id[session.session_id] = session
-        self._by_key[session.key_sha256] = session
+        current = self._by_key.get(session.key_sha256)
+        if current is None or current.created_s <= session.created_s:
+            self._by_key[session.key_sha256] = session
         if not session.closed:
             self._num_open += 1
             self._num_open_by_group[session.group] = (
@@ -163,6 +174,11 @@ class SessionRegistry:
                 if self.on_group_idle is not None:
                     self.on_group_idle(session.group)
 
+    def expire(self, session: Session) -> None:
+        """Closes `session` without a reward because it idled (`auto_sessions.py`)."""
+        self.close(session)
+        session.expired = True
+
     def restore(self, event: dict[str, Any]) -> None:
         """Applies a stored session event (on replay)."""
         if event["kind"] == "session_open":
@@ -172,10 +188,11 @@ class SessionRegistry:
         elif event["kind"] == "session_close" and event["session_id"] in self._by_id:
             self.close(self._by_id[event["session_id"]], event["reward"])
         elif event["kind"] == "session_expire" and event["session_id"] in self._by_id:
-            self.close(self._by_id[event["session_id"]])
+            self.expire(self._by_id[event["session_id"]])
 
-    def knows_key(self, key: str) -> bool:
-        return hash_key(key) in self._by_key
+    def of_key(self, key: str) -> Session | None:
+        """The newest session of `key`, open or closed; None for a key never seen."""
+        return self._by_key.get(hash_key(key))
 
     def touch(self, key: str) -> None:
         """Marks the session of `key` (if any) as used now."""
@@ -228,8 +245,15 @@ class SessionRegistry:
 def _closed_message(session: Session) -> str:
     if not session.auto:
         return f"session {session.session_id} is closed; open a new session"
-    how = ("it was idle too long and closed without a reward" if session.reward is None
-           else f"it was closed with reward {session.reward:g}")
-    return (f"session {session.session_id}, which this API key opened, is closed ({how}); "
-            "a closed session takes no more calls: use a different API key to start a new "
-            "session")
+    return (f"session {session.session_id}, which this API key opened, is closed "
+            f"({closed_how(session)}); a closed session takes no more calls: use a different "
+            "API key to start a new session")
+
+
+def closed_how(session: Session) -> str:
+    """How a closed session ended, in words."""
+    if session.expired:
+        return "it was idle too long and closed without a reward" + (
+            "" if session.reward is None else f", since scored {session.reward:g}")
+    return ("it was closed without a reward" if session.reward is None
+            else f"it was closed with reward {session.reward:g}")

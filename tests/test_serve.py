@@ -120,7 +120,8 @@ async def test_gateway_serve_announces_auto_sessions(tiny_model_dir, tmp_path):
         await runner.cleanup()
     assert lines[-1].strip() == ("auto-sessions on: an unknown API key opens a session in "
                                  "group 'desk' on first use (one per key); idle 120 s, it "
-                                 "closes without a reward")
+                                 "closes without a reward and its key opens a new session on "
+                                 "its next call (reopen: expired)")
     assert 'undertow_auto_sessions_enabled{group="desk"} 1' in metrics
     assert "undertow_auto_sessions_opened_total 0" in metrics
 

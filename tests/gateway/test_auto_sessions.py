@@ -168,7 +168,7 @@ async def test_a_session_path_with_an_unknown_key_opens_nothing(auto_gateway):
 
 async def test_idle_sessions_expire_without_reward_and_stay_closed_after_restart(
         make_gateway, scripted):
-    config = AutoSessionsConfig(GROUP, idle_close_s=600)
+    config = AutoSessionsConfig(GROUP, idle_close_s=600, reopen="never")
     gateway = await make_gateway([scripted.url], auto_sessions=config)
     idle, busy = openai_client(gateway, "key-idle"), openai_client(gateway, "key-busy")
     try:
@@ -188,7 +188,9 @@ async def test_idle_sessions_expire_without_reward_and_stay_closed_after_restart
         with pytest.raises(openai.AuthenticationError) as refused:
             await idle.chat.completions.create(
                 model="undertow", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
-        assert "idle" in refused.value.body["message"]
+        message = refused.value.body["message"]
+        assert "idle" in message and "(auto_sessions.reopen: never)" in message
+        assert "different API key" in message and "auto_sessions.reopen: expired" in message
     finally:
         await asyncio.gather(idle.close(), busy.close())
     idle_id = idle_session.session_id
@@ -248,8 +250,71 @@ async def test_without_auto_sessions_unknown_keys_are_refused(gateway):
     assert "undertow_auto_sessions" not in await metrics_text(gateway)
 
 
-async def test_config_names_a_bad_group_or_idle_time():
+async def test_config_names_a_bad_group_idle_time_or_reopen_policy():
     with pytest.raises(ValueError, match="group"):
         AutoSessionsConfig("bad group!")
     with pytest.raises(ValueError, match="idle_close_s"):
         AutoSessionsConfig("ok", idle_close_s=0)
+    with pytest.raises(ValueError, match=r"reopen='sometimes'.*never, expired, closed"):
+        AutoSessionsConfig("ok", reopen="sometimes")
+
+
+async def chat_once(gateway, key: str, content: str = "Hi") -> None:
+    client = openai_client(gateway, key)
+    try:
+        await client.chat.completions.create(
+            model="undertow", messages=[{"role": "user", "content": content}], max_tokens=8)
+    finally:
+        await client.close()
+
+
+async def test_an_expired_key_reopens_as_a_new_session_of_its_group(make_gateway, scripted):
+    """The default (`reopen: expired`): an agent that kept its key in a config file comes
+    back after its session expired and gets a new session under that key; the expired
+    one stays as it was, also across a restart; a close with a reward is not reopened."""
+    config = AutoSessionsConfig(GROUP, idle_close_s=600)
+    gateway = await make_gateway([scripted.url], auto_sessions=config)
+    await chat_once(gateway, "key-config-file", "First run")
+    [expired] = gateway.app[SESSIONS_KEY].sessions(GROUP)
+    assert await gateway.app[AUTO_SESSIONS_KEY].expire_idle(
+        expired.last_used_s + config.idle_close_s) == [expired.session_id]
+    await chat_once(gateway, "key-config-file", "Second run")  # the re-run, same key
+
+    sessions = gateway.app[SESSIONS_KEY]
+    reopened = sessions.of_key("key-config-file")
+    assert reopened is not expired and not reopened.closed and reopened.auto
+    assert reopened.group == GROUP and reopened.meta["reopens"] == expired.session_id
+    assert expired.closed and expired.expired and expired.reward is None
+    tree = gateway.tree(GROUP)
+    assert len(calls_of(tree, expired.session_id)) == len(calls_of(tree, reopened.session_id)) == 1
+    assert tree.sessions[expired.session_id].expired
+    assert "undertow_auto_sessions_reopened_total 1" in await metrics_text(gateway)
+
+    restarted = await make_gateway([scripted.url], store_dir=gateway.store_dir,
+                                   auto_sessions=config)
+    await chat_once(restarted, "key-config-file", "Second run, more")
+    sessions = restarted.app[SESSIONS_KEY]
+    assert sessions.of_key("key-config-file").session_id == reopened.session_id
+    assert sessions.find(expired.session_id).expired
+    assert len(sessions.sessions(GROUP)) == 2
+    assert sessions.find(reopened.session_id).num_calls == 2
+
+    await close_session(restarted, reopened.session_id, 1.0)  # scored: not reopened
+    with pytest.raises(openai.AuthenticationError) as refused:
+        await chat_once(restarted, "key-config-file", "Third run")
+    message = refused.value.body["message"]
+    assert reopened.session_id in message and "closed with reward 1" in message
+    assert "auto_sessions.reopen: closed" in message and "different API key" in message
+    assert len(sessions.sessions(GROUP)) == 2
+
+
+async def test_reopen_closed_reopens_a_scored_key_too(make_gateway, scripted):
+    gateway = await make_gateway([scripted.url],
+                                 auto_sessions=AutoSessionsConfig(GROUP, reopen="closed"))
+    await chat_once(gateway, "key-scored")
+    [scored] = gateway.app[SESSIONS_KEY].sessions(GROUP)
+    await close_session(gateway, scored.session_id, 0.0)
+    await chat_once(gateway, "key-scored", "Again")
+    reopened = gateway.app[SESSIONS_KEY].of_key("key-scored")
+    assert reopened.meta["reopens"] == scored.session_id and not reopened.closed
+    assert scored.reward == 0.0 and len(calls_of(gateway.tree(GROUP), scored.session_id)) == 1

@@ -47,6 +47,11 @@ def add_auto_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-close-s", type=float, default=1800.0, metavar="SECONDS",
                         help="with --auto-sessions: close a session idle this long, without "
                         "a reward (default: 1800)")
+    parser.add_argument("--reopen", default="expired", metavar="POLICY",
+                        help="with --auto-sessions: what a closed session's key opens on its "
+                        "next call: 'expired' (default): a new session of its group when it "
+                        "closed for idleness, a 401 when closed with a reward; 'closed': a "
+                        "new session either way; 'never': a 401 either way")
 
 
 def auto_sessions_config(args):
@@ -56,7 +61,8 @@ def auto_sessions_config(args):
     from undertow.gateway.config import AutoSessionsConfig
 
     return AutoSessionsConfig(group=args.auto_sessions, idle_close_s=args.idle_close_s,
-                              check_interval_s=min(10.0, args.idle_close_s / 4))
+                              check_interval_s=min(10.0, args.idle_close_s / 4),
+                              reopen=args.reopen)
 
 
 def _serve(args) -> int:

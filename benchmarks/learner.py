@@ -3,12 +3,20 @@ tree packing, one sample per session, and one sample per call.
 
     python -m benchmarks.learner [--shapes full,scaled] [--per-call-every 10]
     python -m benchmarks.learner --fsdp2 [--shapes scaled]
+    python -m benchmarks.learner --model qwen2.5-coder-0.5b-instruct [--shapes short]
+        [--mixed-precision bf16] [--activation-checkpointing] [--optimizer]
 
 The tree: S sessions x N turns sharing a P-token system-and-task prefix; each turn is
 C sampled completion tokens then O new observation tokens, built through
 `Tree.add_call` with token truth (each call's prompt is the previous prompt plus the
-completion plus the new tokens). Synthetic token IDs, the tiny model in fp32, one
-torch thread. Each method runs in a FRESH subprocess and reports:
+completion plus the new tokens). Synthetic token IDs (below 6000: in every model's
+vocabulary), the tiny model in fp32, one torch thread. `--model` runs a pretrained model
+instead: a directory, or a name of `MODELS` (looked up in .cache/models, where `make
+setup-models` puts them), by default at the "short" shape (one group of 4 sessions, about
+2k tokens, the size of one step of a small RL run), with the learner's options
+`--mixed-precision bf16` (float32 master weights, bf16 compute), `--activation-checkpointing`
+and `--optimizer` (the step's gradient clipping and AdamW too, so the peak holds AdamW's
+state: a whole training step). Each method runs in a FRESH subprocess and reports:
 
 - step_s / step_cpu_s: wall and CPU time of forward+backward (CPU time is the
   process's, robust to other load on a shared machine; one thread) of the whole
@@ -18,6 +26,10 @@ torch thread. Each method runs in a FRESH subprocess and reports:
   above everything already resident (model, data, warm-up): activations kept for
   backward, attention temporaries and gradients. tracemalloc cannot see torch's
   allocations; this counts real pages, including allocator slack.
+- peak_rss_mib: ru_maxrss at the end, everything included (weights, gradients, AdamW's
+  state with `--optimizer`); trained_tokens_per_s: trained tokens (the terms of the
+  loss, each sampled token once) per second of the step's wall time, and
+  peak_step_kib_per_trained_token: peak_step_mib per trained token.
 
 Per-call at the full shape costs tens of minutes on a 2-core machine, so by default
 it runs every k-th call of each session (`--per-call-every`) and its time is scaled by
@@ -38,6 +50,7 @@ the two processes share the cores); the point is memory per process and exactnes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import resource
@@ -45,14 +58,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SHAPES = {
     "full": {"prefix": 2000, "sessions": 8, "turns": 30, "completion": 100, "observation": 100},
     "scaled": {"prefix": 500, "sessions": 8, "turns": 10, "completion": 25, "observation": 25},
+    "short": {"prefix": 400, "sessions": 4, "turns": 4, "completion": 50, "observation": 50},
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "learner.json"
 MAX_TOKENS = 16384
+REPO = Path(__file__).resolve().parents[1]
+MODELS = {"smollm2-135m-instruct": REPO / ".cache" / "models" / "smollm2-135m-instruct",
+          "qwen2.5-coder-0.5b-instruct":
+              REPO / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct"}
+
+
+def resolve_model(name_or_dir: str) -> Path:
+    """A model directory: `name_or_dir` itself, or the cached directory of a `MODELS` name;
+    SystemExit saying how to get it when neither holds a model."""
+    path = MODELS.get(name_or_dir, Path(name_or_dir))
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"no model at {path}: give a model directory, or fetch one of "
+                         f"{sorted(MODELS)} with `make setup-models`")
+    return path
 
 
 def build_tree(shape: dict, seed: int = 0):
@@ -83,8 +112,24 @@ def _work(length: int, hidden: int = 256) -> float:
     return length * length + length * hidden
 
 
+@dataclass(frozen=True)
+class LearnerOptions:
+    """How the worker's policy trains: the learner config's fields of the same names,
+    and `optimizer`: clip and step AdamW after the backward (a whole training step)."""
+
+    mixed_precision: str = "none"
+    activation_checkpointing: bool = False
+    optimizer: bool = False
+
+    def flags(self) -> list[str]:
+        return (["--mixed-precision", self.mixed_precision]
+                + ["--activation-checkpointing"] * self.activation_checkpointing
+                + ["--optimizer"] * self.optimizer)
+
+
 def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int,
-               grads_out: str | None = None, max_tokens: int = MAX_TOKENS) -> dict:
+               grads_out: str | None = None, max_tokens: int = MAX_TOKENS,
+               options: LearnerOptions = LearnerOptions()) -> dict:
     import torch
 
     from undertow.learner.advantages import AdvantageConfig, group_advantages
@@ -93,6 +138,7 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     from undertow.learner.objective import backward_step
     from undertow.learner.packing import pack_step
     from undertow.learner.reference import flat_loss, flat_samples
+    from undertow.learner.sharding import compute_context
 
     torch.set_num_threads(1)
     tree = build_tree(SHAPES[shape_name])
@@ -100,9 +146,12 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
                   for s, a in group_advantages(tree, AdvantageConfig()).items()}
     # Segments of the micro-batch bound, as `undertow train` sets them by default
     # (`TrainConfig.segment_tokens`): a packed micro-batch is never scored in segments.
-    policy = PolicyModel.load(model_dir, max_segment_tokens=max_tokens)
+    policy = PolicyModel.load(model_dir, max_segment_tokens=max_tokens,
+                              activation_checkpointing=options.activation_checkpointing)
     config = LossConfig(name="token_mean")
-    result = {"method": method, "shape": shape_name}
+    result = {"method": method, "shape": shape_name, "model": Path(model_dir).name,
+              "num_parameters": sum(p.numel() for p in policy.model.parameters()),
+              **dataclasses.asdict(options)}
     if method == "tree":
         step = pack_step([tree], advantages, max_tokens)
         result.update(num_micro_batches=len(step.micro_batches),
@@ -123,18 +172,32 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
 
         def run():
             return flat_loss(policy, samples, config)
-    warm_up = policy.score_path(torch.arange(16), torch.arange(1, 16))
-    warm_up.logprobs.sum().backward()
+    compute = compute_context(torch.device("cpu"), options.mixed_precision)
+    with compute:
+        warm_up = policy.score_path(torch.arange(16), torch.arange(1, 16))
+        warm_up.logprobs.sum().backward()
     policy.model.zero_grad(set_to_none=True)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-6) if options.optimizer \
+        else None
     before = _maxrss_mib()
     start, start_cpu = time.perf_counter(), time.process_time()
-    loss = run()
+    with compute:
+        loss = run()
+    if optimizer is not None:
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+        optimizer.step()
     result["step_s"] = time.perf_counter() - start
     result["step_cpu_s"] = time.process_time() - start_cpu
     result["peak_step_mib"] = _maxrss_mib() - before
+    result["peak_rss_mib"] = _maxrss_mib()
+    num_trained = sum(len(s.behaviour) for s in flat_samples([tree], advantages))
+    result["num_trained_tokens"] = num_trained
+    result["trained_tokens_per_s"] = num_trained / result["step_s"]
+    result["peak_step_kib_per_trained_token"] = result["peak_step_mib"] * 1024 / num_trained
     if "scale" in result:
         result["step_s"] *= result["scale"]
         result["step_cpu_s"] *= result["scale"]
+        result["trained_tokens_per_s"] /= result["scale"]
         result["num_tokens"] = sum(len(s.token_ids) for s in flat_samples(
             [tree], advantages, "call"))
     else:
@@ -265,19 +328,26 @@ def fsdp2_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_side_by_side(shapes: list[str], per_call_every: int, timeout_s: int) -> list[dict]:
+def run_side_by_side(shapes: list[str], per_call_every: int, timeout_s: int,
+                     model_dir: Path | None = None,
+                     options: LearnerOptions = LearnerOptions(),
+                     methods: tuple[str, ...] = ("tree", "per_session", "per_call")
+                     ) -> list[dict]:
+    """Each method at each shape, on `model_dir` (None: the tiny model, built here)."""
     from undertow.learner.modeldir import init_model_dir
 
     rows = []
+    results = RESULTS if model_dir is None else RESULTS.with_name(
+        f"learner_{model_dir.name}.json")
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = init_model_dir(Path(scratch) / "tiny", size="tiny", seed=0)
+        model_dir = model_dir or init_model_dir(Path(scratch) / "tiny", size="tiny", seed=0)
         for shape in shapes:
             tree = build_tree(SHAPES[shape])
-            for method in ("tree", "per_session", "per_call"):
+            for method in methods:
                 every = per_call_every if shape == "full" else 1
                 command = [sys.executable, "-m", "benchmarks.learner", "--worker", method,
                            "--shape", shape, "--model-dir", str(model_dir),
-                           "--per-call-every", str(every)]
+                           "--per-call-every", str(every), *options.flags()]
                 done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
                 if done.returncode:
                     raise RuntimeError(f"{method}/{shape} failed:\n{done.stderr[-3000:]}")
@@ -286,24 +356,29 @@ def run_side_by_side(shapes: list[str], per_call_every: int, timeout_s: int) -> 
                            flat_call_tokens=tree.num_flat_tokens)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                RESULTS.parent.mkdir(parents=True, exist_ok=True)
-                RESULTS.write_text(json.dumps({"shapes": SHAPES, "max_tokens": MAX_TOKENS,
+                results.parent.mkdir(parents=True, exist_ok=True)
+                results.write_text(json.dumps({"shapes": SHAPES, "max_tokens": MAX_TOKENS,
                                                "rows": rows}, indent=2) + "\n")
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| shape | method | tokens run | step s (wall) | step s (CPU) | vs tree (CPU) "
-             "| peak step MiB | loss |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | shape | method | tokens run | step s (wall) | step s (CPU) "
+             "| vs tree (CPU) | trained tok/s | peak step MiB | KiB / trained token "
+             "| peak RSS MiB | loss |", "|---|---|---|" + "---:|" * 9]
     tree_time = {r["shape"]: r["step_cpu_s"] for r in rows if r["method"] == "tree"}
     for r in rows:
         note = " (extrapolated)" if "scale" in r else ""
         loss = f"{r['loss']:.6f}" if "loss" in r else "n/a"
         peak = f"{r['peak_step_mib']:.0f}" if "scale" not in r else "n/a"
-        lines.append(f"| {r['shape']} | {r['method']}{note} | {r['num_tokens']} | "
-                     f"{r['step_s']:.1f} | {r['step_cpu_s']:.1f} | "
-                     f"{r['step_cpu_s'] / tree_time[r['shape']]:.2f}x | "
-                     f"{peak} | {loss} |")
+        per_token = (f"{r['peak_step_kib_per_trained_token']:.0f}" if "scale" not in r
+                     else "n/a")
+        ratio = (f"{r['step_cpu_s'] / tree_time[r['shape']]:.2f}x"
+                 if r["shape"] in tree_time else "n/a")
+        lines.append(f"| {r['model']} | {r['shape']} | {r['method']}{note} | {r['num_tokens']} "
+                     f"| {r['step_s']:.1f} | {r['step_cpu_s']:.1f} | {ratio} "
+                     f"| {r['trained_tokens_per_s']:.1f} | {peak} | {per_token} "
+                     f"| {r['peak_rss_mib']:.0f} | {loss} |")
     return "\n".join(lines)
 
 
@@ -320,17 +395,36 @@ def main(argv: list[str] | None = None) -> None:
                         help="(worker) micro-batch bound")
     parser.add_argument("--fsdp2", action="store_true",
                         help="the FSDP2 case: 2 gloo processes vs 1 (default shape: scaled)")
+    parser.add_argument("--model", help=f"a pretrained model: a directory or one of "
+                        f"{sorted(MODELS)} (default shape: short)")
+    parser.add_argument("--methods", default="tree,per_session,per_call")
+    parser.add_argument("--mixed-precision", choices=["none", "bf16"], default="none")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--optimizer", action="store_true",
+                        help="clip and step AdamW after the backward (a whole training step)")
     args = parser.parse_args(argv)
+    options = LearnerOptions(args.mixed_precision, args.activation_checkpointing,
+                             args.optimizer)
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.shape, args.model_dir,
-                                    args.per_call_every, args.grads_out, args.max_tokens)))
+                                    args.per_call_every, args.grads_out, args.max_tokens,
+                                    options)))
+        return
+    if args.model:
+        default = args.shapes == parser.get_default("shapes")
+        shapes = ["short"] if default else args.shapes.split(",")
+        rows = run_side_by_side(shapes, args.per_call_every, args.timeout_s,
+                                resolve_model(args.model), options,
+                                tuple(args.methods.split(",")))
+        print(table(rows))
         return
     if args.fsdp2:
         default = args.shapes == parser.get_default("shapes")
         shapes = ["scaled"] if default else args.shapes.split(",")
         print(fsdp2_table(run_fsdp2(shapes, args.timeout_s)))
         return
-    rows = run_side_by_side(args.shapes.split(","), args.per_call_every, args.timeout_s)
+    rows = run_side_by_side(args.shapes.split(","), args.per_call_every, args.timeout_s,
+                            options=options, methods=tuple(args.methods.split(",")))
     print(table(rows))
 
 

@@ -14,7 +14,9 @@ between rollout and training); each part gets its own section from it. With no c
 file, `undertow train` reads `configs/learn.yaml`: the tiny model (built once into the run
 directory), a warm start, one built-in engine, the embedded gateway and one-call chat sessions on a
 prompt task set whose reward the policy visibly learns in minutes. `configs/swe.yaml` is
-the SWE run: mini-swe-agent on the bundled tasks in Docker sandboxes.
+the SWE run: mini-swe-agent on the bundled tasks in Docker sandboxes. A pretrained model
+is `run.model_dir` (`configs/learn-smollm2.yaml`: SmolLM2 from `make setup-models`, no
+warm start): the learner trains it and the engine serves it from that directory.
 
 `rollout.scaffold` is a scaffold of `adapters/registry.py` (sessions in Docker
 sandboxes on SWE tasks) or `chat` (one chat call per session on a prompt task set,
@@ -49,7 +51,14 @@ from undertow.warm_start import WarmStartSection
 
 
 def base_model_dir(run: RunConfig) -> Path:
+    """`run.model_dir` (a pretrained model directory, e.g. `configs/learn-smollm2.yaml`'s),
+    or the tiny model built once into the run directory when it is not set."""
     if run.model_dir is not None:
+        if not (run.model_dir / "config.json").is_file():
+            raise ValueError(f"run.model_dir {run.model_dir} holds no model (no config.json); "
+                             "fetch one there with `undertow model fetch NAME --out "
+                             f"{run.model_dir}` (`make setup-models` fills .cache/models), or "
+                             "set run.model_dir to a Hugging Face model directory")
         return run.model_dir
     from undertow.learner.modeldir import ensure_model_dir
 

@@ -16,7 +16,8 @@ setup-models` puts them), by default at the "short" shape (one group of 4 sessio
 2k tokens, the size of one step of a small RL run), with the learner's options
 `--mixed-precision bf16` (float32 master weights, bf16 compute), `--activation-checkpointing`
 and `--optimizer` (the step's gradient clipping and AdamW too, so the peak holds AdamW's
-state: a whole training step). Each method runs in a FRESH subprocess and reports:
+state: a whole training step), and `--dtype bfloat16` (parameters, gradients and AdamW's
+state in bf16: no float32 master weights). Each method runs in a FRESH subprocess and reports:
 
 - step_s / step_cpu_s: wall and CPU time of forward+backward (CPU time is the
   process's, robust to other load on a shared machine; one thread) of the whole
@@ -120,9 +121,10 @@ class LearnerOptions:
     mixed_precision: str = "none"
     activation_checkpointing: bool = False
     optimizer: bool = False
+    dtype: str = "float32"
 
     def flags(self) -> list[str]:
-        return (["--mixed-precision", self.mixed_precision]
+        return (["--mixed-precision", self.mixed_precision, "--dtype", self.dtype]
                 + ["--activation-checkpointing"] * self.activation_checkpointing
                 + ["--optimizer"] * self.optimizer)
 
@@ -133,6 +135,7 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     import torch
 
     from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.config import torch_dtype
     from undertow.learner.losses import LossConfig
     from undertow.learner.model import PolicyModel
     from undertow.learner.objective import backward_step
@@ -146,7 +149,8 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
                   for s, a in group_advantages(tree, AdvantageConfig()).items()}
     # Segments of the micro-batch bound, as `undertow train` sets them by default
     # (`TrainConfig.segment_tokens`): a packed micro-batch is never scored in segments.
-    policy = PolicyModel.load(model_dir, max_segment_tokens=max_tokens,
+    policy = PolicyModel.load(model_dir, dtype=torch_dtype(options.dtype),
+                              max_segment_tokens=max_tokens,
                               activation_checkpointing=options.activation_checkpointing)
     config = LossConfig(name="token_mean")
     result = {"method": method, "shape": shape_name, "model": Path(model_dir).name,
@@ -400,11 +404,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="tree,per_session,per_call")
     parser.add_argument("--mixed-precision", choices=["none", "bf16"], default="none")
     parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the parameters' dtype (learner.dtype; bf16 compute on float32 "
+                        "master weights is --mixed-precision bf16)")
     parser.add_argument("--optimizer", action="store_true",
                         help="clip and step AdamW after the backward (a whole training step)")
     args = parser.parse_args(argv)
     options = LearnerOptions(args.mixed_precision, args.activation_checkpointing,
-                             args.optimizer)
+                             args.optimizer, args.dtype)
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.shape, args.model_dir,
                                     args.per_call_every, args.grads_out, args.max_tokens,

@@ -16,7 +16,8 @@ One session, top to bottom (`Rollout._session`):
 A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
 error of the run; an error of Undertow's own (image, sandbox, setup, grading) closes the
 session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its meta
-(the learner leaves it out), and the slot is run again as a new session of the same
+(the learner leaves it out; `error` says why, as does the last line of the session's
+`sandbox.log`), and the slot is run again as a new session of the same
 group (same `index`, next `attempt`; the task's image is built again if that failed),
 up to `max_attempts` attempts in all.
 
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,6 +93,22 @@ class RolloutConfig:
         if self.timeout_value not in TIMEOUT_VALUES:
             raise ValueError(f"RolloutConfig.timeout_value must be one of {TIMEOUT_VALUES}, "
                              f"got {self.timeout_value!r}")
+
+
+def failure_reason(error: BaseException) -> str:
+    """What went wrong, never empty: the error's type and message, and the errors it was
+    raised from; one without a message (a bare TimeoutError) also says where it was
+    raised (file, line and function of the innermost frame)."""
+    reasons = []
+    while error is not None and len(reasons) < 4:
+        message = str(error).strip()
+        if not message:
+            frame = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+            message = (f"(no message) raised at {Path(frame[0].filename).name}:"
+                       f"{frame[0].lineno} in {frame[0].name}" if frame else "(no message)")
+        reasons.append(f"{type(error).__name__}: {message}")
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return "; from ".join(reasons)
 
 
 def new_run_id() -> str:
@@ -220,8 +238,7 @@ class Rollout:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # no host could be had
-            result.cause = "error:sandbox"
-            result.error = f"{type(error).__name__}: {error}"
+            self._failed(result, "sandbox", error)
 
     async def _run_session(self, task: Task, host: DockerHost,
                            result: SessionResult) -> None:
@@ -249,12 +266,21 @@ class Rollout:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            result.cause = f"error:{stage}"
-            result.error = f"{type(error).__name__}: {error}"
+            self._failed(result, stage, error)
         finally:
             if sandbox is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(sandbox.close())
+
+    def _failed(self, result: SessionResult, stage: str, error: Exception) -> None:
+        """A failure of Undertow's own at `stage`: the cause, and its reason in the
+        session's record and at the end of its sandbox log."""
+        result.cause, result.error = f"error:{stage}", failure_reason(error)
+        if result.session_id:
+            log_path = self._session_dir(result) / "sandbox.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("a", encoding="utf-8") as log:
+                log.write(f"# {result.cause}: {result.error}\n")
 
     async def _start_sandbox(self, task: Task, host: DockerHost, image: str,
                              session_id: str) -> Sandbox:

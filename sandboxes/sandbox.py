@@ -189,7 +189,11 @@ class Sandbox:
         result = await self.exec(probe, timeout_s=self.config.start_timeout_s)
         lines = result.output.split()
         if result.exit_code != 0 or len(lines) < 2:
-            raise SandboxError(f"container {self.container.short_id} is not ready: {result.output}")
+            why = (f"did not answer within {self.config.start_timeout_s:g} s (start_timeout_s)"
+                   if result.timed_out else f"exited with code {result.exit_code}")
+            raise SandboxError(f"container {self.container.short_id} is not ready: its first "
+                               f"command ({probe!r}) {why}, output "
+                               f"{result.output.strip()[-500:] or '(none)'!r}")
         self.uid, self.gid = int(lines[0]), int(lines[1])
         if not self.base_commit and len(lines) > 2:
             self.base_commit = lines[2]
@@ -266,7 +270,13 @@ class Sandbox:
         except TimeoutError:
             timed_out = True
             killed_by = await self._kill_tree(marker, user or "")
-            await asyncio.wait_for(reading, _KILL_GRACE_S)
+            try:
+                await asyncio.wait_for(reading, _KILL_GRACE_S)
+            except TimeoutError:
+                raise SandboxError(
+                    f"a command in {self.container.short_id} ran past its {timeout_s:g} s limit "
+                    f"and its output had not ended {_KILL_GRACE_S:g} s after its processes "
+                    f"were killed ({killed_by}): {command[:200]!r}") from None
         except asyncio.CancelledError:
             # The caller gave up (e.g. its session's time ran out): the command must not
             # outlive the call.

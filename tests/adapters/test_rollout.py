@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from undertow.adapters.command import CommandScaffold
-from undertow.adapters.rollout import Rollout, RolloutConfig
+from undertow.adapters.rollout import Rollout, RolloutConfig, failure_reason
+from undertow.sandboxes.sandbox import SandboxConfig
 
 from .conftest import BUNDLED, run_containers
 
@@ -239,15 +240,58 @@ async def test_start_commands_run_before_the_scaffold_and_a_failing_one_is_under
     summary = await rollout.run()
 
     by_task = {r.instance_id: r for r in summary.sessions}
-    assert by_task[first].cause == "exited" and "ready" in by_task[first].log_tail
+    assert (by_task[first].cause, by_task[first].error) == ("exited", "")
+    assert "ready" in by_task[first].log_tail
     assert by_task[second].cause == "error:setup" and by_task[second].infra_failure
     assert f"task {second}: start command 'exit 7' exited with code 7" in by_task[second].error
     sessions = tmp_path / rollout.run_id / "sessions"
     ok_log = (sessions / by_task[first].session_id / "sandbox.log").read_text()
     assert "$ echo ready > /tmp/start-marker\n# exit code 0" in ok_log
-    assert "$ exit 7\n# exit code 7" in (
-        sessions / by_task[second].session_id / "sandbox.log").read_text()
+    broken_log = (sessions / by_task[second].session_id / "sandbox.log").read_text()
+    assert "$ exit 7\n# exit code 7" in broken_log
+    assert broken_log.endswith(f"# error:setup: {by_task[second].error}\n")
     assert run_containers(rollout.run_id) == []
+
+
+@pytest.mark.docker
+async def test_a_sandbox_that_cannot_start_says_why_in_the_summary_and_its_log(
+        scripted_gateway, bundled_tasks, connection, tmp_path):
+    """Every `error:*` carries its reason: a container Docker refuses to create (its
+    network does not exist) is `error:sandbox` with Docker's answer, in the session's
+    record, the run's summary.json and the session's sandbox.log."""
+    task = bundled_tasks[sorted(bundled_tasks)[0]]
+    config = RolloutConfig(timeout_s=60, out_dir=tmp_path, progress_interval_s=0,
+                           max_attempts=1,
+                           sandbox=SandboxConfig(network="undertow-no-such-network"))
+    rollout = Rollout([task], CommandScaffold("true"), scripted_gateway.admin, connection,
+                      config)
+    [result] = (await rollout.run()).sessions
+    assert result.cause == "error:sandbox"
+    assert "could not start a container" in result.error
+    assert "undertow-no-such-network" in result.error
+    summary = json.loads((tmp_path / rollout.run_id / "summary.json").read_text())
+    assert [s["error"] for s in summary["sessions"]] == [result.error]
+    log = tmp_path / rollout.run_id / "sessions" / result.session_id / "sandbox.log"
+    assert log.read_text() == f"# error:sandbox: {result.error}\n"
+    session = await scripted_gateway.admin.session(result.session_id)
+    assert session["meta"]["error"] == result.error and session["meta"]["infra_failure"]
+
+
+async def test_a_failure_without_a_message_says_where_it_was_raised():
+    def wait_for_docker():
+        raise TimeoutError
+
+    def start():
+        try:
+            wait_for_docker()
+        except TimeoutError as error:
+            raise RuntimeError("the sandbox did not start") from error
+
+    with pytest.raises(RuntimeError) as raised:
+        start()
+    assert failure_reason(raised.value) == (
+        "RuntimeError: the sandbox did not start; from TimeoutError: (no message) raised at "
+        "test_rollout.py:" f"{wait_for_docker.__code__.co_firstlineno + 1} in wait_for_docker")
 
 
 @pytest.mark.docker

@@ -34,7 +34,7 @@ from undertow.gateway.api.openai_chat import parse_messages
 from undertow.gateway.app import STORE_KEY
 from undertow.gateway.engines.scripted import ScriptedEngine
 from undertow.gateway.head_replay import message_of_events
-from undertow.gateway.render import Renderer
+from undertow.gateway.render import Renderer, TemplateError
 from undertow.gateway.sessions import Session
 from undertow.gateway.tokentruth import Head, build_prompt
 from undertow.gateway.toolparsers import PARSERS, create_parser, parser_of_template
@@ -139,6 +139,21 @@ def test_a_30_turn_session_extends_every_prompt_verbatim(family_dirs, name, stri
         if stop != "<|return|>":  # the one stop token the template writes otherwise
             assert full.endswith(stop + added), (name, stop, added)  # not twice, not lost
     assert num_calls == NUM_TURNS
+
+
+def test_a_templates_own_error_is_a_bad_request_and_parsed_messages_avoid_it(family_dirs):
+    """gpt-oss's real template tests `"..." in message.content`: an assistant tool call
+    with null content fails inside it with a TypeError, which the renderer reports as a
+    `TemplateError` (a 400 naming it); the gateway's parsed messages (content a string,
+    as `parse_messages` gives every template) render."""
+    renderer = Renderer(family_dirs["harmony"])
+    call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "u"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    with pytest.raises(TemplateError, match="TypeError"):
+        renderer.render(messages, TOOLS)
+    assert "to=functions.bash" in renderer.render(parse_messages(messages), TOOLS)
 
 
 @pytest.fixture(scope="module")

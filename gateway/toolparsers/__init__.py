@@ -27,6 +27,7 @@ from undertow.gateway.toolparsers.forced import ForcedCallsParser, forced_calls_
 from undertow.gateway.toolparsers.glm45 import Glm45Parser
 from undertow.gateway.toolparsers.harmony import HarmonyParser
 from undertow.gateway.toolparsers.hermes import HermesParser
+from undertow.gateway.toolparsers.kimi_k2 import KimiK2Parser
 from undertow.gateway.toolparsers.llama3 import Llama3JsonParser
 from undertow.gateway.toolparsers.qwen3_coder import Qwen3CoderParser
 
@@ -48,6 +49,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "glm45": Glm45Parser,
     "harmony": HarmonyParser,
     "gpt_oss": HarmonyParser,
+    "kimi_k2": KimiK2Parser,
     FORCED: ForcedCallsParser,
 }
 

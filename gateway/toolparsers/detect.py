@@ -12,6 +12,7 @@ from pathlib import Path
 from undertow.gateway.template_env import read_chat_templates
 
 MARKERS = (("harmony", ("<|channel|>",)),
+           ("kimi_k2", ("<|tool_calls_section_begin|>",)),
            ("deepseek_v3", ("tool▁calls▁begin", "tool_calls_begin")),
            ("glm45", ("<arg_key>",)),
            ("qwen3_coder", ("<function=", "<parameter=")),

@@ -76,6 +76,13 @@ CASES = {
                     '{"name": "bash", "parameters": {"cmd": "cat ä.py", "timeout": 10, '
                     '"flags": ["-n"]}}',
                     ("", "", [BASH, READ], 0)),
+    "kimi_k2": ("<think>Look first.</think>Let me look.<|tool_calls_section_begin|>"
+                "<|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>"
+                "{\"cmd\": \"ls -la\", \"timeout\": 5}<|tool_call_end|><|tool_call_begin|>"
+                "functions.bash:1<|tool_call_argument_begin|>{\"cmd\": \"cat ä.py\", "
+                "\"timeout\": 10, \"flags\": [\"-n\"]}<|tool_call_end|>"
+                "<|tool_calls_section_end|><|im_end|>",
+                ("Let me look.", "Look first.", [BASH, READ], 0)),
     "harmony": ("<|channel|>analysis<|message|>Look first.<|end|><|start|>assistant"
                 "<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant"
                 "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>"
@@ -182,6 +189,7 @@ def test_qwen3_coder_keeps_a_string_that_looks_like_a_number():
 
 @pytest.mark.parametrize(("template", "expected"), [
     ("{{ '<|start|>assistant<|channel|>final<|message|>' }}", "harmony"),
+    ("{{ '<|tool_calls_section_begin|><|tool_call_begin|>' }}", "kimi_k2"),
     ("{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' }}", "deepseek_v3"),
     ("{{ '<tool_call>' ~ name ~ '<arg_key>' }}", "glm45"),
     ("{{ '<tool_call>\\n<function=' ~ name ~ '>\\n<parameter=' }}", "qwen3_coder"),

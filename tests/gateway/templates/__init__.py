@@ -32,9 +32,9 @@ model directories of `make setup-models` bring their own. Per family (`FAMILIES`
 - kimi_k2: moonshotai-Kimi-K2 (real); fixture tokenizer (Kimi's is a tiktoken model that
   no registry here has).
 
-A family whose tool-call format the gateway has no parser for (`parser` None: Kimi-K2's
-sections, DeepSeek-V3.2's DSML; `tool_parser=auto` falls back to `hermes` for them)
-plays its sessions with answers only.
+A family whose tool-call format the gateway has no parser for (`parser` None:
+DeepSeek-V3.2's DSML; `tool_parser=auto` falls back to `hermes` for it) plays its
+sessions with answers only.
 
 `family_model_dir` writes a model directory with a family's template. With `add_tokens`
 (for tests without an engine) it has the family's tokenizer: the real one where there is
@@ -225,7 +225,7 @@ FAMILIES = {family.name: family for family in (
     Family("deepseek_v32", None, ("<｜end▁of▁sentence｜>",), "<｜begin▁of▁sentence｜>",
            _deepseek_v31, template_file="deepseek-ai-DeepSeek-V3.2.jinja",
            tokenizer="deepseek_v3", renamed_tokens=((128798, "<think>"), (128799, "</think>"))),
-    Family("kimi_k2", None, ("<|im_end|>",), None, _kimi_k2,
+    Family("kimi_k2", "kimi_k2", ("<|im_end|>",), None, _kimi_k2,
            template_file="moonshotai-Kimi-K2.jinja",
            special_tokens=("<|im_system|>", "<|im_user|>", "<|im_assistant|>",
                            "<|im_middle|>", "<|im_end|>", "<|tool_calls_section_begin|>",

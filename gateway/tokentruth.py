@@ -67,8 +67,9 @@ class Head:
     `token_ids_json`, when kept (the newest head only), is the JSON array of the IDs of
     the path to `leaf` (that call's prompt and completion), in pieces; `token_ids`, when
     kept (the newest head only), is that path as a `TokenPath`, sharing its chunks with
-    the prompts before and after it (so a call reads and copies only what it adds). `next_turn_start` is the text of a
-    sampled stop token that begins the next message (`Renderer.next_turn_start`).
+    the prompts before and after it (so a call reads and copies only what it adds).
+    `next_turn_start` is the text of a sampled stop token that begins the next message
+    (`Renderer.next_turn_start`).
     `started_s` is when its call started (wall clock; 0 when not known): a session keeps
     its heads in that order, whatever order their calls finished in."""
 

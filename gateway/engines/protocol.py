@@ -207,14 +207,15 @@ class GenerateRequest:
     sent to that engine starts with it: SGLang 0.5.23 aborts every request whose rid starts
     with the one named (`srt/managers/scheduler.py`, `abort_request`). The default, a UUID's
     32 hex digits, and the gateway's `call-` plus 16 hex digits are fixed-width, so
-    prefix-free. `input_ids` is a tuple, or a list that nobody mutates (the gateway's
-    prompts: not copying 128k IDs per call is worth the weaker guarantee).
+    prefix-free. `input_ids` is a tuple, or another sequence that nobody changes, kept as
+    it is (the gateway's prompts are `TokenPath`s that share a session's history: not
+    copying 1M IDs per call).
     `input_ids_json`, where set, is the JSON array of exactly `input_ids`, and the wire body
     carries it as it is (the gateway builds it incrementally, call by call, so a long
     history is not serialised again, nor copied: see `sglang_body`).
     """
 
-    input_ids: tuple[int, ...] | list[int] | None = None
+    input_ids: Sequence[int] | None = None
     text: str | None = None
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     rid: str = field(default_factory=_new_rid)
@@ -224,7 +225,7 @@ class GenerateRequest:
     def __post_init__(self) -> None:
         if (self.input_ids is None) == (self.text is None):
             raise ValueError("a GenerateRequest needs exactly one of input_ids and text")
-        if self.input_ids is not None and not isinstance(self.input_ids, tuple | list):
+        if self.input_ids is not None and not isinstance(self.input_ids, Sequence):
             object.__setattr__(self, "input_ids", tuple(self.input_ids))
 
     def to_sglang(self, *, stream: bool) -> dict:
@@ -234,7 +235,8 @@ class GenerateRequest:
         if self.input_ids_json is not None:
             body["input_ids"] = orjson.Fragment(self.input_ids_json.to_bytes())
         elif self.input_ids is not None:
-            body["input_ids"] = self.input_ids  # a JSON array either way; not copied
+            body["input_ids"] = (self.input_ids if isinstance(self.input_ids, tuple | list)
+                                 else list(self.input_ids))  # a JSON array; not copied
         else:
             body["text"] = self.text
         return body

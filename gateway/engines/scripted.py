@@ -56,9 +56,10 @@ class ScriptedEngine:
     prompt_ids: list[int] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)  # what `/abort_request` named
     streaming: dict[str, bool] = field(default_factory=dict)  # rid -> aborted, while it streams
+    max_body_bytes: int = 2**20  # aiohttp's default; a million-token prompt's JSON is ~6 MB
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/generate", self.generate)
         for path in ("/health", "/health_generate"):
             app.router.add_get(path, self.ok)

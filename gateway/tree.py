@@ -48,7 +48,10 @@ class TreeError(GatewayError, ValueError):
 @dataclass
 class Node:
     """A span of token IDs. `logprobs`/`weight_versions` are per token; prompt tokens
-    carry NaN and -1. `children` maps (first token ID, owner) to a child node ID."""
+    carry NaN and -1. `children` maps (first token ID, owner) to a child node ID.
+    `path_end` is the number of IDs from the root to this node's last (the length of the
+    path that ends here), kept as nodes are added and split, so that reading a path's
+    length, or whether a node lies on a path, does not walk the path."""
 
     node_id: int
     parent: int | None
@@ -57,6 +60,7 @@ class Node:
     weight_versions: list[int]
     sampled_by: str | None
     children: dict[tuple[int, str | None], int] = field(default_factory=dict)
+    path_end: int = 0
 
     @property
     def trainable(self) -> bool:
@@ -218,7 +222,15 @@ class Tree:
         return token_ids
 
     def path_length(self, leaf: int) -> int:
-        return sum(len(self.nodes[node_id].token_ids) for node_id in self.path(leaf))
+        return self.nodes[leaf].path_end
+
+    def on_path(self, node_id: int, leaf: int) -> bool:
+        """Whether `node_id` lies on the path to `leaf` (walks up from `leaf` only as far
+        as `node_id`'s depth in IDs: a step or two for a session's previous leaf)."""
+        depth = self.nodes[node_id].path_end
+        while leaf != ROOT and self.nodes[leaf].path_end > depth:
+            leaf = self.nodes[leaf].parent
+        return leaf == node_id
 
     @property
     def num_unique_tokens(self) -> int:
@@ -227,7 +239,7 @@ class Tree:
     @property
     def num_flat_tokens(self) -> int:
         """Tokens that a per-call log would hold: every call's prompt plus completion."""
-        return sum(len(self.path_token_ids(call.leaf)) for call in self.calls)
+        return sum(self.nodes[call.leaf].path_end for call in self.calls)
 
     def _match(self, session_id: str, token_ids: list[int],
                extends_leaf: int | None = None) -> tuple[int, int, int]:
@@ -270,7 +282,8 @@ class Tree:
         if offset == 0:
             return node.parent
         head = Node(self._new_id(), node.parent, node.token_ids[:offset], node.logprobs[:offset],
-                    node.weight_versions[:offset], node.sampled_by)
+                    node.weight_versions[:offset], node.sampled_by,
+                    path_end=node.path_end - len(node.token_ids) + offset)
         parent = self.nodes[node.parent]
         parent.children[(head.token_ids[0], head.sampled_by)] = head.node_id
         node.token_ids, node.logprobs = node.token_ids[offset:], node.logprobs[offset:]
@@ -300,7 +313,8 @@ class Tree:
             child_id = parent.children.get((token_ids[done], owner))
             if child_id is None:
                 node = Node(self._new_id(), parent_id, token_ids[done:], logprobs[done:],
-                            weight_versions[done:], owner)
+                            weight_versions[done:], owner,
+                            path_end=parent.path_end + len(token_ids) - done)
                 self.nodes[node.node_id] = node
                 parent.children[(token_ids[done], owner)] = node.node_id
                 self._on_undo(lambda node=node: self._remove_leaf_node(node))
@@ -323,9 +337,8 @@ class Tree:
         if paths is None:
             paths = self.sessions[session_id] = SessionPaths(session_id)
             self._on_undo(lambda: self.sessions.pop(session_id))
-        on_path = set(self.path(leaf))
         old_leaves = paths.leaves
-        paths.leaves = [old for old in paths.leaves if old not in on_path] + [leaf]
+        paths.leaves = [old for old in paths.leaves if not self.on_path(old, leaf)] + [leaf]
         self._on_undo(lambda: setattr(paths, "leaves", old_leaves))
 
     def _new_id(self) -> int:
@@ -369,6 +382,18 @@ def tree_to_json(tree: Tree, session_id: str | None = None) -> dict[str, Any]:
             "num_flat_tokens": tree.num_flat_tokens}
 
 
+def _set_path_ends(tree: Tree) -> None:
+    """Sets every node's `path_end`, parents before children (a split's head has a
+    larger ID than the node below it, so ID order would not do)."""
+    below = [tree.nodes[ROOT]]
+    while below:
+        node = below.pop()
+        for child_id in node.children.values():
+            child = tree.nodes[child_id]
+            child.path_end = node.path_end + len(child.token_ids)
+            below.append(child)
+
+
 def tree_from_json(data: dict[str, Any]) -> Tree:
     """Rebuilds the `Tree` that `tree_to_json` (or the gateway's admin API) described."""
     tree = Tree(data["group"])
@@ -381,6 +406,7 @@ def tree_from_json(data: dict[str, Any]) -> Tree:
     for node in tree.nodes.values():
         if node.parent is not None:
             tree.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)] = node.node_id
+    _set_path_ends(tree)
     for session_id, raw in data["sessions"].items():
         tree.sessions[session_id] = SessionPaths(
             session_id, leaves=list(raw["leaves"]), reward=raw["reward"],

@@ -25,6 +25,7 @@ import orjson
 from aiohttp import web
 
 from undertow.gateway.app import event_loop_factory, tune_gc
+from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.http1 import Http1Client
 
 __all__ = ["BareRelay", "main"]
@@ -44,7 +45,7 @@ class BareRelay:
         self.prompt_ids = prompt_ids
 
     def create_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=GatewayConfig.max_body_bytes)  # the gateway's
         app.router.add_post("/admin/sessions", self.open_session)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app

@@ -2,13 +2,20 @@
 
     python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--long-path-tokens 131072]
         [--max-rss-gib 12] [--probe-tokens 24576,49152] [--long-measure full|probes]
-        [--parts session,learner,long]
+        [--growing-calls 500] [--parts session,growing,learner,long]
 
 (a) Gateway (`xlong_session.py`): one session of 500 calls and about 1M tokens, its
     history condensed about every 95k tokens, through `undertow gateway serve` in front
     of the scripted engine: the gateway's CPU and latency per call at calls 10, 100 and
     500 (each the 10th call of its condensation cycle, so the same request size), its
     RSS over the session, and the store's bytes against the tree's unique tokens.
+(d) Un-condensed (`xlong_growing.py`, `--parts growing`): one tool-calling session that
+    re-sends its whole history every call, about 2,000 tokens more each time (1M at call
+    500), through the gateway and, byte for byte, through the bare relay
+    (`benchmarks/bare_relay.py`) in the same run: CPU per call of each at the first and
+    the last calls, the gateway's own work (its CPU minus the relay's) from call 11-30 to
+    the last 20, token truth on every call. Targets: at the end the gateway's CPU per
+    call at most 1.2x the relay's, its own work flat within 1.5x.
 (b) Learner (`xlong_learner.py`): peak memory and time of one step, LM head chunked (and
     long micro-batches in segments) vs unchunked, for a group of such sessions (scaled
     to this CPU), one long path, and the LM head alone at a 128k-token path's shape.
@@ -31,7 +38,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks import xlong_learner, xlong_session
+from benchmarks import xlong_growing, xlong_learner, xlong_session
 
 RESULTS = Path(__file__).resolve().parent / "results" / "xlong.json"
 
@@ -100,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rss-gib", type=float, default=12.0)
     parser.add_argument("--probe-tokens", help="two shorter paths, e.g. 24576,49152")
     parser.add_argument("--long-measure", choices=["full", "probes"], default="full")
-    parser.add_argument("--parts", default="session,learner,long")
+    parser.add_argument("--parts", default="session,growing,learner,long")
+    parser.add_argument("--growing-calls", type=int, default=xlong_growing.NUM_CALLS)
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["group", "path", "head"])
     parser.add_argument("--variant", choices=sorted(xlong_learner.VARIANTS))
@@ -120,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
             results["session"] = asyncio.run(
                 xlong_session.run_session(model_dir, Path(scratch), args.calls))
             _write(results)
+        if "growing" in parts:
+            print("(d) one session, its history never condensed", flush=True)
+            results["growing"] = asyncio.run(
+                xlong_growing.run_growing(model_dir, Path(scratch), args.growing_calls))
+            _write(results)
         if "learner" in parts:
             print("(b) learner steps", flush=True)
             results["path_tokens"] = args.path_tokens
@@ -137,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             _write(results)
     if "session" in results:
         print(session_table(results["session"]))
+    if "growing" in results:
+        print(xlong_growing.growing_table(results["growing"]))
     for part in ("learner", "long_path"):
         if part in results:
             print(learner_table(results[part]))

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from undertow.gateway.token_path import TokenPath
+from undertow.gateway.tree import ROOT, Tree, tree_from_json, tree_to_json
 
 NUM_CALLS = 40
 NUM_WORDS = 300
@@ -102,3 +103,23 @@ def test_extending_a_path_leaves_it_and_its_source_unchanged():
     first, second = head.extend([4]), head.extend([7, 8])
     assert head == [1, 2, 3] and first == [1, 2, 3, 4] and second == [1, 2, 3, 7, 8]
     assert TokenPath.of(first) is first
+
+
+def test_path_lengths_are_kept_through_splits_undo_and_json():
+    """`Node.path_end` (what `path_length` and `on_path` read instead of walking the
+    path) equals the path's IDs counted, for every node, after splits, an undone call
+    and a round trip through JSON."""
+    tree = Tree("g")
+    tree.add_call("a", "s", [1, 2, 3, 4, 5], [6, 7], [-0.1, -0.2], [0, 0])
+    tree.add_call("b", "s", [1, 2, 3, 9], [8], [-0.3], [0])  # splits the first prompt
+    tree.add_call("c", "t", [1, 2], [5], [-0.4], [0])  # splits it again
+    with pytest.raises(RuntimeError), tree.transaction():
+        tree.add_call("d", "s", [1, 2, 3, 4, 5, 6, 7, 1], [2], [-0.5], [0])
+        raise RuntimeError("undone")
+    for copy in (tree, tree_from_json(tree_to_json(tree))):
+        for node_id in copy.nodes:
+            assert copy.path_length(node_id) == len(copy.path_token_ids(node_id))
+    leaves = {call.leaf for call in tree.calls}
+    assert all(tree.on_path(node, leaf) == (node in tree.path(leaf))
+               for node in tree.nodes if node != ROOT for leaf in leaves)
+    assert tree.sessions["s"].leaves == [tree.calls[0].leaf, tree.calls[1].leaf]

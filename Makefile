@@ -9,7 +9,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
-	setup-models setup-assets docker-daemon doctor run test lint bench device-check
+	setup-models setup-assets docker-daemon doctor run test test-qwen lint bench device-check
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -132,7 +132,13 @@ test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-mod
 	setup-assets docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
-	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest $(PYTEST_ARGS)
+	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m "not qwen" $(PYTEST_ARGS)
+
+# The tests that run Qwen2.5-Coder-0.5B's weights (marker `qwen`: its agent sessions through
+# both engines, its forward against transformers'), minutes each on this machine, so not in
+# `make test`; the figures of their last run are in the README.
+test-qwen: setup setup-vllm setup-agents setup-models setup-assets docker-daemon
+	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m qwen $(PYTEST_ARGS)
 
 # The GPU check (issue 15): with this checkout installed (pip install --no-deps -e .) in a
 # Python that has torch (CUDA), triton and transformers; no network. Without CUDA it prints

@@ -52,7 +52,8 @@ def transformers_reference(model_dir, prompts: list[list[int]]) -> dict:
     return {"prefill": prefill, "rows": rows}
 
 
-@pytest.fixture(scope="module", params=["smollm2_dir", "qwen_coder_dir"])
+@pytest.fixture(scope="module",
+                params=["smollm2_dir", pytest.param("qwen_coder_dir", marks=pytest.mark.qwen)])
 def pretrained(request):
     model_dir = request.getfixturevalue(request.param)
     prompts = chat_prompts(model_dir)

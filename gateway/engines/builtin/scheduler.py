@@ -131,6 +131,11 @@ class Scheduler:
                 self.waiting.extend(self._inbox)
                 commands, self._inbox, self._commands = self._commands, [], []
             for command, future in commands:
+                # A caller that gave up first (its awaiting task was cancelled, which
+                # cancels the future) gets nothing; setting a cancelled future's result
+                # raises, which ended this thread: the engine then never generated again.
+                if not future.set_running_or_notify_cancel():
+                    continue
                 try:
                     future.set_result(command())
                 except Exception as error:  # the caller gets it through the future

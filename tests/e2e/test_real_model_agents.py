@@ -149,7 +149,9 @@ def claude_tool_runs(run: Run, output: str) -> list[tuple[str, str]]:
 
 def codex_command(run: Run) -> tuple[list[str], dict[str, str]]:
     instructions = run.root / "instructions.md"
-    instructions.write_text("Call the exec_command tool to read files.\n")
+    instructions.write_text(  # a bare JSON example: without it the model may fence the call
+        'Call the exec_command tool to read files. Write the call as a JSON object alone, '
+        'with no markdown: {"name": "exec_command", "arguments": {"cmd": "..."}}\n')
     home = run.root / "codex-home"
     home.mkdir()
     options = ["model_provider=undertow", "model_providers.undertow.name=undertow",

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 
 from undertow.gateway.call_record import CallRecorder
 from undertow.gateway.call_types import (
@@ -87,20 +86,12 @@ class CallRunner:
     def prompt(self, session: Session, request: CallRequest) -> Prompt:
         if request.prompt_ids is not None:
             return Prompt(list(request.prompt_ids), None, None, 0, (), "")
-        tree = self.store.tree(session.group)
-
-        def path_token_ids(leaf: int) -> list[int]:
-            """A list the prompt may own: the newest head's own (it gives it up, see
-            `CallRecorder._leave_head`), else a new one from the tree."""
-            newest = session.heads[-1] if session.heads else None
-            if newest is not None and newest.leaf == leaf and newest.token_ids is not None:
-                session.heads[-1] = replace(newest, token_ids=None)
-                return newest.token_ids
-            return tree.path_token_ids(leaf)
-
+        # a head's path IDs are its own (`Head.token_ids`, shared, never changed); the
+        # tree is read only for a head that did not keep them (an older one, a restart)
         prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
                               request.messages, request.tools, session.heads,
-                              path_token_ids, policy=self.token_truth,
+                              self.store.tree(session.group).path_token_ids,
+                              policy=self.token_truth,
                               in_flight=session.calls_in_flight)
         self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
         if prompt.branch:

@@ -67,8 +67,8 @@ class Session:
         """Adds a head in the order its call started (`Head.started_s`: last, unless a
         call that started later has finished first), keeping the newest `num_heads`.
         Only heads that share the newest one's messages keep them (older ones are matched
-        by their keys), and only the newest keeps its IDs (as a list and as JSON), so a
-        session holds about one copy of its history however many heads it has."""
+        by their keys), and only the newest keeps its IDs (as a `TokenPath` and as JSON),
+        so a session holds about one copy of its history however many heads it has."""
         self.heads.insert(bisect.bisect_right(self.heads, head.started_s,
                                               key=lambda h: h.started_s), head)
         del self.heads[:-num_heads]

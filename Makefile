@@ -135,8 +135,8 @@ test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-mod
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m "not qwen" $(PYTEST_ARGS)
 
 # The tests that run Qwen2.5-Coder-0.5B's weights (marker `qwen`: its agent sessions through
-# both engines, its forward against transformers'), minutes each on this machine, so not in
-# `make test`; the figures of their last run are in the README.
+# both engines, its forward against transformers'; 3 min on a quiet machine here), kept out of
+# `make test`, whose suite is near its 30-minute budget; their last run is in the README.
 test-qwen: setup setup-vllm setup-agents setup-models setup-assets docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m qwen $(PYTEST_ARGS)
 

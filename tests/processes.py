@@ -1,6 +1,15 @@
-"""The processes below a test's own: what Ray (or any server a test starts) left running."""
+"""Processes of tests: `undertow train` run as a child (`run_train`), and what Ray (or any server
+a test starts) left running below a test's own."""
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def descendants(pid: int) -> set[int]:
@@ -33,3 +42,20 @@ def alive(pids: set[int]) -> set[int]:
         if state != "Z":
             living.add(pid)
     return living
+
+
+def run_train(run_dir: Path, overrides: list[str], log: Path, timeout_s: float) -> int:
+    """`undertow train --run-dir RUN_DIR OVERRIDES...` in its own process group, its output in
+    `log`; its exit status, or the test fails with the log's end after `timeout_s`."""
+    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
+               *overrides]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")

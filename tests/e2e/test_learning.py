@@ -20,8 +20,6 @@ tried (see the lead's closing note of issue 13).
 """
 
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_train
 from undertow.learner.advantages import valid_sessions
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trees import load_store_trees
@@ -46,18 +45,8 @@ MARGIN = 0.4
 
 
 def _train(run_dir: Path, model_dir: Path, log: Path) -> int:
-    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
-               f"run.model_dir={model_dir}", f"learner.num_steps={NUM_STEPS}"]
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, "PYTHONPATH": path})
-    try:
-        return process.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
+    return run_train(run_dir, [
+               f"run.model_dir={model_dir}", f"learner.num_steps={NUM_STEPS}"], log, TIMEOUT_S)
 
 
 def _group_means(run_dir: Path) -> list[tuple[str, float, set[int]]]:

@@ -22,16 +22,13 @@ last two groups. PYTHONPATH is passed on, so that a deliberately broken variant 
 tried.
 """
 
-import os
-import signal
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.processes import run_train
 from undertow.learner.advantages import valid_sessions
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trees import load_store_trees
@@ -58,20 +55,10 @@ TASK = {
 
 
 def _train(run_dir: Path, model_dir: Path, tasks: Path, log: Path) -> int:
-    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
+    return run_train(run_dir, [
                f"run.model_dir={model_dir}", f"rollout.tasks={tasks}",
                "warm_start.num_steps=0", f"learner.num_steps={NUM_STEPS}", "learner.lr=1e-5",
-               "learner.checkpoint_every=100"]
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    with open(log, "wb") as handle:
-        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, "PYTHONPATH": path})
-    try:
-        return process.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
+               "learner.checkpoint_every=100"], log, TIMEOUT_S)
 
 
 def _sampled_groups(run_dir: Path) -> list[tuple[str, list[float], set[int]]]:

@@ -11,6 +11,7 @@ model's. Then `undertow sft` on the sessions that run stored: the loss on them f
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +56,8 @@ def smollm2_run(smollm2_dir, tmp_path_factory) -> Path:
                  "learner.checkpoint_every=1",
                  "rollout.source=tests.e2e.scripted_rollouts:make_run_group"], log)
     assert code == 0, log.read_text()[-3000:]
-    return run_dir
+    yield run_dir
+    shutil.rmtree(run_dir.parent)  # ~4 GB of checkpoints: the suite must fit a small disk
 
 
 def test_two_steps_from_the_model_directory_reach_the_engine(smollm2_run):

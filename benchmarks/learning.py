@@ -1,29 +1,42 @@
-"""Learning on SWE tasks, held out: pass rate on unseen instances after SFT and during RL.
+"""Learning on SWE tasks, held out: pass rate on unseen instances as RL goes on.
 
-    python -m benchmarks.learning [--work DIR] [--size tiny] [--num-instances 300]
-        [--num-sft-tasks 60] [--sft-epochs 2] [--num-steps 4] [--eval-every 2]
-        [--group-size 4] [--groups-per-step 2] [--eval-sessions 50] [--concurrency 4]
+    python -m benchmarks.learning --model qwen2.5-coder-0.5b-instruct [--work DIR]
+        [--difficulty numbers] [--num-steps 30] [--eval-every 10] [--group-size 8]
+        [--groups-per-step 4] [--rl-lr 2e-6] [--eval-sessions 150] [--concurrency 4]
+    python -m benchmarks.learning --model tiny [--num-sft-tasks 60] [--sft-epochs 2] ...
 
-Each stage is a subprocess of `undertow`, the commands a user would run, and is skipped
-when its output is already in `--work` (so an interrupted run resumes where it stopped):
+`--model` is the start policy: a pretrained model directory, or the name of one that
+`make setup-models` puts in .cache/models (`benchmarks.learner.MODELS`), trained by RL
+straight from its weights; or `tiny`, random weights that first learn the oracle's two
+tool-call turns by SFT. Each stage is a subprocess of `undertow`, the commands a user would
+run, and is skipped when its output is already in `--work` (so an interrupted run resumes
+where it stopped):
 
-1. `python -m benchmarks.learning_tasks`: the generated task family (`learning_tasks.py`),
-   split by instance into `WORK/tasks/train` and `WORK/tasks/heldout`;
-2. `undertow model init --size SIZE`: random weights;
-3. `undertow sft-collect` on the first `--num-sft-tasks` training instances: the gold
-   patch applied by the real mini-swe-agent through the gateway, graded in Docker;
-4. `undertow sft` on those trajectories (`--sft-epochs` epochs);
-5. `undertow rollout` on the held-out instances with the SFT model: at least
+1. `python -m benchmarks.learning_tasks`: the generated task family (`learning_tasks.py`,
+   at `--difficulty`), split by instance into `WORK/tasks/train` and `WORK/tasks/heldout`;
+2. tiny only: `undertow model init`, `undertow sft-collect` on `--num-sft-tasks` training
+   instances (the gold patch applied by the real mini-swe-agent), `undertow sft`;
+3. `undertow rollout` on the held-out instances with the start policy: at least
    `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times);
-6. `undertow train` from the SFT model: mini-swe-agent sessions in Docker sandboxes on the
-   training instances, a checkpoint every `--eval-every` steps (`--resume` when some exist);
-7. the held-out rollout of step 5 with each checkpoint;
-8. `undertow plot` of the RL run, and `heldout.png`: held-out pass rate per RL step with
-   Wilson's 95% interval (`undertow/evaluation.py`) over the pooled held-out sessions.
+4. `undertow train` from it: mini-swe-agent sessions in Docker sandboxes on the training
+   instances, a checkpoint every `--eval-every` steps (`--resume` when some exist);
+5. the held-out rollout of step 3 with each checkpoint;
+6. `undertow plot` of the RL run, and `heldout.png`: held-out pass rate per RL step with
+   Wilson's 95% interval (`undertow/evaluation.py`) over the pooled held-out sessions, and
+   the train/sample mismatch of every step (`metrics.jsonl`: mean and max over the trained
+   tokens of |logprob(learner) - logprob(engine)|).
+
+The scaffold is the real mini-swe-agent, unmodified. With a pretrained policy its prompts
+are `configs/learning_mini_swe_agent.yaml` (short, text-based actions: the command is the
+reply's ```bash block), `--step-limit` 1 call of at most `--max-tokens` 96; the tiny
+model keeps mini-swe-agent's swebench.yaml and tool calls, which its SFT data holds, and 3
+calls of 256 tokens.
 
 Writes `benchmarks/results/learning.json` (every stage's command, wall time and figures:
-seconds per session, per RL step, per SFT epoch; reward variance of the RL groups) and
-`benchmarks/results/learning_heldout.png`, and prints a Markdown table.
+per held-out point its sessions and Wilson interval, the last point's difference from the
+start with Newcombe's interval; per RL step reward, mismatch, masked fraction and times;
+reward variance of the RL groups) and `benchmarks/results/learning_heldout.png`, and
+prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -39,46 +52,72 @@ import sys
 import time
 from pathlib import Path
 
-from undertow.evaluation import outcomes, wilson_interval
+from benchmarks.learner import resolve_model
+from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "learning.json"
 PLOT = REPO / "benchmarks" / "results" / "learning_heldout.png"
+AGENT_CONFIG = REPO / "benchmarks" / "configs" / "learning_mini_swe_agent.yaml"
+TINY = "tiny"
+# Scaffold settings where the command line leaves them out, by start policy: the tiny
+# model's SFT data is mini-swe-agent's stock tool-call format, two calls of ~195 tokens.
+SCAFFOLD_DEFAULTS = {TINY: {"step_limit": 3, "max_tokens": 256, "agent_config": None},
+                     "pretrained": {"step_limit": 1, "max_tokens": 96,
+                                    "agent_config": AGENT_CONFIG}}
+STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy", "grad_norm",
+             "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p95", "masked_fraction",
+             "num_sessions", "num_dropped_uniform", "num_trained_tokens", "step_s",
+             "rollout_s", "train_s", "sync_s")
 
 
-def run(argv: list[str], log: Path, module: str = "undertow.cli") -> float:
-    """Runs `python -m MODULE ARGV` (one thread for torch: the machine is shared);
-    returns its wall time; exits with its log's path when it fails."""
+def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: int = 1) -> float:
+    """Runs `python -m MODULE ARGV` with `num_threads` torch threads (its engine and
+    learner); returns its wall time; exits with its log's path when it fails."""
     command = [sys.executable, "-m", module, *argv]
     print(f"$ {shlex.join(command[2:])}", flush=True)
     started = time.perf_counter()
     with log.open("w") as out:
         result = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": str(num_threads)})
     if result.returncode != 0:
         raise SystemExit(f"failed ({result.returncode}): {shlex.join(command)}; see {log}")
     return time.perf_counter() - started
 
 
 def _timed(record: dict, name: str, argv: list[str], log: Path, done: bool,
-           module: str = "undertow.cli") -> None:
+           module: str = "undertow.cli", num_threads: int = 1) -> None:
     record[name] = {"command": shlex.join(["python", "-m", module, *argv]),
-                    "wall_s": None if done else run(argv, log, module)}
+                    "num_threads": num_threads,
+                    "wall_s": None if done else run(argv, log, module, num_threads)}
 
 
-def scaffold_options(args) -> list[str]:
-    return [f"step_limit={args.step_limit}", f"max_tokens={args.max_tokens}",
-            f"temperature={args.temperature}"]
+def scaffold_options(args) -> dict:
+    """mini-swe-agent's options (`adapters/mini_swe_agent.py`) for every session."""
+    options = {"step_limit": args.step_limit, "max_tokens": args.max_tokens,
+               "temperature": args.temperature}
+    if args.agent_config:
+        options["overrides"] = [str(Path(args.agent_config).resolve())]
+    return options
 
 
-def prepare(work: Path, args, record: dict) -> Path:
-    """Stages 1-4: tasks, base model, oracle trajectories, SFT; returns the SFT model."""
+def prepare(work: Path, args, record: dict) -> tuple[str, Path]:
+    """Stages 1-2: the tasks, and the start policy: (its name, its directory)."""
+    tasks = work / "tasks"
+    _timed(record, "tasks", ["--out", str(tasks), "--num-instances", str(args.num_instances),
+                             "--seed", str(args.seed), "--difficulty", args.difficulty],
+           work / "tasks.log", (tasks / "heldout" / "tasks.jsonl").exists(),
+           "benchmarks.learning_tasks")
+    if args.model != TINY:
+        return "start", resolve_model(args.model)
+    return "sft", sft_model(work, args, record)
+
+
+def sft_model(work: Path, args, record: dict) -> Path:
+    """The tiny model: random weights, then SFT on oracle trajectories."""
     tasks, base, store, sft = (work / "tasks", work / "base", work / "oracle-store",
                                work / "sft")
-    _timed(record, "tasks", ["--out", str(tasks), "--num-instances", str(args.num_instances),
-                             "--seed", str(args.seed)], work / "tasks.log",
-           (tasks / "heldout" / "tasks.jsonl").exists(), "benchmarks.learning_tasks")
-    _timed(record, "init", ["model", "init", "--out", str(base), "--size", args.size,
+    _timed(record, "init", ["model", "init", "--out", str(base), "--size", "tiny",
                             "--seed", str(args.seed)], work / "init.log",
            (base / "model.safetensors").exists())
     _timed(record, "collect", [
@@ -103,7 +142,7 @@ def prepare(work: Path, args, record: dict) -> Path:
 
 
 def evaluate(work: Path, name: str, model: Path, args) -> dict:
-    """The held-out rollout of `model` (stage 5/7), pooled pass rate and Wilson interval."""
+    """The held-out rollout of `model` (stage 3/5), pooled pass rate and Wilson interval."""
     heldout = work / "tasks" / "heldout"
     num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
     num_tasks = min(num_heldout, args.eval_sessions)
@@ -112,23 +151,27 @@ def evaluate(work: Path, name: str, model: Path, args) -> dict:
     argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
             str(model), "--out", str(out), f"num_tasks={num_tasks}", f"group_size={group_size}",
             f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
-            "progress_interval_s=0",
-            *(f"scaffold_options.{option}" for option in scaffold_options(args))]
+            "progress_interval_s=60",
+            f"scaffold_options={json.dumps(scaffold_options(args))}"]
     row: dict = {}
-    _timed(row, "rollout", argv, work / f"eval-{name}.log", any(out.glob("*/summary.json")))
+    load = os.getloadavg()[0]
+    _timed(row, "rollout", argv, work / f"eval-{name}.log", any(out.glob("*/summary.json")),
+           num_threads=args.threads)
     summary = json.loads(sorted(out.glob("*/summary.json"))[-1].read_text())
     per_task, num_left_out = outcomes(summary)
     results = [resolved for sessions in per_task.values() for resolved in sessions]
     sessions = summary["sessions"]
-    return {"model": name, **row["rollout"], "num_sessions": len(results),
-            "num_left_out": num_left_out, "num_resolved": sum(results),
-            "pass_rate": sum(results) / max(len(results), 1),
+    return {"model": name, **row["rollout"], "load_average_1m_at_start": load,
+            "num_sessions": len(results), "num_left_out": num_left_out,
+            "num_resolved": sum(results), "pass_rate": sum(results) / max(len(results), 1),
             "interval": wilson_interval(sum(results), len(results)),
             "num_tasks_resolved": sum(any(s) for s in per_task.values()),
             "rollout_s": summary["duration_s"],
             "session_s_mean": sum(s["duration_s"] for s in sessions) / len(sessions),
             "completion_tokens_mean": summary["num_completion_tokens"] / len(sessions),
-            "causes": _count(s["cause"] for s in sessions)}
+            "causes": _count(s["cause"] for s in sessions),
+            "exit_statuses": _count(s.get("details", {}).get("exit_status", "")
+                                    for s in sessions)}
 
 
 def _count(values) -> dict:
@@ -138,31 +181,37 @@ def _count(values) -> dict:
     return counts
 
 
-def train(work: Path, sft: Path, args) -> dict:
-    """Stage 6: `undertow train` from the SFT model (resumed when it has checkpoints)."""
+def train_argv(work: Path, start: Path, args) -> list[str]:
+    """`undertow train` on the training split from `start` (configs/swe.yaml, overridden)."""
     run_dir = work / "train"
-    options = "{" + ", ".join(o.replace("=", ": ") for o in scaffold_options(args)) + "}"
     argv = ["train", "-c", "undertow/configs/swe.yaml", "--run-dir", str(run_dir),
-            f"run.model_dir={sft}", f"rollout.tasks={work / 'tasks' / 'train'}",
-            f"rollout.scaffold_options={options}", f"rollout.concurrency={args.concurrency}",
-            f"rollout.timeout_s={args.timeout_s}", f"learner.num_steps={args.num_steps}",
-            f"learner.group_size={args.group_size}",
+            f"run.model_dir={start}", f"rollout.tasks={work / 'tasks' / 'train'}",
+            f"rollout.scaffold_options={json.dumps(scaffold_options(args))}",
+            f"rollout.concurrency={args.concurrency}", f"rollout.timeout_s={args.timeout_s}",
+            f"learner.num_steps={args.num_steps}", f"learner.group_size={args.group_size}",
             f"learner.groups_per_step={args.groups_per_step}", f"learner.lr={args.rl_lr}",
+            f"learner.max_staleness={args.max_staleness}",
             f"learner.checkpoint_every={args.eval_every}",
             f"learner.keep_checkpoints={args.num_steps // args.eval_every + 1}",
+            f"loss.correction={args.correction}",
             f"advantages.filter_uniform_groups={str(args.filter_uniform).lower()}"]
+    if args.model != TINY:
+        argv.append("learner.activation_checkpointing=true")
+    return argv
+
+
+def train(work: Path, start: Path, args) -> dict:
+    """Stage 4: `undertow train` from the start policy (resumed when it has checkpoints)."""
+    run_dir = work / "train"
+    argv = train_argv(work, start, args)
     latest = _checkpoints(run_dir)
     done = bool(latest) and latest[-1][0] >= args.num_steps
     if latest and not done:
         argv.append("--resume")
     record: dict = {}
-    _timed(record, "train", argv, work / "train.log", done)
-    metrics_path = run_dir / "metrics.jsonl"
-    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    record["train"]["steps"] = [
-        {k: s.get(k) for k in ("step", "reward_mean", "reward_std", "pass_rate", "loss",
-                               "num_sessions", "num_dropped_uniform", "step_s", "rollout_s",
-                               "train_s", "sync_s")} for s in steps]
+    _timed(record, "train", argv, work / "train.log", done, num_threads=args.threads)
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    record["train"]["steps"] = [{k: s.get(k) for k in STEP_KEYS} for s in steps]
     record["train"]["groups"] = group_rewards(run_dir / "store")
     return record["train"]
 
@@ -186,24 +235,51 @@ def group_rewards(store: Path) -> dict:
             "num_with_variance": sum(len(set(r)) > 1 for r in groups.values())}
 
 
-def plot_heldout(evals: list[dict], path: Path) -> Path:
-    """Held-out pass rate per RL step (0 = after SFT) with Wilson's 95% interval."""
+def gain(evals: list[dict]) -> dict | None:
+    """The last held-out point against the first: the difference of pass rates with
+    Newcombe's 95% interval (independent samples: the sessions differ)."""
+    if len(evals) < 2:
+        return None
+    first, last = evals[0], evals[-1]
+    low, high = difference_interval(first["num_resolved"], first["num_sessions"],
+                                    last["num_resolved"], last["num_sessions"])
+    return {"from_step": first["rl_step"], "to_step": last["rl_step"],
+            "difference": last["pass_rate"] - first["pass_rate"], "interval": [low, high],
+            "excludes_zero": low > 0 or high < 0}
+
+
+def plot_heldout(evals: list[dict], steps: list[dict], path: Path) -> Path:
+    """Held-out pass rate per RL step with Wilson's 95% interval; beside it, each step's
+    train/sample mismatch (mean and max |logprob(learner) - logprob(engine)|)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    steps = [e["rl_step"] for e in evals]
+    figure, (rates_axis, mismatch_axis) = pyplot.subplots(1, 2, figsize=(11, 3.8))
     rates = [e["pass_rate"] for e in evals]
     errors = [[r - e["interval"][0] for r, e in zip(rates, evals, strict=True)],
               [e["interval"][1] - r for r, e in zip(rates, evals, strict=True)]]
-    figure, axis = pyplot.subplots(figsize=(6, 3.5))
-    axis.errorbar(steps, rates, yerr=errors, marker="o", capsize=4)
-    axis.set_xlabel("RL step (0: after SFT)")
-    axis.set_ylabel("held-out pass rate")
-    axis.set_ylim(-0.02, 1.02)
-    axis.grid(alpha=0.3)
-    axis.set_title(f"held-out pass rate, {evals[0]['num_sessions']} sessions a point, 95% CI")
+    rates_axis.errorbar([e["rl_step"] for e in evals], rates, yerr=errors, marker="o",
+                        capsize=4)
+    rates_axis.set_xlabel(f"RL step (0: {evals[0]['model']})")
+    rates_axis.set_ylabel("held-out pass rate")
+    rates_axis.set_ylim(-0.02, 1.02)
+    rates_axis.grid(alpha=0.3)
+    rates_axis.set_title(f"held-out, {evals[0]['num_sessions']} sessions a point, 95% Wilson")
+    measured = [s for s in steps if s.get("mismatch_mean") is not None]
+    if measured:
+        numbers = [s["step"] for s in measured]
+        mismatch_axis.plot(numbers, [s["mismatch_mean"] for s in measured], marker=".",
+                           label="mean")
+        mismatch_axis.plot(numbers, [s["mismatch_max"] for s in measured], marker=".",
+                           label="max")
+        mismatch_axis.set_yscale("log")
+        mismatch_axis.legend()
+    mismatch_axis.set_xlabel("RL step")
+    mismatch_axis.set_ylabel("|logprob learner - engine| (nats)")
+    mismatch_axis.grid(alpha=0.3)
+    mismatch_axis.set_title("train/sample mismatch over the trained tokens")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     pyplot.close(figure)
@@ -226,47 +302,72 @@ def main(args) -> None:
     work.mkdir(parents=True, exist_ok=True)
     record: dict = {"machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
                     "args": {k: str(v) for k, v in vars(args).items()}}
-    sft = prepare(work, args, record)
-    evals = [{**evaluate(work, "sft", sft, args), "rl_step": 0}]
+    name, start = prepare(work, args, record)
+    evals = [{**evaluate(work, name, start, args), "rl_step": 0}]
+    steps: list[dict] = []
     if args.num_steps > 0:
-        record["rl"] = train(work, sft, args)
+        record["rl"] = train(work, start, args)
+        steps = record["rl"]["steps"]
         for step, model in _checkpoints(work / "train"):
             if step <= args.num_steps and (step % args.eval_every == 0
                                            or step == args.num_steps):
-                evals.append({**evaluate(work, f"sft+rl{step}", model, args), "rl_step": step})
+                evals.append({**evaluate(work, f"{name}+rl{step}", model, args),
+                              "rl_step": step})
         _timed(record, "plot", ["plot", str(work / "train")], work / "plot.log", False)
     record["evaluations"] = evals
+    record["gain"] = gain(evals)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=2))
-    shutil.copyfile(plot_heldout(evals, work / "heldout.png"), PLOT)
+    shutil.copyfile(plot_heldout(evals, steps, work / "heldout.png"), PLOT)
     print(table(evals))
+    if record["gain"]:
+        low, high = record["gain"]["interval"]
+        print(f"gain: {record['gain']['difference']:+.1%} (95% {low:+.1%} to {high:+.1%})")
     print(f"results: {RESULTS}; plot: {PLOT}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct",
+                        help="start policy: a model directory, a name of benchmarks.learner."
+                        "MODELS, or `tiny` (random weights + SFT)")
     parser.add_argument("--work", type=Path, default=Path("runs/learning"))
-    parser.add_argument("--size", default="tiny", help="`undertow model init --size`")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-instances", type=int, default=300)
+    parser.add_argument("--difficulty", default="numbers",
+                        help="learning_tasks.DIFFICULTIES: line, numbers or call")
     parser.add_argument("--num-sft-tasks", type=int, default=60,
-                        help="training instances with an oracle trajectory")
+                        help="tiny: training instances with an oracle trajectory")
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--num-steps", type=int, default=4, help="RL steps (0: SFT only)")
-    parser.add_argument("--eval-every", type=int, default=2, help="held-out point every N steps")
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=2)
-    parser.add_argument("--rl-lr", type=float, default=1e-4)
+    parser.add_argument("--num-steps", type=int, default=30, help="RL steps (0: none)")
+    parser.add_argument("--eval-every", type=int, default=10,
+                        help="held-out point every N steps")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--rl-lr", type=float, default=2e-6)
+    parser.add_argument("--max-staleness", type=int, default=0)
+    parser.add_argument("--correction", default="mis",
+                        help="loss.correction (mis: IcePop's token mask)")
     parser.add_argument("--filter-uniform", action="store_true",
                         help="advantages.filter_uniform_groups (DAPO's dynamic sampling)")
-    parser.add_argument("--eval-sessions", type=int, default=50, help="per held-out point")
-    parser.add_argument("--step-limit", type=int, default=3, help="mini-swe-agent calls")
-    parser.add_argument("--max-tokens", type=int, default=256, help="per call")
+    parser.add_argument("--eval-sessions", type=int, default=150, help="per held-out point")
+    parser.add_argument("--step-limit", type=int, default=None, help="mini-swe-agent calls")
+    parser.add_argument("--max-tokens", type=int, default=None, help="per call")
+    parser.add_argument("--agent-config", default="auto",
+                        help="mini-swe-agent config merged last ('none': its swebench.yaml)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of the engine and the learner (OMP_NUM_THREADS)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    defaults = SCAFFOLD_DEFAULTS[TINY if args.model == TINY else "pretrained"]
+    args.step_limit = args.step_limit or defaults["step_limit"]
+    args.max_tokens = args.max_tokens or defaults["max_tokens"]
+    args.agent_config = {"auto": defaults["agent_config"], "none": None}.get(
+        args.agent_config, args.agent_config)
+    return args
 
 
 if __name__ == "__main__":

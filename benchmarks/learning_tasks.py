@@ -1,7 +1,7 @@
 """A procedurally generated family of SWE tasks for the held-out learning benchmark.
 
     python -m benchmarks.learning_tasks --out DIR [--num-instances 300] [--seed 0]
-                                        [--heldout-fraction 0.25]
+                                        [--heldout-fraction 0.25] [--difficulty numbers]
 
 Three small repositories (`shopcalc`, `gridgame`, `textfmt`), five modules each; every
 module holds one function whose body uses one number (a rate, a width, a limit). An
@@ -11,7 +11,10 @@ the right one (and one call's expected and actual result), its gold `patch` puts
 right number in, and its held-back test checks the call with the right number. So the
 statement determines the fix, instances of one module need different edits, and a
 policy can only generalise to a held-out instance by reading the numbers off its
-statement.
+statement. `--difficulty` sets how much the statement gives away (`DIFFICULTIES`:
+"line" also quotes the line before and after the fix, "numbers" is the above, "call"
+shows only the call's wrong and expected results); the repositories and patches are
+the same at every difficulty.
 
 Written in the bundled task format (`sandboxes/taskset.py`), one folder per split:
 
@@ -186,13 +189,43 @@ def held_back_tests(instance: Instance) -> str:
             f"+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{hunk}")
 
 
-def problem_statement(instance: Instance) -> str:
+def _example(instance: Instance) -> str:
+    site = instance.site
+    return (f"```python\n>>> from {site.repo}.{site.module} import {site.function}\n"
+            f">>> {site.call}\n{site.expected(instance.wrong)!r}\n```\n\n"
+            f"I expected {site.expected(instance.right)!r}.\n")
+
+
+def _numbers_statement(instance: Instance) -> str:
     site = instance.site
     complaint = site.complaint.format(wrong=instance.wrong, right=instance.right)
     return (f"`{site.function}` in `{site.path}` uses {instance.wrong} instead of "
-            f"{instance.right}\n\n{complaint}\n\n```python\n>>> from {site.repo}.{site.module} "
-            f"import {site.function}\n>>> {site.call}\n{site.expected(instance.wrong)!r}\n```\n\n"
-            f"I expected {site.expected(instance.right)!r}.\n")
+            f"{instance.right}\n\n{complaint}\n\n{_example(instance)}")
+
+
+def _line_statement(instance: Instance) -> str:
+    site = instance.site
+    line = site.body.splitlines()[1]
+    before, after = line.format(value=instance.wrong), line.format(value=instance.right)
+    return (f"{_numbers_statement(instance)}\nIn `{site.path}` the line `{before.strip()}` "
+            f"should read `{after.strip()}`.\n")
+
+
+def _call_statement(instance: Instance) -> str:
+    return f"`{instance.site.function}` gives a wrong result\n\n{_example(instance)}"
+
+
+# How much of the fix a statement gives away, easiest first: "line" also quotes the line
+# before and after; "numbers" names the file and both numbers; "call" only shows one call's
+# result and the one expected, so the number must be read off the code and worked out.
+DIFFICULTIES: dict[str, Callable[[Instance], str]] = {
+    "line": _line_statement, "numbers": _numbers_statement, "call": _call_statement}
+
+
+def problem_statement(instance: Instance, difficulty: str = "numbers") -> str:
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty={difficulty!r}: choose one of {list(DIFFICULTIES)}")
+    return DIFFICULTIES[difficulty](instance)
 
 
 def write_repository(dest: Path, instance: Instance) -> None:
@@ -215,10 +248,10 @@ def write_repository(dest: Path, instance: Instance) -> None:
         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\npythonpath = ["."]\n')
 
 
-def task_record(instance: Instance) -> dict:
+def task_record(instance: Instance, difficulty: str = "numbers") -> dict:
     return {
         "instance_id": instance.instance_id, "repo": f"undertow-learning/{instance.site.repo}",
-        "base_commit": "", "problem_statement": problem_statement(instance),
+        "base_commit": "", "problem_statement": problem_statement(instance, difficulty),
         "patch": gold_patch(instance), "test_patch": held_back_tests(instance),
         "FAIL_TO_PASS": [f"tests/test_issue_{instance.number}.py::test_"
                          f"{instance.site.function}_uses_{instance.right}"],
@@ -227,7 +260,7 @@ def task_record(instance: Instance) -> dict:
     }
 
 
-def write_split(folder: Path, instances: list[Instance]) -> Path:
+def write_split(folder: Path, instances: list[Instance], difficulty: str = "numbers") -> Path:
     """`folder/tasks.jsonl` and `folder/repos/`, base commits stamped; returns the folder."""
     from undertow.sandboxes.taskset import stamp_task_set
 
@@ -236,19 +269,21 @@ def write_split(folder: Path, instances: list[Instance]) -> Path:
     folder.mkdir(parents=True)
     for instance in instances:
         write_repository(folder / "repos" / instance.instance_id, instance)
-    lines = [json.dumps(task_record(instance)) for instance in instances]
+    lines = [json.dumps(task_record(instance, difficulty)) for instance in instances]
     (folder / "tasks.jsonl").write_text("\n".join(lines) + "\n")
     stamp_task_set(folder)
     return folder
 
 
 def generate(out: Path, num_instances: int = 300, seed: int = 0,
-             heldout_fraction: float = 0.25) -> tuple[Path, Path]:
+             heldout_fraction: float = 0.25, difficulty: str = "numbers") -> tuple[Path, Path]:
     """Writes the train and held-out task sets under `out`; returns their folders."""
     if num_instances < 2:
         raise ValueError(f"num_instances={num_instances}: need at least 2 to split")
+    problem_statement(draw_instances(1, seed)[0], difficulty)  # a bad name fails here
     train, heldout = split_instances(draw_instances(num_instances, seed), heldout_fraction, seed)
-    return write_split(out / "train", train), write_split(out / "heldout", heldout)
+    return (write_split(out / "train", train, difficulty),
+            write_split(out / "heldout", heldout, difficulty))
 
 
 def main() -> None:
@@ -257,8 +292,11 @@ def main() -> None:
     parser.add_argument("--num-instances", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout-fraction", type=float, default=0.25)
+    parser.add_argument("--difficulty", default="numbers", choices=list(DIFFICULTIES),
+                        help="how much of the fix the statement gives away (DIFFICULTIES)")
     args = parser.parse_args()
-    for folder in generate(args.out, args.num_instances, args.seed, args.heldout_fraction):
+    for folder in generate(args.out, args.num_instances, args.seed, args.heldout_fraction,
+                           args.difficulty):
         num_tasks = len((folder / "tasks.jsonl").read_text().splitlines())
         print(f"{folder}: {num_tasks} tasks")
 

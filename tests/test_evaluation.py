@@ -10,6 +10,7 @@ import pytest
 from undertow.cli import main
 from undertow.evaluation import (
     compare,
+    difference_interval,
     evaluate,
     outcomes,
     pass_at_k,
@@ -39,6 +40,17 @@ def test_wilson_interval_known_values():
     low, high = wilson_interval(5, 10)
     assert (round(low, 4), round(high, 4)) == (0.2366, 0.7634)
     assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(4, 4)[1] == pytest.approx(1.0)
+
+
+def test_difference_interval_matches_newcombes_table():
+    # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10 (p_a - p_b there).
+    for (c_b, n_b, c_a, n_a), expected in (((56, 70, 48, 80), (0.0524, 0.3339)),
+                                            ((9, 10, 3, 10), (0.1705, 0.8090)),
+                                            ((6, 7, 2, 7), (0.0582, 0.8062)),
+                                            ((5, 56, 0, 29), (-0.0381, 0.1926))):
+        low, high = difference_interval(c_a, n_a, c_b, n_b)
+        assert (round(low, 4), round(high, 4)) == expected
+    assert difference_interval(48, 80, 56, 70)[0] > 0 > difference_interval(56, 70, 48, 80)[1]
 
 
 def _summary(results):

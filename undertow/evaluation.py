@@ -3,9 +3,10 @@
 A run gives each task n sessions (n >= k), c of them resolved. Per task:
 pass@k = 1 - C(n-c, k) / C(n, k), the unbiased estimator of Chen et al. (2021, "Evaluating
 Large Language Models Trained on Code"), computed as a product so that it never overflows;
-its 95% interval for pass@1 is Wilson's score interval on c of n. Overall: the mean over
-tasks, with a 95% interval from the spread across tasks (mean ± 1.96 standard errors,
-clipped to [0, 1]). Sessions that Undertow itself failed to run or grade (cause
+its 95% interval for pass@1 is Wilson's score interval on c of n (and the difference of
+two independent pass rates has Newcombe's interval, built from theirs: `difference_interval`).
+Overall: the mean over tasks, with a 95% interval from the spread across tasks (mean ± 1.96
+standard errors, clipped to [0, 1]). Sessions that Undertow itself failed to run or grade (cause
 `error:<stage>`) are no outcome of the model and are left out (and counted).
 
 Two checkpoints on the same tasks: per task, the difference of pass@1 (B - A); its mean
@@ -48,6 +49,18 @@ def wilson_interval(num_correct: int, num_samples: int) -> tuple[float, float]:
     centre = (p + Z_95 ** 2 / (2 * num_samples)) / denominator
     half = Z_95 * math.sqrt(p * (1 - p) / num_samples + Z_95 ** 2 / (4 * num_samples ** 2))
     return max(0.0, centre - half / denominator), min(1.0, centre + half / denominator)
+
+
+def difference_interval(num_correct_a: int, num_samples_a: int, num_correct_b: int,
+                        num_samples_b: int) -> tuple[float, float]:
+    """95% interval of p_b - p_a for two independent proportions: Newcombe's (1998) hybrid
+    score interval, built from each proportion's Wilson interval (his method 10)."""
+    p_a, p_b = num_correct_a / num_samples_a, num_correct_b / num_samples_b
+    low_a, high_a = wilson_interval(num_correct_a, num_samples_a)
+    low_b, high_b = wilson_interval(num_correct_b, num_samples_b)
+    difference = p_b - p_a
+    return (difference - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2),
+            difference + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2))
 
 
 def mean_interval(values: list[float]) -> tuple[float, float]:

@@ -2,7 +2,19 @@
 
 import json
 
-from benchmarks.learning import group_rewards, parse_args, plot_heldout, table
+import pytest
+import yaml
+
+from benchmarks.learning import (
+    AGENT_CONFIG,
+    gain,
+    group_rewards,
+    parse_args,
+    plot_heldout,
+    scaffold_options,
+    table,
+    train_argv,
+)
 
 
 def _evaluation(step: int, num_resolved: int, interval: tuple[float, float]) -> dict:
@@ -16,8 +28,21 @@ def test_table_and_plot_show_each_point_with_its_interval(tmp_path):
     lines = table(evals).splitlines()
     assert lines[2] == "| sft+rl0 | 0 | 50 | 5 | 10.0% | 4.3%-21.4% | 12.5 | 300 |"
     assert lines[3].startswith("| sft+rl2 | 2 | 50 | 11 | 22.0% | 12.8%-35.2% |")
-    path = plot_heldout(evals, tmp_path / "heldout.png")
+    steps = [{"step": 1, "mismatch_mean": 0.01, "mismatch_max": 0.4},
+             {"step": 2, "mismatch_mean": None, "mismatch_max": None}]
+    path = plot_heldout(evals, steps, tmp_path / "heldout.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gain_is_the_last_point_against_the_first_with_newcombes_interval():
+    first, last = _evaluation(0, 5, (0.043, 0.214)), _evaluation(30, 20, (0.26, 0.54))
+    result = gain([first, _evaluation(10, 9, (0.1, 0.3)), last])
+    assert (result["from_step"], result["to_step"]) == (0, 30)
+    assert result["difference"] == pytest.approx(0.3)
+    low, high = result["interval"]
+    assert 0.13 < low < 0.3 < high < 0.45 and result["excludes_zero"]
+    assert not gain([first, _evaluation(30, 8, (0.08, 0.29))])["excludes_zero"]
+    assert gain([first]) is None
 
 
 def test_group_rewards_count_groups_with_variance_and_skip_infra_failures(tmp_path):
@@ -33,6 +58,41 @@ def test_group_rewards_count_groups_with_variance_and_skip_infra_failures(tmp_pa
     assert (groups["num_groups"], groups["num_with_variance"]) == (3, 1)
 
 
-def test_defaults_give_at_least_50_held_out_sessions_a_point():
+def test_defaults_give_at_least_150_held_out_sessions_a_point():
     args = parse_args([])
-    assert args.eval_sessions >= 50 and args.num_steps % args.eval_every == 0
+    assert args.eval_sessions >= 150 and args.num_steps % args.eval_every == 0
+
+
+def test_a_pretrained_policy_gets_the_short_text_prompts_and_the_tiny_one_its_sft_format(
+        tmp_path):
+    pretrained = parse_args(["--model", "qwen2.5-coder-0.5b-instruct"])
+    assert scaffold_options(pretrained) == {"step_limit": 1, "max_tokens": 96,
+                                            "temperature": 1.0,
+                                            "overrides": [str(AGENT_CONFIG)]}
+    argv = train_argv(tmp_path, tmp_path / "model", pretrained)
+    assert f"run.model_dir={tmp_path / 'model'}" in argv
+    assert "learner.activation_checkpointing=true" in argv
+    options = next(a for a in argv if a.startswith("rollout.scaffold_options="))
+    assert json.loads(options.partition("=")[2])["overrides"] == [str(AGENT_CONFIG)]
+    tiny = parse_args(["--model", "tiny", "--step-limit", "2"])
+    assert scaffold_options(tiny) == {"step_limit": 2, "max_tokens": 256, "temperature": 1.0}
+
+
+def test_the_agent_configs_regex_takes_one_shell_block_as_mini_swe_agent_parses_it():
+    from minisweagent.exceptions import FormatError
+    from minisweagent.models.utils.actions_text import parse_regex_actions
+
+    model = yaml.safe_load(AGENT_CONFIG.read_text())["model"]
+    assert model["model_class"] == "litellm_textbased"
+
+    def parse(reply):
+        return parse_regex_actions(reply, action_regex=model["action_regex"],
+                                   format_error_template=model["format_error_template"])
+
+    command = "sed -i 's/8/36/' shopcalc/discount.py"
+    for fence in ("bash", "sh", "mswea_bash_command", ""):
+        assert parse(f"Fix it:\n\n```{fence}\n{command}\n```\nDone.") == [{"command": command}]
+    for reply in (f"```python\n{command}\n```", f"Run `{command}`.",
+                  f"```bash\n{command}\n```\n```bash\ncat shopcalc/discount.py\n```"):
+        with pytest.raises(FormatError):
+            parse(reply)

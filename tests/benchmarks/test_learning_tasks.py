@@ -3,7 +3,14 @@
 
 import pytest
 
-from benchmarks.learning_tasks import SITES, draw_instances, generate, split_instances
+from benchmarks.learning_tasks import (
+    DIFFICULTIES,
+    SITES,
+    draw_instances,
+    generate,
+    problem_statement,
+    split_instances,
+)
 from undertow.cli import main
 from undertow.sandboxes.task import load_tasks
 
@@ -42,6 +49,29 @@ def test_generation_is_deterministic_and_each_statement_names_its_fix(tmp_path):
                            for line in added]
         assert str(instance.right) in added[0]
         assert f"uses {instance.wrong} instead of {instance.right}" in task.problem_statement
+
+
+def test_difficulty_changes_only_the_statement(tmp_path):
+    folders = {name: generate(tmp_path / name, num_instances=6, seed=2, difficulty=name)
+               for name in DIFFICULTIES}
+    tasks = {name: {t.instance_id: t for t in [*load_tasks(train), *load_tasks(heldout)]}
+             for name, (train, heldout) in folders.items()}
+    for name, (train, heldout) in folders.items():  # same repositories, patches and tests
+        assert _files(train / "repos") == _files(folders["numbers"][0] / "repos")
+        assert _files(heldout / "repos") == _files(folders["numbers"][1] / "repos")
+        for instance_id, task in tasks[name].items():
+            assert (task.patch, task.test_patch) == (tasks["numbers"][instance_id].patch,
+                                                     tasks["numbers"][instance_id].test_patch)
+    for instance in draw_instances(6, seed=2):
+        line = next(t for t in tasks["line"].values() if t.instance_id == instance.instance_id)
+        removed, added = (next(row[1:].strip() for row in line.patch.splitlines()[3:]
+                               if row.startswith(sign)) for sign in "-+")
+        assert f"the line `{removed}` should read `{added}`" in line.problem_statement
+        call = problem_statement(instance, "call")
+        assert instance.site.path not in call and "instead of" not in call
+        assert f"I expected {instance.site.expected(instance.right)!r}." in call
+    with pytest.raises(ValueError, match="difficulty='easy'"):
+        generate(tmp_path / "bad", num_instances=4, difficulty="easy")
 
 
 @pytest.mark.docker

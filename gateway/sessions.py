@@ -9,8 +9,8 @@ Heads are rebuilt from the store on restart (`head_replay.py`), so token truth s
 it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
 retry waits for its original) live in memory only, as do `calls_in_flight` (the chat
 calls still generating, oldest first, which labels count as heads: `tokentruth.py`) and
-`known_messages` (by API: the last request's messages as sent and as parsed, so that an
-API parses only what a request adds to them).
+`known_messages` (by API: the last request's messages as sent and as parsed, and its
+body's bytes, so that an API parses only what a request adds to them).
 
 A session is opened by the admin API (the gateway makes its key) or, with
 auto-sessions on (`auto_sessions.py`), by the first call of a key the gateway does not

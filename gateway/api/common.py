@@ -41,21 +41,31 @@ def session_of(request: web.Request, sessions: SessionRegistry) -> Session:
 
 async def read_json(request: web.Request, max_body_bytes: int) -> tuple[dict[str, Any], bytes]:
     """The body as a JSON object, and its raw bytes."""
+    raw = await read_body(request, max_body_bytes)
+    return json_object(raw), raw
+
+
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes:
+    """The body's bytes, at most `max_body_bytes` of them."""
     if request.content_length is not None and request.content_length > max_body_bytes:
         raise PayloadTooLarge(f"request body of {request.content_length} bytes is over the "
                               f"limit of {max_body_bytes} bytes; send less history")
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"request body is over the limit of {max_body_bytes} bytes; "
                               "send less history") from None
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """`raw` parsed, which must be a JSON object (else `BadRequest`)."""
     try:
         body = orjson.loads(raw)
     except (orjson.JSONDecodeError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    return body, raw
+    return body
 
 
 def fingerprint(raw: bytes) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.api.common import (
+    json_object,
     mark_retry,
-    read_json,
+    read_body,
     reply_to_call,
     session_of,
     sse,
@@ -33,6 +34,7 @@ from undertow.gateway.api.output_options import (
     template_kwargs,
     template_variable,
 )
+from undertow.gateway.api.resent_body import KnownBody, parse_resent
 from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
@@ -99,10 +101,12 @@ def _content_text(content: Any, where: str) -> str:
 @dataclass(frozen=True)
 class KnownMessages:
     """A session's previous request's messages: as sent (`raw`) and parsed (`parsed`,
-    one per raw message, never mutated)."""
+    one per raw message, never mutated), and its body (`body`, which the next one may
+    extend: `resent_body.py`)."""
 
     raw: list
     parsed: list[dict]
+    body: KnownBody | None = None
 
 
 def parse_messages(messages: Any, known: KnownMessages | None = None) -> list[dict]:
@@ -333,10 +337,14 @@ class ChatStream:
 def add_routes(app: web.Application, runner, sessions, config) -> None:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
-        body, raw = await read_json(request, config.max_body_bytes)
-        call = parse_request(body, config.max_n, session.known_messages.get("chat"),
-                             runner.tool_parser, runner.renderer.reads)
-        session.known_messages["chat"] = KnownMessages(body["messages"], call.messages)
+        raw = await read_body(request, config.max_body_bytes)
+        known = session.known_messages.get("chat")
+        body, known_body = parse_resent(raw, known.body if known else None,
+                                        whole=json_object)
+        call = parse_request(body, config.max_n, known, runner.tool_parser,
+                             runner.renderer.reads)
+        session.known_messages["chat"] = KnownMessages(body["messages"], call.messages,
+                                                       known_body)
         call = mark_retry(call, request, raw)
         want_logprobs = bool(body.get("logprobs"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -28,17 +28,19 @@ STATE_FILES = ("call_record.py", "calls.py", "sessions.py", "tokentruth.py",
 WORDS = ["file", "test", "error", "line", "return", "value", "import", "class", "patch"]
 
 
-async def traced(call) -> tuple[object, int]:
-    """What the awaitable `call` returns, and the bytes of the largest block it allocated
-    in the token-truth state's modules and left alive (traced only while it runs)."""
+async def traced(call, patterns=tuple(f"*/gateway/{name}" for name in STATE_FILES)
+                 ) -> tuple[object, list[int]]:
+    """What the awaitable `call` returns, and the sizes of the blocks it allocated in
+    the files that `patterns` match (by default the token-truth state's modules) and
+    left alive (traced only while it runs)."""
     tracemalloc.start()
     try:
         result = await call
         snapshot = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, f"*/gateway/{name}") for name in STATE_FILES])
+            [tracemalloc.Filter(True, pattern) for pattern in patterns])
     finally:
         tracemalloc.stop()
-    return result, max(trace.size for trace in snapshot.traces)
+    return result, [trace.size for trace in snapshot.traces]
 
 
 def observation(turn: int) -> str:
@@ -57,7 +59,8 @@ async def test_a_growing_session_holds_no_block_the_size_of_its_history(gateway,
         for call in range(1, NUM_CALLS + 1):
             request = client.chat.completions.create(model="m", messages=messages)
             if call in (10, NUM_CALLS):
-                reply, largest[call] = await traced(request)
+                reply, sizes = await traced(request)
+                largest[call] = max(sizes)
             else:
                 reply = await request
             prompt_tokens[call] = reply.usage.prompt_tokens
@@ -123,3 +126,33 @@ def test_path_lengths_are_kept_through_splits_undo_and_json():
     assert all(tree.on_path(node, leaf) == (node in tree.path(leaf))
                for node in tree.nodes if node != ROOT for leaf in leaves)
     assert tree.sessions["s"].leaves == [tree.calls[0].leaf, tree.calls[1].leaf]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_growing_session_parses_only_the_messages_each_call_adds(gateway, scripted):
+    """A call's body is parsed where it is new (`api/resent_body.py`): the objects that
+    the parse of call 40 leaves alive (the session keeps the request's messages for the
+    next call) are those of its two new messages, as at call 10. Parsed whole, every
+    call made (and kept) new objects for all its messages: at call 40 four times as
+    many bytes of them as at call 10, the size of the history's text."""
+    session = await gateway.open_session("growing-parse")
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
+    messages = [{"role": "system", "content": "You are an agent."},
+                {"role": "user", "content": observation(0)}]
+    kept = {}
+    try:
+        for call in range(1, NUM_CALLS + 1):
+            request = client.chat.completions.create(model="m", messages=messages)
+            if call in (10, NUM_CALLS):
+                reply, sizes = await traced(request, ("*/gateway/api/*",))
+                kept[call] = sum(sizes)
+            else:
+                reply = await request
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": observation(call)}]
+    finally:
+        await client.close()
+    history_bytes = sum(len(m.get("content") or "") for m in messages)
+    assert history_bytes > 40 * len(observation(1))
+    assert kept[NUM_CALLS] <= 1.5 * kept[10], kept
+    assert kept[NUM_CALLS] < history_bytes / 8, (kept, history_bytes)

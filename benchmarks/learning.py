@@ -1,7 +1,7 @@
 """Learning on SWE tasks, held out: pass rate on unseen instances as RL goes on.
 
     python -m benchmarks.learning --model qwen2.5-coder-0.5b-instruct [--work DIR]
-        [--difficulty numbers] [--num-steps 30] [--eval-every 10] [--group-size 8]
+        [--difficulty line] [--num-steps 30] [--eval-every 10] [--group-size 8]
         [--groups-per-step 4] [--rl-lr 2e-6] [--eval-sessions 150] [--concurrency 4]
     python -m benchmarks.learning --model tiny [--num-sft-tasks 60] [--sft-epochs 2] ...
 
@@ -18,9 +18,10 @@ where it stopped):
    instances (the gold patch applied by the real mini-swe-agent), `undertow sft`;
 3. `undertow rollout` on the held-out instances with the start policy: at least
    `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times);
-4. `undertow train` from it: mini-swe-agent sessions in Docker sandboxes on the training
-   instances, a checkpoint every `--eval-every` steps (`--resume` when some exist);
-5. the held-out rollout of step 3 with each checkpoint;
+4. `undertow train` from it to the next held-out point (every `--eval-every` steps):
+   mini-swe-agent sessions in Docker sandboxes on the training instances, then a
+   checkpoint; each later segment goes on from it (`--resume`);
+5. the held-out rollout of step 3 with that checkpoint; back to 4 until `--num-steps`;
 6. `undertow plot` of the RL run, and `heldout.png`: held-out pass rate per RL step with
    Wilson's 95% interval (`undertow/evaluation.py`) over the pooled held-out sessions, and
    the train/sample mismatch of every step (`metrics.jsonl`: mean and max over the trained
@@ -32,11 +33,11 @@ reply's ```bash block), `--step-limit` 1 call of at most `--max-tokens` 96; the 
 model keeps mini-swe-agent's swebench.yaml and tool calls, which its SFT data holds, and 3
 calls of 256 tokens.
 
-Writes `benchmarks/results/learning.json` (every stage's command, wall time and figures:
-per held-out point its sessions and Wilson interval, the last point's difference from the
-start with Newcombe's interval; per RL step reward, mismatch, masked fraction and times;
-reward variance of the RL groups) and `benchmarks/results/learning_heldout.png`, and
-prints a Markdown table.
+Writes, after every held-out point, `benchmarks/results/learning.json` (every stage's
+command, wall time and figures: per held-out point its sessions and Wilson interval, the
+last point's difference from the start with Newcombe's interval; per RL step reward,
+mismatch, masked fraction and times; reward variance of the RL groups) and
+`benchmarks/results/learning_heldout.png`, and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -181,18 +182,19 @@ def _count(values) -> dict:
     return counts
 
 
-def train_argv(work: Path, start: Path, args) -> list[str]:
-    """`undertow train` on the training split from `start` (configs/swe.yaml, overridden)."""
+def train_argv(work: Path, start: Path, args, num_steps: int) -> list[str]:
+    """`undertow train` on the training split from `start` to step `num_steps`
+    (configs/swe.yaml, overridden), a checkpoint at each held-out point."""
     run_dir = work / "train"
     argv = ["train", "-c", "undertow/configs/swe.yaml", "--run-dir", str(run_dir),
             f"run.model_dir={start}", f"rollout.tasks={work / 'tasks' / 'train'}",
             f"rollout.scaffold_options={json.dumps(scaffold_options(args))}",
             f"rollout.concurrency={args.concurrency}", f"rollout.timeout_s={args.timeout_s}",
-            f"learner.num_steps={args.num_steps}", f"learner.group_size={args.group_size}",
+            f"learner.num_steps={num_steps}", f"learner.group_size={args.group_size}",
             f"learner.groups_per_step={args.groups_per_step}", f"learner.lr={args.rl_lr}",
             f"learner.max_staleness={args.max_staleness}",
             f"learner.checkpoint_every={args.eval_every}",
-            f"learner.keep_checkpoints={args.num_steps // args.eval_every + 1}",
+            f"learner.keep_checkpoints={len(eval_steps(args))}",
             f"loss.correction={args.correction}",
             f"advantages.filter_uniform_groups={str(args.filter_uniform).lower()}"]
     if args.model != TINY:
@@ -200,20 +202,24 @@ def train_argv(work: Path, start: Path, args) -> list[str]:
     return argv
 
 
-def train(work: Path, start: Path, args) -> dict:
-    """Stage 4: `undertow train` from the start policy (resumed when it has checkpoints)."""
-    run_dir = work / "train"
-    argv = train_argv(work, start, args)
-    latest = _checkpoints(run_dir)
-    done = bool(latest) and latest[-1][0] >= args.num_steps
+def train_to(work: Path, start: Path, args, num_steps: int) -> dict:
+    """Stage 4 up to step `num_steps`: `undertow train` from the start policy, or on from
+    the run's latest checkpoint (`--resume`); nothing when that checkpoint is there."""
+    argv = train_argv(work, start, args, num_steps)
+    latest = _checkpoints(work / "train")
+    done = bool(latest) and latest[-1][0] >= num_steps
     if latest and not done:
         argv.append("--resume")
     record: dict = {}
-    _timed(record, "train", argv, work / "train.log", done, num_threads=args.threads)
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    record["train"]["steps"] = [{k: s.get(k) for k in STEP_KEYS} for s in steps]
-    record["train"]["groups"] = group_rewards(run_dir / "store")
-    return record["train"]
+    _timed(record, "train", argv, work / f"train-{num_steps:04d}.log", done,
+           num_threads=args.threads)
+    return {"to_step": num_steps, **record["train"]}
+
+
+def eval_steps(args) -> list[int]:
+    """The RL steps with a held-out point: every `--eval-every`, and the last."""
+    return sorted({*range(args.eval_every, args.num_steps + 1, args.eval_every),
+                   args.num_steps} - {0})
 
 
 def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -304,26 +310,37 @@ def main(args) -> None:
                     "args": {k: str(v) for k, v in vars(args).items()}}
     name, start = prepare(work, args, record)
     evals = [{**evaluate(work, name, start, args), "rl_step": 0}]
-    steps: list[dict] = []
+    record["rl"] = {"segments": []}
+    write_results(work, record, evals)
+    for step in eval_steps(args):  # train to each held-out point, then evaluate it
+        record["rl"]["segments"].append(train_to(work, start, args, step))
+        model = dict(_checkpoints(work / "train"))[step]
+        evals.append({**evaluate(work, f"{name}+rl{step}", model, args), "rl_step": step})
+        write_results(work, record, evals)
     if args.num_steps > 0:
-        record["rl"] = train(work, start, args)
-        steps = record["rl"]["steps"]
-        for step, model in _checkpoints(work / "train"):
-            if step <= args.num_steps and (step % args.eval_every == 0
-                                           or step == args.num_steps):
-                evals.append({**evaluate(work, f"{name}+rl{step}", model, args),
-                              "rl_step": step})
         _timed(record, "plot", ["plot", str(work / "train")], work / "plot.log", False)
-    record["evaluations"] = evals
-    record["gain"] = gain(evals)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=2))
-    shutil.copyfile(plot_heldout(evals, steps, work / "heldout.png"), PLOT)
+        write_results(work, record, evals)
     print(table(evals))
     if record["gain"]:
         low, high = record["gain"]["interval"]
         print(f"gain: {record['gain']['difference']:+.1%} (95% {low:+.1%} to {high:+.1%})")
     print(f"results: {RESULTS}; plot: {PLOT}")
+
+
+def write_results(work: Path, record: dict, evals: list[dict]) -> None:
+    """learning.json and the plot as they stand (after each held-out point, so that a
+    run cut short keeps what it measured)."""
+    metrics = work / "train" / "metrics.jsonl"
+    steps = [json.loads(line) for line in metrics.read_text().splitlines()] \
+        if metrics.exists() else []
+    record["rl"]["steps"] = [{k: s.get(k) for k in STEP_KEYS} for s in steps]
+    if (work / "train" / "store").is_dir():
+        record["rl"]["groups"] = group_rewards(work / "train" / "store")
+    record["evaluations"] = evals
+    record["gain"] = gain(evals)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(record, indent=2))
+    shutil.copyfile(plot_heldout(evals, record["rl"]["steps"], work / "heldout.png"), PLOT)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -334,7 +351,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("runs/learning"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-instances", type=int, default=300)
-    parser.add_argument("--difficulty", default="numbers",
+    parser.add_argument("--difficulty", default="line",
                         help="learning_tasks.DIFFICULTIES: line, numbers or call")
     parser.add_argument("--num-sft-tasks", type=int, default=60,
                         help="tiny: training instances with an oracle trajectory")

@@ -7,6 +7,7 @@ import yaml
 
 from benchmarks.learning import (
     AGENT_CONFIG,
+    eval_steps,
     gain,
     group_rewards,
     parse_args,
@@ -61,6 +62,8 @@ def test_group_rewards_count_groups_with_variance_and_skip_infra_failures(tmp_pa
 def test_defaults_give_at_least_150_held_out_sessions_a_point():
     args = parse_args([])
     assert args.eval_sessions >= 150 and args.num_steps % args.eval_every == 0
+    assert eval_steps(parse_args(["--num-steps", "25", "--eval-every", "10"])) == [10, 20, 25]
+    assert eval_steps(parse_args(["--num-steps", "0"])) == []
 
 
 def test_a_pretrained_policy_gets_the_short_text_prompts_and_the_tiny_one_its_sft_format(
@@ -69,8 +72,8 @@ def test_a_pretrained_policy_gets_the_short_text_prompts_and_the_tiny_one_its_sf
     assert scaffold_options(pretrained) == {"step_limit": 1, "max_tokens": 96,
                                             "temperature": 1.0,
                                             "overrides": [str(AGENT_CONFIG)]}
-    argv = train_argv(tmp_path, tmp_path / "model", pretrained)
-    assert f"run.model_dir={tmp_path / 'model'}" in argv
+    argv = train_argv(tmp_path, tmp_path / "model", pretrained, 20)
+    assert f"run.model_dir={tmp_path / 'model'}" in argv and "learner.num_steps=20" in argv
     assert "learner.activation_checkpointing=true" in argv
     options = next(a for a in argv if a.startswith("rollout.scaffold_options="))
     assert json.loads(options.partition("=")[2])["overrides"] == [str(AGENT_CONFIG)]

@@ -80,7 +80,12 @@ from undertow.gateway.engines.protocol import (
     PauseMode,
     WeightsNotUpdated,
 )
-from undertow.gateway.engines.sglang_replies import StreamReader, num_prompt_ids, read_result
+from undertow.gateway.engines.sglang_replies import (
+    StreamReader,
+    latest_events,
+    num_prompt_ids,
+    read_result,
+)
 from undertow.gateway.engines.transport import HttpEngine, HttpTransport
 
 __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
@@ -154,10 +159,12 @@ class SGLangClient(HttpEngine):
 
     async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
                       ) -> AsyncIterator[GenerateChunk]:
-        """The deltas of a streamed `/generate`-shaped reply (`sglang_replies.StreamReader`)."""
+        """The deltas of a streamed `/generate`-shaped reply (`sglang_replies.StreamReader`),
+        one per event less those a later event of the same read holds (`latest_events`)."""
         reader = StreamReader(request.rid, num_prompt_ids(request))
-        async for event in self._http.sse(path, body):
-            yield reader.chunk(event)
+        async for events in self._http.sse_batches(path, body):
+            for event in latest_events(events):
+                yield reader.chunk(event)
 
     async def abort(self, rid: str | None) -> None:
         body = {"rid": "", "abort_all": True} if rid is None else {"rid": rid}

@@ -3,8 +3,9 @@
 Flow: a non-streamed reply becomes a `GenerateResult` (`read_result`); a stream's events go
 through one `StreamReader`, which turns each into a `GenerateChunk` holding only what is new
 since the previous one, whichever form SGLang sent (cumulative by default, deltas with
-`--incremental-streaming-output`). Both read `meta_info.output_token_logprobs` with
-`logprob_pairs`.
+`--incremental-streaming-output`). Of the events that arrived together, those a later one
+holds entirely are skipped first (`latest_events`). Both read
+`meta_info.output_token_logprobs` with `logprob_pairs`.
 
 Invariants (SGLang 0.5.23, items 4 to 6 of `client.py`'s module doc):
 - Concatenating a stream's chunks gives each output ID, character and logprob once, also
@@ -23,13 +24,13 @@ from undertow.gateway.engines.protocol import (
 )
 
 
-def logprob_pairs(meta: dict) -> list[tuple[float, int]]:
-    """`meta_info.output_token_logprobs` as (logprob, token ID) pairs. SGLang 0.5.23 writes a
-    NaN or infinite logprob as `null` (`srt/utils/json_response.py`): such a reply cannot
-    be recorded, and the request is resumed elsewhere like one whose engine failed."""
+def logprob_pairs(entries: list) -> list[tuple[float, int]]:
+    """Entries of `meta_info.output_token_logprobs` as (logprob, token ID) pairs. SGLang
+    0.5.23 writes a NaN or infinite logprob as `null` (`srt/utils/json_response.py`): such
+    a reply cannot be recorded, and the request is resumed elsewhere like one whose engine
+    failed."""
     try:
-        return [(float(entry[0]), int(entry[1]))
-                for entry in meta.get("output_token_logprobs") or ()]
+        return [(float(entry[0]), int(entry[1])) for entry in entries]
     except (TypeError, ValueError, IndexError) as error:
         raise EngineUnavailable(
             f"the engine sent a logprob entry that is not [logprob, token_id, text] ({error}); "
@@ -52,7 +53,7 @@ def read_result(reply: dict, request: GenerateRequest) -> GenerateResult:
         rid=meta.get("id", request.rid), output_ids=list(reply.get("output_ids") or ()),
         text=reply.get("text") or "",
         finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
-        output_token_logprobs=logprob_pairs(meta),
+        output_token_logprobs=logprob_pairs(meta.get("output_token_logprobs") or ()),
         prompt_tokens=num_prompt_ids(request) if prompt_tokens is None else prompt_tokens,
         completion_tokens=meta.get("completion_tokens", 0),
         cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
@@ -81,15 +82,18 @@ class StreamReader:
         finish = FinishReason.from_sglang(meta.get("finish_reason"))
         output_ids = list(event.get("output_ids") or ())
         text = event.get("text") or ""
-        logprobs = logprob_pairs(meta)
+        entries = meta.get("output_token_logprobs") or []
         completion_tokens = meta.get("completion_tokens", self.num_ids + len(output_ids))
         if finish is not None and finish.type == "abort" and "prompt_tokens" not in meta:
+            logprobs = logprob_pairs(entries)
             output_ids = self._queued_abort_ids(output_ids, logprobs, completion_tokens)
             text, logprobs = text[self.num_chars:], logprobs[self.num_logprobs:]
         elif self.num_ids and len(output_ids) == completion_tokens:  # cumulative form
             output_ids = output_ids[self.num_ids:]
-            logprobs = logprobs[self.num_logprobs:]
+            logprobs = logprob_pairs(entries[self.num_logprobs:])  # only the new ones
             text = text[self.num_chars:]
+        else:
+            logprobs = logprob_pairs(entries)
         self.num_ids += len(output_ids)
         self.num_logprobs += len(logprobs)
         self.num_chars += len(text)
@@ -117,3 +121,36 @@ class StreamReader:
         raise EngineUnavailable(
             f"request {self.rid} was aborted with {num_new} output IDs the stream never "
             f"delivered and its reply does not hold them; resume it from its partial output")
+
+
+def latest_events(events: list[dict]) -> list[dict]:
+    """`events` (that arrived together, in order) less those the next one holds entirely:
+    in SGLang's default (cumulative) form each event holds the whole output so far, so
+    an event without a finish reason followed by another cumulative one of the same weight
+    version adds nothing to it (the reader takes what is new from the later one). A gateway
+    that reads a fast engine's stream gets many events per read; reading only the latest
+    keeps its work per read, not per token (each event is a delta through the pool, the
+    sampler and the tool parser). Events in the incremental form are all kept."""
+    if len(events) == 1:  # the usual read: one event
+        return events
+    return [event for event, following in zip(events, [*events[1:], None], strict=True)
+            if following is None or not _holds(following, event)]
+
+
+def _holds(later: dict, event: dict) -> bool:
+    """Whether cumulative `later` holds all of `event` (unfinished, cumulative too, of
+    the same weight version)."""
+    meta, later_meta = event.get("meta_info"), later.get("meta_info")
+    return (isinstance(meta, dict) and isinstance(later_meta, dict)
+            and meta.get("finish_reason") is None
+            and _is_cumulative(event, meta) and _is_cumulative(later, later_meta)
+            and later_meta["completion_tokens"] >= meta["completion_tokens"]
+            and later_meta.get("weight_version") == meta.get("weight_version"))
+
+
+def _is_cumulative(event: dict, meta: dict) -> bool:
+    """An event whose `output_ids` are all its `completion_tokens` (in the incremental form
+    only a first one is; its successor then is not, so it is kept)."""
+    output_ids = event.get("output_ids")
+    return (isinstance(output_ids, list) and isinstance(meta.get("completion_tokens"), int)
+            and len(output_ids) == meta["completion_tokens"])

@@ -108,7 +108,16 @@ class HttpTransport:
 
     async def sse(self, path: str, body: dict | list[bytes]) -> AsyncIterator[dict]:
         """POST `body` (a JSON object, or its bytes in pieces) and yield each `data:` event
-        of the SSE reply until `[DONE]`.
+        of the SSE reply until `[DONE]` (`sse_batches`, one by one)."""
+        async for events in self.sse_batches(path, body):
+            for event in events:
+                yield event
+
+    async def sse_batches(self, path: str, body: dict | list[bytes]
+                          ) -> AsyncIterator[list[dict]]:
+        """POST `body` (a JSON object, or its bytes in pieces) and yield the `data:` events
+        of the SSE reply until `[DONE]`, in lists: those that arrived together (one read
+        of the connection), so that a reader may skip what a later one repeats.
 
         An event `{"error": ...}` raises `EngineRejected`; a stream that ends without
         `[DONE]` raises `EngineUnavailable`. It goes over `Http1Client` (see there why),
@@ -128,6 +137,7 @@ class HttpTransport:
                     if done:
                         continue
                     data, buffer = _sse_events(buffer + piece)
+                    events = []
                     for item in data:
                         if item == b"[DONE]":
                             done = True
@@ -136,7 +146,9 @@ class HttpTransport:
                         if "error" in event and len(event) == 1:
                             raise EngineRejected(error_message(item.decode()),
                                                  url=self.url + path)
-                        yield event
+                        events.append(event)
+                    if events:
+                        yield events
         except HttpError as error:
             if not done:
                 raise EngineUnavailable(f"stream from {self.url}{path} failed: {error}"

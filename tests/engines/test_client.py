@@ -14,6 +14,7 @@ from undertow.gateway.engines.protocol import (
     GenerateRequest,
     result_from_chunks,
 )
+from undertow.gateway.engines.sglang_replies import latest_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -86,12 +87,57 @@ async def test_streams_become_deltas_in_either_form(scripted_engine, events):
     client, script = scripted_engine
     script["events"] = events
     chunks = [chunk async for chunk in client.generate_stream(REQUEST)]
-    assert [chunk.output_ids for chunk in chunks] == [[5], [6], [7]]
-    assert [chunk.text for chunk in chunks] == ["a", "b", "c"]
+    assert [token_id for chunk in chunks for token_id in chunk.output_ids] == [5, 6, 7]
+    assert "".join(chunk.text for chunk in chunks) == "abc"
     result = result_from_chunks(chunks)
     assert result.output_token_logprobs == [(-0.5, 5), (-1.0, 6), (-1.5, 7)]
     assert result.finish_reason.type == "length"
     assert result.weight_version == "7"
+
+
+def long_stream(num_tokens: int, cumulative: bool) -> list[bytes]:
+    events = []
+    for n in range(1, num_tokens + 1):
+        finish = {"type": "length", "length": num_tokens} if n == num_tokens else None
+        first = 0 if cumulative else n - 1
+        chunk = event(list(range(first, n)), "".join(f"<{i}>" for i in range(first, n)),
+                      [(-0.01 * i, i) for i in range(first, n)], finish)
+        events.append(chunk.replace(b'"completion_tokens": 0', f'"completion_tokens": {n}'
+                                    .encode()))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("cumulative", [True, False], ids=["cumulative", "incremental"])
+async def test_cumulative_events_read_together_become_one_delta(scripted_engine, cumulative):
+    """A fast engine's 100 events reach the client in one write: in the cumulative form
+    each holds all the ones before it, so the client reads the latest of each read (one
+    delta through the pool, not a hundred); incremental events are each a delta."""
+    client, script = scripted_engine
+    script["events"] = [b"".join(long_stream(100, cumulative))]
+    chunks = [chunk async for chunk in client.generate_stream(REQUEST)]
+    result = result_from_chunks(chunks)
+    assert result.output_ids == list(range(100))
+    assert result.output_token_logprobs == [(-0.01 * i, i) for i in range(100)]
+    assert result.text == "".join(f"<{i}>" for i in range(100))
+    if cumulative:
+        assert len(chunks) <= 3, len(chunks)  # one per read of the connection
+    else:
+        assert len(chunks) == 100
+
+
+async def test_an_event_is_skipped_only_when_the_next_one_holds_it():
+    def cumulative(num: int, version: str = "7", finish=None) -> dict:
+        return {"output_ids": list(range(num)), "text": "x" * num, "meta_info": {
+            "completion_tokens": num, "weight_version": version, "finish_reason": finish,
+            "output_token_logprobs": [[-1.0, i, None] for i in range(num)]}}
+
+    events = [cumulative(1), cumulative(2), cumulative(3, "8"), cumulative(4, "8")]
+    assert latest_events(events) == events[1:2] + events[3:]  # new weights: kept apart
+    finished = [cumulative(2, finish={"type": "abort"}), cumulative(3)]
+    assert latest_events(finished) == finished
+    incremental = [cumulative(1), {**cumulative(1), "meta_info": {
+        **cumulative(1)["meta_info"], "completion_tokens": 2}}]
+    assert latest_events(incremental) == incremental
 
 
 async def test_an_event_longer_than_a_line_buffer_is_read_whole(scripted_engine):

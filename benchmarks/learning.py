@@ -1,8 +1,8 @@
 """Learning on SWE tasks, held out: pass rate on unseen instances as RL goes on.
 
     python -m benchmarks.learning --model qwen2.5-coder-0.5b-instruct [--work DIR]
-        [--difficulty line] [--num-steps 30] [--eval-every 10] [--group-size 8]
-        [--groups-per-step 4] [--rl-lr 2e-6] [--eval-sessions 150] [--concurrency 4]
+        [--difficulty line] [--num-steps 24] [--eval-every 8] [--group-size 8]
+        [--groups-per-step 4] [--rl-lr 3e-6] [--eval-sessions 150] [--concurrency 8]
     python -m benchmarks.learning --model tiny [--num-sft-tasks 60] [--sft-epochs 2] ...
 
 `--model` is the start policy: a pretrained model directory, or the name of one that
@@ -348,7 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct",
                         help="start policy: a model directory, a name of benchmarks.learner."
                         "MODELS, or `tiny` (random weights + SFT)")
-    parser.add_argument("--work", type=Path, default=Path("runs/learning"))
+    parser.add_argument("--work", type=Path, default=None,
+                        help="default runs/learning-MODEL (MODEL: the name or folder's name)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-instances", type=int, default=300)
     parser.add_argument("--difficulty", default="line",
@@ -357,12 +358,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="tiny: training instances with an oracle trajectory")
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--num-steps", type=int, default=30, help="RL steps (0: none)")
-    parser.add_argument("--eval-every", type=int, default=10,
+    parser.add_argument("--num-steps", type=int, default=24, help="RL steps (0: none)")
+    parser.add_argument("--eval-every", type=int, default=8,
                         help="held-out point every N steps")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--rl-lr", type=float, default=2e-6)
+    parser.add_argument("--rl-lr", type=float, default=3e-6)
     parser.add_argument("--max-staleness", type=int, default=0)
     parser.add_argument("--correction", default="mis",
                         help="loss.correction (mis: IcePop's token mask)")
@@ -374,11 +375,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-config", default="auto",
                         help="mini-swe-agent config merged last ('none': its swebench.yaml)")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads of the engine and the learner (OMP_NUM_THREADS)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
+    args.work = args.work or Path("runs") / f"learning-{Path(args.model).name}"
     defaults = SCAFFOLD_DEFAULTS[TINY if args.model == TINY else "pretrained"]
     args.step_limit = args.step_limit or defaults["step_limit"]
     args.max_tokens = args.max_tokens or defaults["max_tokens"]

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
+import xxhash
 from aiohttp import web
 
 from undertow.gateway.calls import CallRequest, Delta, Outcome
@@ -68,18 +69,19 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def fingerprint(raw: bytes) -> str:
+def fingerprint(raw: bytes, digest: str | None = None) -> str:
     """A request body's identity among its session's calls, for SDK retries: its length
-    and its 64-bit SipHash (Python's `hash`, keyed per process). What it keys, a
-    session's replies and calls in flight, is in memory only and per session, so a
-    cryptographic digest buys nothing; SHA-256 took three times as long on a long
-    history's body (0.3 ms at 520 KB)."""
-    return f"{len(raw):x}-{hash(raw) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+    and its 128-bit XXH3 (`digest`, where the caller has it: `resent_body` hashes only a
+    body's new bytes). What it keys, a session's replies and calls in flight, is in memory
+    only and per session, so a cryptographic digest buys nothing; XXH3 reads 3.5 MB in
+    0.06 ms (Python's SipHash `hash` took 0.7 ms, SHA-256 4 ms)."""
+    return f"{len(raw):x}-{digest or xxhash.xxh3_128_hexdigest(raw)}"
 
 
-def mark_retry(call: CallRequest, request: web.Request, raw: bytes) -> CallRequest:
+def mark_retry(call: CallRequest, request: web.Request, raw: bytes,
+               digest: str | None = None) -> CallRequest:
     """The call with its fingerprint and whether the SDK says it is a retry."""
-    return replace(call, fingerprint=fingerprint(raw), is_retry=is_retry(request))
+    return replace(call, fingerprint=fingerprint(raw, digest), is_retry=is_retry(request))
 
 
 def is_retry(request: web.Request) -> bool:

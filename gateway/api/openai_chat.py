@@ -345,7 +345,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
                              runner.renderer.reads)
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages,
                                                        known_body)
-        call = mark_retry(call, request, raw)
+        call = mark_retry(call, request, raw, known_body.digest if known_body else None)
         want_logprobs = bool(body.get("logprobs"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await reply_to_call(

@@ -29,6 +29,11 @@ the end is known by construction. Anything else (a body that changed before the 
 the key again among the fields after it, a piece that does not parse) is parsed whole,
 as before. The price: a session holds its last body's bytes (3.5 MB at a million tokens)
 besides its parsed messages.
+
+The body's XXH3 (its fingerprint for retries, `common.fingerprint`) is kept the same way:
+the hash of the bytes up to the history's end is carried from body to body and extended
+by the new messages, so a body costs the hash its new bytes (the digest is that of the
+whole body, however it was reached).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 
 __all__ = ["KnownBody", "parse_resent"]
 
@@ -53,35 +59,65 @@ class KnownBody:
     last element (an object) of the array `key` names, and only whitespace and its `]`
     follow (proved when `before` is set: the fields before the array, as those bytes
     parse); `after` is the fields after the array; `items` is the array's parsed
-    elements (shared with the next body's, never changed)."""
+    elements (shared with the next body's, never changed); `digest` is the XXH3-128 of
+    `raw`, `prefix_hash` the hash of `raw[:end]` (never updated in place: copied)."""
 
     raw: bytes
     key: str
     end: int | None
     items: list
     after: dict
+    digest: str
+    prefix_hash: Any = None
     before: dict | None = None
 
 
 def parse_resent(raw: bytes, known: KnownBody | None, key: str = "messages", *,
                  whole: Callable[[bytes], Any] = orjson.loads,
-                 loads: Callable[[bytes], Any] = orjson.loads) -> tuple[Any, KnownBody | None]:
+                 loads: Callable[[bytes], Any] = orjson.loads,
+                 hasher: Callable[[], Any] = xxhash.xxh3_128) -> tuple[Any, KnownBody | None]:
     """What `whole(raw)` gives, parsing only what follows `known`'s history where `raw`
     re-sends it (module doc); and what the next body of the session may reuse. `whole`
     parses a body that cannot be spliced (and raises what it raises for one that is not
-    JSON); `loads` parses the pieces (JSON errors are `ValueError`s)."""
+    JSON); `loads` parses the pieces (JSON errors are `ValueError`s); `hasher` makes the
+    streaming hash behind `KnownBody.digest`."""
     if known is not None and known.key == key and known.end is not None:
         spliced = _splice(raw, known, loads)
         if spliced is not None:
-            return spliced
+            body, end, after, before = spliced
+            prefix_hash = _extended(known.prefix_hash, raw, known.end, end)
+            return body, KnownBody(raw, key, end, body[key], after,
+                                   _digest(prefix_hash, raw, end, hasher), prefix_hash, before)
     body = whole(raw)
     if not isinstance(body, dict) or not isinstance(body.get(key), list):
         return body, None
     end, after = _find_end(raw, body, key, loads)
-    return body, KnownBody(raw, key, end, body[key], after)
+    prefix_hash = _extended(hasher(), raw, 0, end)
+    return body, KnownBody(raw, key, end, body[key], after,
+                           _digest(prefix_hash, raw, end, hasher), prefix_hash)
 
 
-def _splice(raw: bytes, known: KnownBody, loads) -> tuple[dict, KnownBody] | None:
+def _extended(prefix_hash, raw: bytes, start: int, end: int | None):
+    """`prefix_hash` (of `raw[:start]`) extended to `raw[:end]`: a new hash (None if
+    `end` is)."""
+    if end is None:
+        return None
+    extended = prefix_hash.copy()
+    extended.update(memoryview(raw)[start:end])
+    return extended
+
+
+def _digest(prefix_hash, raw: bytes, end: int | None, hasher) -> str:
+    """The hex digest of all of `raw`, from `prefix_hash` (of `raw[:end]`) when there is one."""
+    whole = hasher() if prefix_hash is None else prefix_hash.copy()
+    whole.update(memoryview(raw)[0 if prefix_hash is None else end:])
+    return whole.hexdigest()
+
+
+def _splice(raw: bytes, known: KnownBody, loads
+            ) -> tuple[dict, int | None, dict, dict] | None:
+    """The body, where its history ends, the fields after and before the array; None
+    where `raw` does not extend `known` (module doc)."""
     end = known.end
     if not raw.startswith(memoryview(known.raw)[:end]):
         return None
@@ -100,8 +136,7 @@ def _splice(raw: bytes, known: KnownBody, loads) -> tuple[dict, KnownBody] | Non
     if items is None:
         return None
     body = {**before, known.key: known.items + items, **after}
-    new_end = _past_object(raw, end + split)
-    return body, KnownBody(raw, known.key, new_end, body[known.key], after, before)
+    return body, _past_object(raw, end + split), after, before
 
 
 def _proved_before(known: KnownBody, loads) -> dict | None:

@@ -1,12 +1,14 @@
-"""A re-sent body is parsed where it is new (`gateway/api/resent_body.py`): the result is
-always what parsing the whole body gives, and a body that extends the previous one costs
-the parser its new bytes, not its history (counted: the bytes handed to the parser)."""
+"""A re-sent body is parsed and hashed where it is new (`gateway/api/resent_body.py`): the
+result is always what parsing the whole body gives, its digest always the whole body's
+XXH3, and a body that extends the previous one costs the parser and the hash its new
+bytes, not its history (counted: the bytes handed to them)."""
 
 import json
 import random
 
 import orjson
 import pytest
+import xxhash
 
 from undertow.gateway.api.resent_body import KnownBody, parse_resent
 
@@ -29,10 +31,29 @@ class CountingLoads:
         return orjson.loads(data)
 
 
-def parsed(raw: bytes, known: KnownBody | None, loads=orjson.loads):
-    body, new_known = parse_resent(raw, known, whole=loads, loads=loads)
+class CountingHash:
+    """xxhash.xxh3_128, counting the bytes it is handed (shared by its copies)."""
+
+    def __init__(self, state=None, counter=None):
+        self.state = state or xxhash.xxh3_128()
+        self.counter = counter if counter is not None else [0]
+
+    def update(self, data) -> None:
+        self.counter[0] += len(data)
+        self.state.update(data)
+
+    def copy(self) -> "CountingHash":
+        return CountingHash(self.state.copy(), self.counter)
+
+    def hexdigest(self) -> str:
+        return self.state.hexdigest()
+
+
+def parsed(raw: bytes, known: KnownBody | None, loads=orjson.loads, hasher=xxhash.xxh3_128):
+    body, new_known = parse_resent(raw, known, whole=loads, loads=loads, hasher=hasher)
     whole = orjson.loads(raw)
     assert body == whole and list(body) == list(whole), (raw[-200:], body, whole)
+    assert new_known.digest == xxhash.xxh3_128_hexdigest(raw)
     return body, new_known
 
 
@@ -75,15 +96,17 @@ def test_a_growing_session_parses_as_its_whole_bodies_do(layout):
     assert loads.num_bytes - num_parsed < len(raw) / 4  # the last body was spliced
 
 
-def test_a_chain_of_bodies_parses_only_what_each_adds():
+def test_a_chain_of_bodies_parses_and_hashes_only_what_each_adds():
     messages = [{"role": "user", "content": "x" * 1000}]
     known, loads, per_call, first = None, CountingLoads(), [], None
+    hash_counter, hashed = [0], []
     for call in range(1, 31):
         raw = json.dumps({"model": "m", "messages": messages, "tools": TOOLS,
                           "stream": False}).encode()
-        before = loads.num_bytes
-        body, known = parsed(raw, known, loads)
+        before, hashed_before = loads.num_bytes, hash_counter[0]
+        body, known = parsed(raw, known, loads, lambda: CountingHash(counter=hash_counter))
         per_call.append(loads.num_bytes - before)
+        hashed.append(hash_counter[0] - hashed_before)
         first = first or body["messages"][0]
         assert body["messages"][0] is first  # one object for the whole chain
         messages = messages + [{"role": "assistant", "content": f"call {call}"},
@@ -93,6 +116,8 @@ def test_a_chain_of_bodies_parses_only_what_each_adds():
     # then on a call costs the parser its ~560 new bytes, however long the body
     assert per_call[0] > 1000 and per_call[1] > 1000
     assert max(per_call[2:]) < 700, per_call
+    # the hash: call 1 whole; each later one its ~560 new bytes and the ~330 after them
+    assert hashed[0] > 1000 and max(hashed[1:]) < 1000 < len(raw) / 15, hashed
 
 
 @pytest.mark.parametrize("change", ["earlier message", "tools", "model before messages",

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from undertow.gateway.engines.builtin.grammar import mask_logits
-from undertow.gateway.engines.builtin.model import CausalLM, SlotKV, Weights
+from undertow.gateway.engines.builtin.model import CausalLM, PrefillSpan, SlotKV, Weights
 from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.request import Request
 from undertow.gateway.engines.builtin.sampling import sample
@@ -160,21 +160,31 @@ class Scheduler:
             self._updates[request] = None
 
     def _admit(self) -> None:
+        """Place waiting requests in slots, then prefill those whose whole prompt goes in one
+        pass together (`CausalLM.prefill_many`: each linear layer's weights read once for all
+        of them, not once per request)."""
         budget = self.max_prefill_tokens
+        whole: list[Request] = []
         while (self.chunking is None and self.waiting
                and len(self.running) < self.max_running_requests and budget > 0):
             request = self.waiting.popleft()
             try:
-                self._prefill(request)
+                if self._place(request):
+                    whole.append(request)
             except Exception as error:
                 self._prefill_failed(request, error)
             budget -= len(request.input_ids) - request.cached_tokens
+        if whole:
+            self._run_prefill([(r, len(r.all_ids) - r.kv_length) for r in whole])
 
     def _prefill_failed(self, request: Request, error: Exception) -> None:
         log.exception("prefill of %s failed", request.rid)
         self._retire(request, _abort(f"prefill failed: {error}"))
 
-    def _prefill(self, request: Request) -> None:
+    def _place(self, request: Request) -> bool:
+        """Give `request` the next slot with its staged or cached prefix; True when the rest of
+        its prompt is to be prefilled whole now (else it is staged up to its last token and
+        joins the next decode step, or it becomes `chunking`)."""
         ids = request.all_ids
         if not request.output_ids:  # a retracted request's logprobs are recorded anew
             request.input_logprobs.clear()
@@ -189,11 +199,11 @@ class Scheduler:
         request.kv_length = start
         self.running.append(request)
         if staged and start == len(ids) - 1 and request.params.max_new_tokens:
-            return  # all but its last token staged: it joins the next decode step, no prefill
+            return False  # all but its last token staged: no prefill
         if self.chunk_length(start, len(ids) - start) < len(ids) - start:
             self.chunking = request  # `_continue_prefill` runs its chunks, one per iteration
-            return
-        self._prefill_chunk(request, len(ids) - start)
+            return False
+        return True
 
     def chunk_length(self, start: int, num_tokens: int) -> int:
         """How many of `num_tokens` prompt tokens after `start` prefilled ones go into the next
@@ -217,32 +227,49 @@ class Scheduler:
         num_tokens = self.chunk_length(request.kv_length, num_left)
         if num_tokens == num_left:
             self.chunking = None
-        try:
-            self._prefill_chunk(request, num_tokens)
-        except Exception as error:
-            self.chunking = None
-            self._prefill_failed(request, error)
+        self._run_prefill([(request, num_tokens)])
 
-    def _prefill_chunk(self, request: Request, num_tokens: int) -> None:
-        """Prefill the next `num_tokens` of the prompt of `request` (the last running one);
-        when they end it, sample its first token (or finish a max_new_tokens=0 request)."""
-        ids, start = request.all_ids, request.kv_length
-        end = start + num_tokens
-        fresh, done = not request.output_ids, end == len(ids)
-        first = num_tokens - 1 if done else num_tokens  # logit rows wanted from the chunk
-        if fresh and request.wants_input_logprobs:
-            first = min(first, max(max(request.logprob_start_len, 1) - 1 - start, 0))
-        logits = self.model.prefill(self.kv, len(self.running) - 1, ids[start:end], start,
-                                    slice(first, None))
-        request.kv_length = end
-        if fresh and request.wants_input_logprobs:
-            self._record_input_logprobs(request, logits[:len(logits) - done], start + first)
-        if not done:
-            return
-        if fresh and request.params.max_new_tokens == 0:
-            self._retire(request, {"type": "length", "length": 0})
-            return
-        self._sample([request], logits[-1:])
+    def _run_prefill(self, parts: list[tuple[Request, int]]) -> None:
+        """`_prefill_chunks`, failing every request of `parts` if the pass fails."""
+        try:
+            self._prefill_chunks(parts)
+        except Exception as error:
+            for request, _ in parts:
+                if request is self.chunking:
+                    self.chunking = None
+                if request.finish_reason is None:
+                    self._prefill_failed(request, error)
+
+    def _prefill_chunks(self, parts: list[tuple[Request, int]]) -> None:
+        """Prefill the next `num_tokens` prompt tokens of each running (request, num_tokens)
+        in one pass; each whose prompt they end samples its first token (or finishes, for
+        max_new_tokens=0)."""
+        spans, firsts = [], []
+        for request, num_tokens in parts:
+            ids, start = request.all_ids, request.kv_length
+            done = start + num_tokens == len(ids)
+            first = num_tokens - 1 if done else num_tokens  # logit rows wanted from the chunk
+            if not request.output_ids and request.wants_input_logprobs:
+                first = min(first, max(max(request.logprob_start_len, 1) - 1 - start, 0))
+            spans.append(PrefillSpan(self.running.index(request), ids[start:start + num_tokens],
+                                     start, slice(first, None)))
+            firsts.append(start + first)
+        first_tokens: list[tuple[Request, torch.Tensor]] = []
+        for (request, num_tokens), logits, position in zip(
+                parts, self.model.prefill_many(self.kv, spans), firsts, strict=True):
+            fresh = not request.output_ids
+            request.kv_length += num_tokens
+            done = request.kv_length == len(request.all_ids)
+            if fresh and request.wants_input_logprobs:
+                self._record_input_logprobs(request, logits[:len(logits) - done], position)
+            if not done:
+                continue
+            if fresh and request.params.max_new_tokens == 0:
+                self._retire(request, {"type": "length", "length": 0})
+            else:
+                first_tokens.append((request, logits[-1:]))
+        if first_tokens:
+            self._sample([r for r, _ in first_tokens], torch.cat([t for _, t in first_tokens]))
 
     def _take_staged(self, request: Request, slot: int) -> int | None:
         """For a request that claimed a staged import: move it into `slot` and return how

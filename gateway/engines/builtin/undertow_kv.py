@@ -48,7 +48,6 @@ decoding before and after); encoding and decoding the bytes run off it.
 """
 
 import asyncio
-import hashlib
 import json
 import struct
 
@@ -84,16 +83,6 @@ class TransferConflict(BuiltinEngineError):
         self.status = status
 
 
-def model_fingerprint(weights) -> str:
-    """A short digest of a few weight tensors: equal for engines serving the same weights,
-    different (with overwhelming probability) for other weights of the same shapes."""
-    digest = hashlib.sha256()
-    for tensor in (weights.norm, weights.embed[:4], weights.layers[0].qkv[:4],
-                   weights.layers[-1].down[:4], weights.lm_head[-4:]):
-        digest.update(tensor.to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def _metadata(data: bytes) -> dict:
     """The `__metadata__` of safetensors bytes (read by hand: `load` does not return it)."""
     if len(data) < 8:
@@ -113,17 +102,13 @@ class KVTransferApi:
 
     def __init__(self, engine):
         self.engine = engine
-        self._fingerprints: dict[int, str] = {}
 
     @property
     def scheduler(self):
         return self.engine.scheduler
 
     def fingerprint(self) -> str:
-        weights = self.scheduler.model.weights
-        if id(weights) not in self._fingerprints:
-            self._fingerprints = {id(weights): model_fingerprint(weights)}
-        return self._fingerprints[id(weights)]
+        return self.scheduler.model.weights.fingerprint
 
     async def export_kv(self, http: web.Request) -> web.StreamResponse:
         body = await read_json(http)

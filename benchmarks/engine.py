@@ -1,23 +1,30 @@
 """Engine benchmark: the built-in engine and vLLM side by side, on the same model directories.
 
     python -m benchmarks.engine [--sizes tiny,small] [--engines builtin,vllm]
-    python -m benchmarks.engine --sizes qwen2.5-coder-0.5b-instruct --decode-tokens 32 \
+        [--dtype bfloat16|float32] [--threads 2]
+    python -m benchmarks.engine --sizes qwen2.5-coder-0.5b-instruct --decode-tokens 16 \
         --results benchmarks/results/engine_qwen.json
 
 For each model (a size built offline with `init_model_dir`, a model directory, or a pretrained
-model fetched into `.cache/models/NAME` by `make setup-models`) and each engine (started one
-at a time through `gateway.engines.launch`, so they never compete for the CPU), both driven the
-same way through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sampling:
+model fetched into `.cache/models/NAME` by `make setup-models`), both engines are started
+(one after the other, through `gateway.engines.launch`) and measured in turns, never at the
+same time: each round of each case runs on one engine while the other idles, then on the other
+(the order rotating), so that on a shared machine they see the same load. Both are driven the
+same way through `POST /v1/completions` with prompt token IDs, `ignore_eos` and greedy sampling,
+both in the same dtype (`--dtype`: the built-in engine's `dtype`, vLLM's `--dtype`; bfloat16
+by default, what CPU users serve) and on the same number of threads (`--threads`: the built-in
+engine's `num_threads`, vLLM's `OMP_NUM_THREADS`):
 - decode throughput: `c` concurrent requests (c = 1, 8, 32) of a 32-token prompt each generating
   128 tokens (`--decode-tokens`); output tokens / wall seconds, after a warm-up round; best of 3
-  rounds;
+  rounds (the same prompts on both engines);
 - prefill time of a 2,000-token prompt (one output token): first uncached, then the same prompt
   again with its prefix cached; best of 3 distinct prompts.
 Writes `benchmarks/results/engine.json` and prints a Markdown table with the ratios the engine
-issue sets as targets (c=32 / c=1 >= 8x; built-in >= 0.5x vLLM; cached prefill >= 10x faster).
+issues set as targets (c=32 / c=1 >= 8x; cached prefill >= 10x faster; issue 27: built-in
+decode >= 1.0x vLLM's at every concurrency, uncached 2k prefill <= 1.3x vLLM's time).
 Wall-clock numbers on a shared machine are noisy: compare within one run.
 
-    python -m benchmarks.engine --case itl [--size tiny] [--chunk-sizes 0,256]
+    python -m benchmarks.engine --case itl [--size tiny] [--chunk-sizes 0,256] [--threads 1]
 
 The inter-token-latency case (built-in engine only, one engine per chunk size, `0` being
 chunked prefill off): 16 sessions decode (streamed `/generate`, greedy); once each has 16
@@ -30,6 +37,7 @@ Writes `benchmarks/results/engine_itl.json`.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -69,44 +77,62 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
     return payload["usage"]["completion_tokens"], time.perf_counter() - started
 
 
-async def decode_throughput(session, url: str, model: str, concurrency: int,
-                            decode_tokens: int) -> float:
-    """Output tokens per second of `concurrency` simultaneous requests; best of NUM_ROUNDS."""
-    prompts = [token_ids(1000 * concurrency + i, PROMPT_TOKENS) for i in range(concurrency)]
-    await asyncio.gather(*(complete(session, url, model, p, 8) for p in prompts))
-    best = 0.0
-    for round_index in range(NUM_ROUNDS):
-        prompts = [token_ids(100_000 * (round_index + 1) + 1000 * concurrency + i,
-                             PROMPT_TOKENS) for i in range(concurrency)]
-        started = time.perf_counter()
-        results = await asyncio.gather(*(complete(session, url, model, p, decode_tokens)
-                                         for p in prompts))
-        elapsed = time.perf_counter() - started
-        best = max(best, sum(num_tokens for num_tokens, _ in results) / elapsed)
-    return best
+async def decode_round(session, url: str, model: str, prompts: list[list[int]],
+                       decode_tokens: int) -> float:
+    """Output tokens per second of `prompts` sent at once."""
+    started = time.perf_counter()
+    results = await asyncio.gather(*(complete(session, url, model, p, decode_tokens)
+                                     for p in prompts))
+    return sum(num_tokens for num_tokens, _ in results) / (time.perf_counter() - started)
 
 
-async def prefill_seconds(session, url: str, model: str, seed: int) -> tuple[float, float]:
-    """(uncached, cached) seconds of a 2,000-token prompt with one output token; best of
-    NUM_ROUNDS distinct prompts."""
-    uncached, cached = [], []
-    for i in range(NUM_ROUNDS):
-        prompt = token_ids(seed + i, PREFILL_TOKENS)
-        uncached.append((await complete(session, url, model, prompt, 1))[1])
-        cached.append((await complete(session, url, model, prompt, 1))[1])
-    return min(uncached), min(cached)
+def in_turns(engines: dict[str, str], round_index: int) -> list[tuple[str, str]]:
+    """The engines in the order of this round: rotated each round, so none always goes first."""
+    items = list(engines.items())
+    shift = round_index % len(items)
+    return items[shift:] + items[:shift]
 
 
-async def measure(launcher, model_dir: Path, seed: int, decode_tokens: int) -> dict:
-    async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
-            timeout=TIMEOUT) as session:
-        model = str(model_dir)
-        await complete(session, engine.url, model, token_ids(1, 64), 4)
-        throughput = {c: await decode_throughput(session, engine.url, model, c, decode_tokens)
-                      for c in CONCURRENCIES}
-        uncached, cached = await prefill_seconds(session, engine.url, model, seed)
-    return {"decode_tokens_per_s": throughput,
-            "prefill_2000_s": {"uncached": uncached, "cached": cached}}
+async def measure(engines: dict[str, str], model: str, seed: int, decode_tokens: int) -> dict:
+    """Every case on every engine (name -> URL), in turns: each round of a case runs on one
+    engine while the others idle, the next round of that case on the next engine, so that on
+    a shared machine they see the same load. Decode throughput is the best of NUM_ROUNDS
+    rounds, prefill the least of NUM_ROUNDS distinct prompts (uncached, then again cached)."""
+    results = {name: {"decode_tokens_per_s": {}, "prefill_2000_s": {}, "load_average_1m": []}
+               for name in engines}
+
+    def note_load(name: str) -> None:
+        results[name]["load_average_1m"].append(round(os.getloadavg()[0], 2))
+
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        for url in engines.values():
+            await complete(session, url, model, token_ids(1, 64), 4)
+        for c in CONCURRENCIES:
+            warm_up = [token_ids(1000 * c + i, PROMPT_TOKENS) for i in range(c)]
+            for url in engines.values():
+                await asyncio.gather(*(complete(session, url, model, p, 8) for p in warm_up))
+            rates: dict[str, list[float]] = {name: [] for name in engines}
+            for round_index in range(NUM_ROUNDS):
+                prompts = [token_ids(100_000 * (round_index + 1) + 1000 * c + i, PROMPT_TOKENS)
+                           for i in range(c)]
+                for name, url in in_turns(engines, round_index):
+                    rates[name].append(await decode_round(session, url, model, prompts,
+                                                          decode_tokens))
+                    note_load(name)
+            for name in engines:
+                results[name]["decode_tokens_per_s"][c] = max(rates[name])
+        seconds = {name: {"uncached": [], "cached": []} for name in engines}
+        for round_index in range(NUM_ROUNDS):
+            prompt = token_ids(seed + round_index, PREFILL_TOKENS)
+            for name, url in in_turns(engines, round_index):
+                for kind in ("uncached", "cached"):
+                    seconds[name][kind].append((await complete(session, url, model, prompt,
+                                                               1))[1])
+                note_load(name)
+        for name in engines:
+            results[name]["prefill_2000_s"] = {kind: min(values)
+                                               for kind, values in seconds[name].items()}
+    return results
 
 
 ITL_SESSIONS = 16
@@ -160,8 +186,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure_itl(model_dir: Path, chunk_size: int, builtin_threads: int | None) -> dict:
-    launcher = BuiltinLauncher(overrides={**builtin_overrides(builtin_threads),
+async def measure_itl(model_dir: Path, chunk_size: int, threads: int | None,
+                      dtype: str) -> dict:
+    launcher = BuiltinLauncher(overrides={**builtin_overrides(threads, dtype),
                                           "chunked_prefill_size": chunk_size})
     async with launch_engine(launcher, model_dir) as engine, aiohttp.ClientSession(
             timeout=TIMEOUT) as session:
@@ -197,14 +224,14 @@ def itl_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-async def run_itl(size: str, chunk_sizes: list[int], builtin_threads: int | None,
+async def run_itl(size: str, chunk_sizes: list[int], threads: int | None, dtype: str,
                   work_dir: Path) -> list[dict]:
     from undertow.learner.modeldir import init_model_dir
 
     model_dir = init_model_dir(work_dir / size, size=size, seed=0)
     rows = []
     for chunk_size in chunk_sizes:
-        rows.append(await measure_itl(model_dir, chunk_size, builtin_threads))
+        rows.append(await measure_itl(model_dir, chunk_size, threads, dtype))
         print(f"measured chunked_prefill_size={chunk_size}: {rows[-1]}", flush=True)
     return rows
 
@@ -212,30 +239,32 @@ async def run_itl(size: str, chunk_sizes: list[int], builtin_threads: int | None
 def main_itl(args) -> None:
     with tempfile.TemporaryDirectory(prefix="undertow-bench-itl-") as work_dir:
         rows = asyncio.run(run_itl(args.size, [int(c) for c in args.chunk_sizes.split(",")],
-                                   args.builtin_threads or None, Path(work_dir),
-                                  args.decode_tokens))
+                                   args.threads or None, args.dtype, Path(work_dir)))
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
               "settings": {"size": args.size, "sessions": ITL_SESSIONS,
                            "session_prompt_tokens": ITL_SESSION_PROMPT,
                            "long_prompt_tokens": ITL_LONG_PROMPT,
                            "margin_tokens": ITL_MARGIN_TOKENS,
-                           "builtin_threads": args.builtin_threads},
+                           "threads": args.threads, "dtype": args.dtype},
               "results": rows}
     ITL_RESULTS.parent.mkdir(parents=True, exist_ok=True)
     ITL_RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(itl_markdown(rows))
 
 
-def builtin_overrides(builtin_threads: int | None) -> dict:
-    """The built-in engine's `num_threads`, when one is asked for (None: torch's default)."""
-    return {"num_threads": builtin_threads} if builtin_threads else {}
+def builtin_overrides(threads: int | None, dtype: str) -> dict:
+    """The built-in engine's `dtype`, and its `num_threads` when one is asked for (None:
+    torch's default)."""
+    return {"dtype": dtype, **({"num_threads": threads} if threads else {})}
 
 
-def launchers(names: list[str], builtin_threads: int | None) -> dict:
+def launchers(names: list[str], threads: int | None, dtype: str) -> dict:
+    """Both engines in `dtype` on `threads` threads each (None: each engine's default)."""
     available = {
-        "builtin": BuiltinLauncher(overrides=builtin_overrides(builtin_threads)),
-        "vllm": VLLMLauncher(max_model_len=4096),
+        "builtin": BuiltinLauncher(overrides=builtin_overrides(threads, dtype)),
+        "vllm": VLLMLauncher(max_model_len=4096, dtype=dtype, extra_env=(
+            {"OMP_NUM_THREADS": str(threads)} if threads else {})),
     }
     return {name: available[name] for name in names}
 
@@ -292,16 +321,20 @@ def model_dir_of(name: str, work_dir: Path) -> Path:
                      f"directory; `make setup-models` fetches the pretrained ones")
 
 
-async def run(sizes: list[str], engine_names: list[str], builtin_threads: int | None,
+async def run(sizes: list[str], engine_names: list[str], threads: int | None, dtype: str,
               work_dir: Path, decode_tokens: int) -> dict:
+    """Per model: start the engines one after the other (starting is the heavy part), then
+    `measure` them in turns."""
     results: dict = {}
     for index, size in enumerate(sizes):
         model_dir = model_dir_of(size, work_dir)
-        results[size] = {}
-        for name, launcher in launchers(engine_names, builtin_threads).items():
-            results[size][name] = await measure(launcher, model_dir, seed=10_000 * (index + 1),
-                                                decode_tokens=decode_tokens)
-            print(f"measured {size} on {name}: {results[size][name]}", flush=True)
+        async with contextlib.AsyncExitStack() as stack:
+            engines = {name: (await stack.enter_async_context(launch_engine(launcher,
+                                                                            model_dir))).url
+                       for name, launcher in launchers(engine_names, threads, dtype).items()}
+            results[size] = await measure(engines, str(model_dir), seed=10_000 * (index + 1),
+                                          decode_tokens=decode_tokens)
+        print(f"measured {size}: {results[size]}", flush=True)
     return results
 
 
@@ -313,9 +346,11 @@ def main() -> None:
                         help="tokens each decode request generates")
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON file to write")
     parser.add_argument("--engines", default="builtin,vllm")
-    parser.add_argument("--builtin-threads", type=int, default=1,
-                        help="torch threads of the built-in engine (0: torch's default); one "
-                             "is faster on a small machine that other work shares")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of each engine: the built-in engine's num_threads, "
+                             "vLLM's OMP_NUM_THREADS (0: each engine's default)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the dtype both engines load and compute in")
     parser.add_argument("--case", choices=("throughput", "itl"), default="throughput")
     parser.add_argument("--size", default="tiny", help="model size of the itl case")
     parser.add_argument("--chunk-sizes", default="0,256",
@@ -326,18 +361,19 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="undertow-bench-engine-") as work_dir:
         results = asyncio.run(run(args.sizes.split(","), args.engines.split(","),
-                                  args.builtin_threads or None, Path(work_dir),
+                                  args.threads or None, args.dtype, Path(work_dir),
                                   args.decode_tokens))
     ratio_values = ratios(results)
     report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
               "settings": {"concurrencies": CONCURRENCIES, "prompt_tokens": PROMPT_TOKENS,
-                           "builtin_threads": args.builtin_threads,
+                           "threads": args.threads, "dtype": args.dtype,
                            "decode_tokens": args.decode_tokens,
                            "prefill_tokens": PREFILL_TOKENS},
               "results": results, "ratios": ratio_values}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"Both engines in {args.dtype}, {args.threads or 'default'} threads each.")
     print(markdown(results, ratio_values))
 
 

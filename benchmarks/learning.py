@@ -68,29 +68,40 @@ SCAFFOLD_DEFAULTS = {TINY: {"step_limit": 3, "max_tokens": 256, "agent_config": 
                                     "agent_config": AGENT_CONFIG}}
 STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy", "grad_norm",
              "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p95", "masked_fraction",
-             "num_sessions", "num_dropped_uniform", "num_trained_tokens", "step_s",
-             "rollout_s", "train_s", "sync_s")
+             "num_sessions", "num_dropped_uniform", "num_trained_tokens",
+             "num_unique_tokens", "step_s", "rollout_s", "train_s", "sync_s")
 
 
-def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: int = 1) -> float:
+def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: int = 1) -> dict:
     """Runs `python -m MODULE ARGV` with `num_threads` torch threads (its engine and
-    learner); returns its wall time; exits with its log's path when it fails."""
+    learner); returns its wall time and the load average before and after (also written
+    beside its log, LOG.timing.json); exits with its log's path when it fails."""
     command = [sys.executable, "-m", module, *argv]
     print(f"$ {shlex.join(command[2:])}", flush=True)
-    started = time.perf_counter()
+    load, started = os.getloadavg()[0], time.perf_counter()
     with log.open("w") as out:
         result = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": str(num_threads)})
     if result.returncode != 0:
         raise SystemExit(f"failed ({result.returncode}): {shlex.join(command)}; see {log}")
-    return time.perf_counter() - started
+    timing = {"wall_s": time.perf_counter() - started,
+              "load_average_1m": [load, os.getloadavg()[0]]}
+    log.with_suffix(".timing.json").write_text(json.dumps(timing))
+    return timing
 
 
 def _timed(record: dict, name: str, argv: list[str], log: Path, done: bool,
            module: str = "undertow.cli", num_threads: int = 1) -> None:
-    record[name] = {"command": shlex.join(["python", "-m", module, *argv]),
-                    "num_threads": num_threads,
-                    "wall_s": None if done else run(argv, log, module, num_threads)}
+    """Runs a stage, or (`done`) reads back the timing of the run that did it."""
+    command = shlex.join(["python", "-m", module, *argv])
+    timing_path = log.with_suffix(".timing.json")
+    if not done:
+        timing = run(argv, log, module, num_threads)
+    elif timing_path.exists():
+        timing = json.loads(timing_path.read_text())
+    else:
+        timing = {"wall_s": None}
+    record[name] = {"command": command, "num_threads": num_threads, **timing}
 
 
 def scaffold_options(args) -> dict:
@@ -170,6 +181,7 @@ def evaluate(work: Path, name: str, model: Path, args) -> dict:
             "rollout_s": summary["duration_s"],
             "session_s_mean": sum(s["duration_s"] for s in sessions) / len(sessions),
             "completion_tokens_mean": summary["num_completion_tokens"] / len(sessions),
+            "completion_tokens_per_s": summary["num_completion_tokens"] / summary["duration_s"],
             "causes": _count(s["cause"] for s in sessions),
             "exit_statuses": _count(s.get("details", {}).get("exit_status", "")
                                     for s in sessions)}
@@ -327,13 +339,22 @@ def main(args) -> None:
     print(f"results: {RESULTS}; plot: {PLOT}")
 
 
+def step_row(metrics: dict) -> dict:
+    """A step's figures from its metrics.jsonl line, and the learner's speed: unique
+    tokens (each packed once) per second of the step's training."""
+    row = {k: metrics.get(k) for k in STEP_KEYS}
+    if row["num_unique_tokens"] and row["train_s"]:
+        row["learner_tokens_per_s"] = row["num_unique_tokens"] / row["train_s"]
+    return row
+
+
 def write_results(work: Path, record: dict, evals: list[dict]) -> None:
     """learning.json and the plot as they stand (after each held-out point, so that a
     run cut short keeps what it measured)."""
     metrics = work / "train" / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines()] \
         if metrics.exists() else []
-    record["rl"]["steps"] = [{k: s.get(k) for k in STEP_KEYS} for s in steps]
+    record["rl"]["steps"] = [step_row(s) for s in steps]
     if (work / "train" / "store").is_dir():
         record["rl"]["groups"] = group_rewards(work / "train" / "store")
     record["evaluations"] = evals

@@ -1,5 +1,5 @@
-"""Processes of tests: `undertow train` run as a child (`run_train`), and what Ray (or any server
-a test starts) left running below a test's own."""
+"""Processes of tests: an `undertow` command run as a child (`run_undertow`, `run_train`), and
+what Ray (or any server a test starts) left running below a test's own."""
 
 import os
 import signal
@@ -44,13 +44,13 @@ def alive(pids: set[int]) -> set[int]:
     return living
 
 
-def run_train(run_dir: Path, overrides: list[str], log: Path, timeout_s: float) -> int:
-    """`undertow train --run-dir RUN_DIR OVERRIDES...` in its own process group, its output in
-    `log`; its exit status, or the test fails with the log's end after `timeout_s`."""
-    command = [sys.executable, "-m", "undertow.cli", "train", "--run-dir", str(run_dir),
-               *overrides]
+def run_undertow(arguments: list[str], log: Path, timeout_s: float) -> int:
+    """`undertow ARGUMENTS...` in its own process group, from the repository (on its
+    PYTHONPATH, for the tests' rollout sources), its output appended to `log`; its exit
+    status, or the test fails with the log's end after `timeout_s`."""
+    command = [sys.executable, "-m", "undertow.cli", *arguments]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    with open(log, "wb") as handle:
+    with open(log, "ab") as handle:
         process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
                                    start_new_session=True, env={**os.environ, "PYTHONPATH": path})
     try:
@@ -58,4 +58,10 @@ def run_train(run_dir: Path, overrides: list[str], log: Path, timeout_s: float) 
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        pytest.fail(f"undertow train did not finish; its log:\n{log.read_text()[-3000:]}")
+        pytest.fail(f"undertow {arguments[0]} did not finish; its log:\n"
+                    f"{log.read_text()[-3000:]}")
+
+
+def run_train(run_dir: Path, overrides: list[str], log: Path, timeout_s: float) -> int:
+    """`undertow train --run-dir RUN_DIR OVERRIDES...` (`run_undertow`)."""
+    return run_undertow(["train", "--run-dir", str(run_dir), *overrides], log, timeout_s)

@@ -10,17 +10,14 @@ group's tokens are the step-1 weights' (as the learner scores them), far from th
 model's. Then `undertow sft` on the sessions that run stored: the loss on them falls.
 """
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from undertow.learner.checkpoint import list_checkpoints
+from tests.processes import run_train, run_undertow
+from undertow.learner.checkpoint import WEIGHTS, list_checkpoints
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.model import PolicyModel
 from undertow.learner.reference import flat_samples
@@ -33,31 +30,18 @@ CONFIG = REPO / "undertow" / "configs" / "learn-smollm2.yaml"
 TIMEOUT_S = 1200   # at load 20-27 on this 2-core machine: train 7.7 min, sft 8.8 min
 
 
-def _run(command: list[str], log: Path) -> int:
-    with open(log, "ab") as handle:
-        process = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                   start_new_session=True,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        return process.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"{command[3]} did not finish; its log:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def smollm2_run(smollm2_dir, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("train-smollm2") / "run"
     log = run_dir.parent / "train.log"
-    code = _run([sys.executable, "-m", "undertow.cli", "train", "-c", str(CONFIG),
-                 "--run-dir", str(run_dir), f"run.model_dir={smollm2_dir}",
-                 "learner.num_steps=2", "learner.group_size=2", "learner.lr=0.0001",
-                 "learner.checkpoint_every=1",
-                 "rollout.source=tests.e2e.scripted_rollouts:make_run_group"], log)
+    code = run_train(run_dir, ["-c", str(CONFIG), f"run.model_dir={smollm2_dir}",
+                               "learner.num_steps=2", "learner.group_size=2",
+                               "learner.lr=0.0001", "learner.checkpoint_every=2",
+                               "rollout.source=tests.e2e.scripted_rollouts:make_run_group"],
+                     log, TIMEOUT_S)
     assert code == 0, log.read_text()[-3000:]
     yield run_dir
-    shutil.rmtree(run_dir.parent)  # ~4 GB of checkpoints: the suite must fit a small disk
+    shutil.rmtree(run_dir.parent)  # a checkpoint and pushed weights, 2 GB: fit a small disk
 
 
 def test_two_steps_from_the_model_directory_reach_the_engine(smollm2_run):
@@ -89,18 +73,19 @@ def test_the_engine_computes_with_the_pushed_weights(smollm2_run, smollm2_dir):
             return torch.cat([policy.score_path(s.token_ids, s.scored).logprobs.double()
                               for s in samples])
 
-    step_1 = list_checkpoints(smollm2_run)[0]
-    assert step_1.name == "step-000001"
-    trained, base = logprobs(step_1 / "model"), logprobs(smollm2_dir)
+    # Step 1's weights as pushed to the engine (only step 2 is a checkpoint: 1.6 GB less)
+    step_1 = smollm2_run / WEIGHTS / "step-000001"
+    assert [path.name for path in list_checkpoints(smollm2_run)] == ["step-000002"]
+    trained, base = logprobs(step_1), logprobs(smollm2_dir)
     assert (engine - trained).abs().max() < 1e-3
     assert (engine - base).abs().max() > 100 * (engine - trained).abs().max()
 
 
 def test_sft_on_the_stored_sessions_lowers_their_loss(smollm2_run, smollm2_dir, tmp_path):
     out, log = tmp_path / "sft", tmp_path / "sft.log"
-    code = _run([sys.executable, "-m", "undertow.cli", "sft", "--store",
-                 str(smollm2_run / "store"), "--model", str(smollm2_dir), "--out", str(out),
-                 "sft.num_epochs=3", "sft.groups_per_step=2", "sft.lr=0.0001"], log)
+    code = run_undertow(["sft", "--store", str(smollm2_run / "store"), "--model",
+                         str(smollm2_dir), "--out", str(out), "sft.num_epochs=3",
+                         "sft.groups_per_step=2", "sft.lr=0.0001"], log, TIMEOUT_S)
     assert code == 0, log.read_text()[-3000:]
     losses = [record["loss"] for record in read_metrics(out)]
     assert len(losses) == 3

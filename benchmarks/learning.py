@@ -74,8 +74,9 @@ STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy"
 
 def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: int = 1) -> dict:
     """Runs `python -m MODULE ARGV` with `num_threads` torch threads (its engine and
-    learner); returns its wall time and the load average before and after (also written
-    beside its log, LOG.timing.json); exits with its log's path when it fails."""
+    learner); returns the command, its wall time and the load average before and after
+    (also written beside its log, LOG.timing.json); exits with its log's path when it
+    fails."""
     command = [sys.executable, "-m", module, *argv]
     print(f"$ {shlex.join(command[2:])}", flush=True)
     load, started = os.getloadavg()[0], time.perf_counter()
@@ -84,7 +85,8 @@ def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: i
                                 env={**os.environ, "OMP_NUM_THREADS": str(num_threads)})
     if result.returncode != 0:
         raise SystemExit(f"failed ({result.returncode}): {shlex.join(command)}; see {log}")
-    timing = {"wall_s": time.perf_counter() - started,
+    timing = {"command": shlex.join(["python", "-m", module, *argv]),
+              "wall_s": time.perf_counter() - started,
               "load_average_1m": [load, os.getloadavg()[0]]}
     log.with_suffix(".timing.json").write_text(json.dumps(timing))
     return timing
@@ -92,7 +94,7 @@ def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: i
 
 def _timed(record: dict, name: str, argv: list[str], log: Path, done: bool,
            module: str = "undertow.cli", num_threads: int = 1) -> None:
-    """Runs a stage, or (`done`) reads back the timing of the run that did it."""
+    """Runs a stage, or (`done`) reads back the command and timing of the run that did it."""
     command = shlex.join(["python", "-m", module, *argv])
     timing_path = log.with_suffix(".timing.json")
     if not done:
@@ -154,7 +156,10 @@ def sft_model(work: Path, args, record: dict) -> Path:
 
 
 def evaluate(work: Path, name: str, model: Path, args) -> dict:
-    """The held-out rollout of `model` (stage 3/5), pooled pass rate and Wilson interval."""
+    """The held-out rollout of `model` (stage 3/5), pooled pass rate and Wilson interval.
+    Left out, and counted: sessions Undertow failed (`evaluation.outcomes`), and those
+    that timed out before the scaffold made its first model call (mini-swe-agent still
+    starting on a machine loaded by other work: the policy was never asked)."""
     heldout = work / "tasks" / "heldout"
     num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
     num_tasks = min(num_heldout, args.eval_sessions)
@@ -170,11 +175,14 @@ def evaluate(work: Path, name: str, model: Path, args) -> dict:
     _timed(row, "rollout", argv, work / f"eval-{name}.log", any(out.glob("*/summary.json")),
            num_threads=args.threads)
     summary = json.loads(sorted(out.glob("*/summary.json"))[-1].read_text())
-    per_task, num_left_out = outcomes(summary)
-    results = [resolved for sessions in per_task.values() for resolved in sessions]
     sessions = summary["sessions"]
+    unanswered = [s for s in sessions if s["cause"] == "timeout" and not s["num_calls"]]
+    per_task, num_failed = outcomes({"sessions": [s for s in sessions
+                                                  if s not in unanswered]})
+    results = [resolved for runs in per_task.values() for resolved in runs]
     return {"model": name, **row["rollout"], "load_average_1m_at_start": load,
-            "num_sessions": len(results), "num_left_out": num_left_out,
+            "num_sessions": len(results), "num_left_out": num_failed + len(unanswered),
+            "num_timed_out_unanswered": len(unanswered),
             "num_resolved": sum(results), "pass_rate": sum(results) / max(len(results), 1),
             "interval": wilson_interval(sum(results), len(results)),
             "num_tasks_resolved": sum(any(s) for s in per_task.values()),
@@ -399,7 +407,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads of the engine and the learner (OMP_NUM_THREADS)")
-    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--timeout-s", type=float, default=900.0,
+                        help="per session; one call takes 10-60 s here, but mini-swe-agent's "
+                        "start alone took over 300 s at load 40")
     args = parser.parse_args(argv)
     args.work = args.work or Path("runs") / f"learning-{Path(args.model).name}"
     defaults = SCAFFOLD_DEFAULTS[TINY if args.model == TINY else "pretrained"]

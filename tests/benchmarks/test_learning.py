@@ -7,7 +7,9 @@ import yaml
 
 from benchmarks.learning import (
     AGENT_CONFIG,
+    _timed,
     eval_steps,
+    evaluate,
     gain,
     group_rewards,
     parse_args,
@@ -99,3 +101,33 @@ def test_the_agent_configs_regex_takes_one_shell_block_as_mini_swe_agent_parses_
                   f"```bash\n{command}\n```\n```bash\ncat shopcalc/discount.py\n```"):
         with pytest.raises(FormatError):
             parse(reply)
+
+
+def test_a_skipped_stage_keeps_the_command_and_timing_of_the_run_that_did_it(tmp_path):
+    log, first, later = tmp_path / "stage.log", {}, {}
+    _timed(first, "stage", ["--help"], log, done=False, module="json.tool")
+    assert first["stage"]["command"] == "python -m json.tool --help"
+    assert first["stage"]["wall_s"] > 0 and len(first["stage"]["load_average_1m"]) == 2
+    _timed(later, "stage", ["--help", "--sort-keys"], log, done=True, module="json.tool")
+    assert later == first
+    _timed(later, "other", ["--help"], tmp_path / "other.log", done=True, module="json.tool")
+    assert later["other"]["wall_s"] is None
+
+
+def test_held_out_sessions_the_policy_never_answered_are_left_out(tmp_path):
+    (tmp_path / "tasks" / "heldout").mkdir(parents=True)
+    (tmp_path / "tasks" / "heldout" / "tasks.jsonl").write_text('{"a": 1}\n' * 75)
+    out = tmp_path / "eval" / "start" / "rollout-1"
+    out.mkdir(parents=True)
+    sessions = [{"instance_id": task, "cause": cause, "num_calls": calls, "resolved": resolved,
+                 "duration_s": 10.0, "details": {}}
+                for task, cause, calls, resolved in (
+                    ("a", "exited", 1, True), ("a", "exited", 1, False),
+                    ("b", "timeout", 0, False), ("b", "timeout", 1, False),
+                    ("c", "error:sandbox", 0, False))]
+    (out / "summary.json").write_text(json.dumps({
+        "sessions": sessions, "duration_s": 50.0, "num_completion_tokens": 150}))
+    row = evaluate(tmp_path, "start", tmp_path / "model", parse_args([]))
+    assert (row["num_sessions"], row["num_resolved"], row["num_left_out"]) == (3, 1, 2)
+    assert row["num_timed_out_unanswered"] == 1 and row["pass_rate"] == pytest.approx(1 / 3)
+    assert row["causes"] == {"exited": 2, "timeout": 2, "error:sandbox": 1}

@@ -12,21 +12,25 @@ from undertow.gateway.engines.builtin.radix_cache import RadixCache
 from undertow.gateway.engines.builtin.scheduler import Scheduler, attention_tokens
 
 SMALL_CHUNKS = "16"  # token equivalents: a 600-token prompt takes dozens of chunks
+IDLE_CHUNKS = "64"  # max_prefill_tokens: the chunks' bound when no other request decodes
 LONG_PROMPT = 600
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir, start_engine):
-    """(whole, chunked): the tiny model prefilled whole and in small chunks."""
+    """(whole, chunked): the tiny model prefilled whole and in small chunks (while idle too:
+    its max_prefill_tokens is small)."""
     with start_engine(tiny_model_dir, "chunked_prefill_size=0") as whole, \
-            start_engine(tiny_model_dir, f"chunked_prefill_size={SMALL_CHUNKS}") as chunked:
+            start_engine(tiny_model_dir, f"chunked_prefill_size={SMALL_CHUNKS}",
+                         f"max_prefill_tokens={IDLE_CHUNKS}") as chunked:
         yield whole, chunked
 
 
-def make_scheduler(model_dir, size: int) -> Scheduler:
+def make_scheduler(model_dir, size: int, max_prefill_tokens: int = 16384) -> Scheduler:
     config = ModelConfig.from_dir(model_dir)
     return Scheduler(CausalLM(config, load_weights(model_dir, config)), RadixCache(0), str,
-                     frozenset(), 4, lambda updates: None, "0", chunked_prefill_size=size)
+                     frozenset(), 4, lambda updates: None, "0", chunked_prefill_size=size,
+                     max_prefill_tokens=max_prefill_tokens)
 
 
 def test_chunks_shrink_as_the_prefix_grows_and_always_progress(tiny_model_dir):
@@ -40,6 +44,18 @@ def test_chunks_shrink_as_the_prefix_grows_and_always_progress(tiny_model_dir):
         assert n * (scale + start + n) <= 256 * scale < (n + 1) * (scale + start + n + 1)
     assert scheduler.chunk_length(10**9, 5) == 1
     assert make_scheduler(tiny_model_dir, 0).chunk_length(16_000, 20_000) == 20_000
+
+
+def test_with_no_other_request_decoding_chunks_are_bounded_by_max_prefill_tokens(
+        tiny_model_dir):
+    """Idle, a 2,000-token prompt goes whole (its cost is within max_prefill_tokens), where
+    busy it takes 256-token-equivalent chunks; a longer one is still cut, at the larger bound."""
+    scheduler = make_scheduler(tiny_model_dir, 256, max_prefill_tokens=16384)
+    scale = attention_tokens(scheduler.model.config)
+    assert scheduler.chunk_length(0, 2000, idle=True) == 2000
+    assert scheduler.chunk_length(0, 2000) < 256
+    n = scheduler.chunk_length(0, 100_000, idle=True)
+    assert n * (scale + n) <= 16384 * scale < (n + 1) * (scale + n + 1)
 
 
 async def test_outputs_and_logprobs_are_those_of_a_whole_prefill(engines):

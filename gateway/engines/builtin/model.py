@@ -426,12 +426,13 @@ class CausalLM:
         row_positions = position_tensor[:num_rows]
         num_keys = max(positions) + 1
         # (B KVH, 1, T): 0 for a row's own keys, -inf past its length (exactly zero weight).
-        mask = torch.zeros(num_rows, num_keys, device=device, dtype=dtype).masked_fill_(
+        # Scores, softmax and the weighted sum are float32 whatever the KV's dtype, as SDPA
+        # keeps them: in bfloat16 they doubled attention's error (0.0046 vs 0.0023 mean).
+        mask = torch.zeros(num_rows, num_keys, device=device).masked_fill_(
             torch.arange(num_keys, device=device).unsqueeze(0) > row_positions.unsqueeze(1),
             float("-inf"))
         mask = mask.repeat_interleave(c.num_kv_heads, 0).unsqueeze(1)
         group = c.num_heads // c.num_kv_heads
-        flat = (num_rows * c.num_kv_heads, num_keys, c.head_dim)
         scale = c.head_dim ** -0.5
         pad = None if rows == num_rows else torch.zeros(
             rows - num_rows, c.num_heads * c.head_dim, device=device, dtype=dtype)
@@ -441,12 +442,22 @@ class CausalLM:
             layer_k, layer_v = kv.k[index], kv.v[index]
             layer_k[slots, :, row_positions] = k[:num_rows]
             layer_v[slots, :, row_positions] = v[:num_rows]
-            keys = layer_k[:num_rows, :, :num_keys].reshape(flat)
-            values = layer_v[:num_rows, :, :num_keys].reshape(flat)
-            q = q[:num_rows].reshape(num_rows * c.num_kv_heads, group, c.head_dim)
+            keys, values = _gathered(layer_k, num_rows, num_keys), _gathered(
+                layer_v, num_rows, num_keys)
+            q = q[:num_rows].float().reshape(num_rows * c.num_kv_heads, group, c.head_dim)
             scores = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=scale)
-            attn = torch.bmm(torch.softmax(scores, -1), values).view(num_rows, -1)
+            attn = torch.bmm(torch.softmax(scores, -1), values).view(num_rows, -1).to(dtype)
             if pad is not None:
                 attn = torch.cat([attn, pad])
             x = self._finish_layer(layer, x, attn)
         return self.logits(x[:num_rows])
+
+
+def _gathered(layer_kv: torch.Tensor, num_rows: int, num_keys: int) -> torch.Tensor:
+    """The first `num_keys` positions of slots 0..num_rows-1 of one layer's keys or values
+    (slots, KVH, max_tokens, hd) as one contiguous float32 (B KVH, T, hd) tensor: one copy,
+    which the strided slice needs anyway."""
+    _, num_kv_heads, _, head_dim = layer_kv.shape
+    out = torch.empty(num_rows, num_kv_heads, num_keys, head_dim, device=layer_kv.device)
+    out.copy_(layer_kv[:num_rows, :, :num_keys])
+    return out.view(num_rows * num_kv_heads, num_keys, head_dim)

@@ -2,7 +2,8 @@
 
     python -m benchmarks.xlong [--calls 500] [--path-tokens 24576] [--long-path-tokens 131072]
         [--max-rss-gib 12] [--probe-tokens 24576,49152] [--long-measure full|probes]
-        [--growing-calls 500] [--parts session,growing,learner,long]
+        [--growing-calls 500] [--growing-command-tokens 100]
+        [--parts session,growing,learner,long]
 
 (a) Gateway (`xlong_session.py`): one session of 500 calls and about 1M tokens, its
     history condensed about every 95k tokens, through `undertow gateway serve` in front
@@ -15,7 +16,9 @@
     (`benchmarks/bare_relay.py`) in the same run: CPU per call of each at the first and
     the last calls, the gateway's own work (its CPU minus the relay's) from call 11-30 to
     the last 20, token truth on every call. Targets: at the end the gateway's CPU per
-    call at most 1.2x the relay's, its own work flat within 1.5x.
+    call at most 1.2x the relay's, its own work flat within 1.5x. With
+    `--growing-command-tokens` each reply streams that many tokens (+~25) instead of
+    ~125: two short runs apart give the cost of a streamed token at each proxy.
 (b) Learner (`xlong_learner.py`): peak memory and time of one step, LM head chunked (and
     long micro-batches in segments) vs unchunked, for a group of such sessions (scaled
     to this CPU), one long path, and the LM head alone at a 128k-token path's shape.
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--long-measure", choices=["full", "probes"], default="full")
     parser.add_argument("--parts", default="session,growing,learner,long")
     parser.add_argument("--growing-calls", type=int, default=xlong_growing.NUM_CALLS)
+    parser.add_argument("--growing-command-tokens", type=int,
+                        default=xlong_growing.COMMAND_TOKENS)
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["group", "path", "head"])
     parser.add_argument("--variant", choices=sorted(xlong_learner.VARIANTS))
@@ -130,8 +135,11 @@ def main(argv: list[str] | None = None) -> None:
             _write(results)
         if "growing" in parts:
             print("(d) one session, its history never condensed", flush=True)
-            results["growing"] = asyncio.run(
-                xlong_growing.run_growing(model_dir, Path(scratch), args.growing_calls))
+            key = ("growing" if args.growing_command_tokens == xlong_growing.COMMAND_TOKENS
+                   else f"growing_{args.growing_command_tokens}_command_tokens")
+            results[key] = asyncio.run(
+                xlong_growing.run_growing(model_dir, Path(scratch), args.growing_calls,
+                                          args.growing_command_tokens))
             _write(results)
         if "learner" in parts:
             print("(b) learner steps", flush=True)
@@ -150,8 +158,9 @@ def main(argv: list[str] | None = None) -> None:
             _write(results)
     if "session" in results:
         print(session_table(results["session"]))
-    if "growing" in results:
-        print(xlong_growing.growing_table(results["growing"]))
+    for key in results:
+        if key.startswith("growing"):
+            print(xlong_growing.growing_table(results[key]))
     for part in ("learner", "long_path"):
         if part in results:
             print(learner_table(results[part]))

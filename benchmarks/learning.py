@@ -213,8 +213,9 @@ def train_argv(work: Path, start: Path, args, num_steps: int) -> list[str]:
             f"learner.num_steps={num_steps}", f"learner.group_size={args.group_size}",
             f"learner.groups_per_step={args.groups_per_step}", f"learner.lr={args.rl_lr}",
             f"learner.max_staleness={args.max_staleness}",
-            f"learner.checkpoint_every={args.eval_every}",
-            f"learner.keep_checkpoints={len(eval_steps(args))}",
+            # Each held-out point is a segment's end, so always a checkpoint; between them,
+            # every --checkpoint-every steps, so a killed run loses at most that many.
+            f"learner.checkpoint_every={args.checkpoint_every}", "learner.keep_checkpoints=2",
             f"loss.correction={args.correction}",
             f"advantages.filter_uniform_groups={str(args.filter_uniform).lower()}"]
     if args.model != TINY:
@@ -394,6 +395,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--rl-lr", type=float, default=3e-6)
     parser.add_argument("--max-staleness", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=4,
+                        help="a checkpoint (7.5 GB for Qwen) every N steps; 2 are kept")
     parser.add_argument("--correction", default="mis",
                         help="loss.correction (mis: IcePop's token mask)")
     parser.add_argument("--filter-uniform", action="store_true",

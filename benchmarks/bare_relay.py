@@ -5,10 +5,11 @@
 `benchmarks/gateway.py` part (a) pairs it with the engine's `/generate`, as it pairs the
 gateway, and reads the gateway's own cost as the difference of the two. The relay does
 what every call through a gateway needs and nothing more: aiohttp's server (on uvloop, no
-access log, the gateway process's garbage-collector setting) takes an OpenAI chat request,
-sends the engine a streamed SGLang `/generate` of fixed, pre-tokenized prompt IDs
-(`PROMPT_IDS`, a JSON list) over the gateway's own `Http1Client`, parses the SSE events
-with orjson and answers a chat.completion serialised by orjson. No session, chat template,
+access log, the gateway process's garbage-collector and malloc settings: `tune_gc`,
+`tune_malloc`) takes an OpenAI chat request, sends the engine a streamed SGLang
+`/generate` of fixed, pre-tokenized prompt IDs (`PROMPT_IDS`, a JSON list) over the
+gateway's own `Http1Client`, parses the SSE events with orjson and answers a
+chat.completion serialised by orjson. No session, chat template,
 tokenizer, tool-call parser or store is on the path: the request's messages are not read.
 
 `POST /admin/sessions` answers a record shaped like the gateway's, so the benchmark's
@@ -24,7 +25,7 @@ import time
 import orjson
 from aiohttp import web
 
-from undertow.gateway.app import event_loop_factory, tune_gc
+from undertow.gateway.app import event_loop_factory, tune_gc, tune_malloc
 from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.http1 import Http1Client
 
@@ -117,7 +118,8 @@ def main() -> None:
     if not (isinstance(prompt_ids, list) and prompt_ids
             and all(isinstance(token_id, int) for token_id in prompt_ids)):
         parser.error(f"PROMPT_IDS must be a non-empty JSON list of ints, got {args.prompt_ids!r}")
-    tune_gc()  # the gateway's process setting, so that only its logic differs
+    tune_gc()  # the gateway's process settings, so that only its logic differs
+    tune_malloc()
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(
             loop_factory=event_loop_factory()) as runner:
         runner.run(serve(BareRelay(args.engine_url, prompt_ids), args.host, args.port))

@@ -68,10 +68,11 @@ def auto_sessions_config(args):
 def _serve(args) -> int:
     import asyncio
 
-    from undertow.gateway.app import event_loop_factory, tune_gc
+    from undertow.gateway.app import event_loop_factory, tune_gc, tune_malloc
 
     token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
     tune_gc()
+    tune_malloc()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(_serve_until_stopped(args, token))
     return 0

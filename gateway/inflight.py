@@ -2,7 +2,8 @@
 
 Flow: `InFlight.generate` runs one generation as a chain of attempts. Each attempt is
 admitted (`admission.py`), sent to its engine by a pump task that reads the engine's
-pieces into a queue, and streamed to the consumer as `GenerationChunk`s of new tokens.
+pieces into a `PieceBuffer`, and streamed to the consumer as `GenerationChunk`s of new
+tokens, one per take of the buffer: every piece that came since the last one.
 When the attempt ends without a finish (the engine died, or the pool interrupted it for a
 pause or a migration), the next attempt continues on a healthy engine from prompt +
 partial output. `interrupt` is how the pool stops attempts on purpose (it marks them and
@@ -30,6 +31,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,13 +63,15 @@ UNKNOWN_WEIGHT_VERSION = -1
 
 @dataclass(frozen=True)
 class GenerationChunk:
-    """New tokens of one generation since the previous chunk (see `pool.py`'s module doc)."""
+    """New tokens of one generation since the previous chunk (see `pool.py`'s module doc);
+    `received_s`: when the engine's first piece of them came (`time.time()`)."""
 
     token_ids: list[int]
     logprobs: list[float]
     weight_versions: list[int]
     finish_reason: dict | None = None
     cached_tokens: int = 0
+    received_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,14 @@ class InFlight:
         self.config = config
 
     async def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
-                       rid: str, *, input_ids_json: TokenIdsJson | None = None
-                       ) -> AsyncIterator[GenerationChunk]:
+                       rid: str, *, input_ids_json: TokenIdsJson | None = None,
+                       live: bool = True) -> AsyncIterator[GenerationChunk]:
         """Streams the generation's new tokens; see `pool.py`'s module doc for the contract.
         `input_ids_json`, the JSON array of `input_ids` where the caller has it, is sent
-        as it is (a resume, whose input has grown, is serialised anew)."""
+        as it is (a resume, whose input has grown, is serialised anew). Each chunk holds
+        what the engine sent since the previous one was taken (`PieceBuffer`); with
+        `live=False` a chunk comes only once an attempt is over, for a consumer that
+        reads the whole reply before it answers."""
         produced: list[int] = []
         max_new = sampling_params.get("max_new_tokens", SamplingParams.max_new_tokens)
         cause: str | None = None
@@ -107,31 +114,25 @@ class InFlight:
                 self.metrics.resumes.inc(cause=cause)
             if len(produced) >= max_new:
                 yield GenerationChunk([], [], [], {"type": "length", "length": max_new},
-                                      cached_tokens)
+                                      cached_tokens, time.time())
                 return
             attempt_rid = rid if num_attempt == 0 else resume_rid(rid, num_attempt)
             params = _remaining_params(sampling_params, len(produced), num_attempt)
             prompt_ids = input_ids + produced if produced else input_ids  # never mutated
             attempt = await self.admission.admit(session_id, prompt_ids, attempt_rid,
                                                  admitted=num_attempt > 0, waits=bool(produced))
-            pieces = self._stream_attempt(attempt, prompt_ids, params, staged,
-                                          None if produced else input_ids_json)
+            batches = self._stream_attempt(attempt, prompt_ids, params, live, staged,
+                                           None if produced else input_ids_json)
             try:
-                async with contextlib.aclosing(pieces):
-                    async for piece in pieces:
+                async with contextlib.aclosing(batches):
+                    async for pieces, received_s in batches:
                         if num_attempt == 0:
-                            cached_tokens = piece.cached_tokens or 0
-                        final = _finish_dict(piece.finish_reason)
-                        if attempt.interrupted_by and final and final["type"] == "abort":
-                            final = None
-                        token_ids = list(piece.output_ids)
-                        produced.extend(token_ids)
-                        if token_ids or final is not None:
-                            version = parse_weight_version(piece.weight_version)
-                            yield GenerationChunk(
-                                token_ids, _logprobs(piece), [version] * len(token_ids),
-                                final, cached_tokens)
-                        if final is not None:
+                            cached_tokens = pieces[-1].cached_tokens or 0
+                        chunk = _joined(pieces, attempt, cached_tokens, received_s)
+                        produced += chunk.token_ids
+                        if chunk.token_ids or chunk.finish_reason is not None:
+                            yield chunk
+                        if chunk.finish_reason is not None:
                             return
                 cause = attempt.interrupted_by or "engine_died"
                 if attempt.interrupted_by is None:
@@ -146,28 +147,28 @@ class InFlight:
             staged = attempt.staged
 
     async def _stream_attempt(self, attempt: Attempt, input_ids: list[int],
-                              params: SamplingParams, staged: StagedResume | None = None,
+                              params: SamplingParams, live: bool,
+                              staged: StagedResume | None = None,
                               input_ids_json: TokenIdsJson | None = None
-                              ) -> AsyncIterator[GenerateChunk]:
-        """The engine's pieces for one attempt. A task reads the engine into a queue, so
-        that the attempt ends (and stops counting as in flight) when the ENGINE is done,
-        however slowly the consumer reads; the consumer leaving aborts the request.
-        Once the engine has sent its finishing piece the attempt has ended; a consumer
-        that leaves then leaves the pump to read the end of the stream (`[DONE]`) in
-        the background instead: aborting a finished request would cost the engine a
-        request and the gateway its keep-alive connection (a new TCP connection for the
-        next generation), and waiting for it would delay the reply."""
-        queue: asyncio.Queue = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(attempt, input_ids, params, queue, staged,
+                              ) -> AsyncIterator[tuple[list[GenerateChunk], float]]:
+        """The engine's pieces for one attempt, in lists: all that came since the consumer
+        last took them, and when the first of them came (`PieceBuffer.take`). A task reads
+        the engine into the buffer, so that the attempt ends (and stops counting as in
+        flight) when the ENGINE is done, however slowly the consumer reads; the consumer
+        leaving aborts the request. Once the engine has sent its finishing piece the
+        attempt has ended; a consumer that leaves then leaves the pump to read the end of
+        the stream (`[DONE]`) in the background instead: aborting a finished request would
+        cost the engine a request and the gateway its keep-alive connection (a new TCP
+        connection for the next generation), and waiting for it would delay the reply."""
+        buffer = PieceBuffer(live)
+        pump = asyncio.create_task(self._pump(attempt, input_ids, params, buffer, staged,
                                               input_ids_json),
                                    name=f"generate-{attempt.rid}")
         finished = False
         try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finish_reason is not None
-                yield item
+            while pieces := await buffer.take():
+                finished = pieces[-1].finish_reason is not None
+                yield pieces, buffer.received_s
         finally:
             if finished and not pump.done():
                 self.admission.end(attempt)
@@ -178,7 +179,7 @@ class InFlight:
                     await pump
 
     async def _pump(self, attempt: Attempt, input_ids: list[int], params: SamplingParams,
-                    queue: asyncio.Queue, staged: StagedResume | None = None,
+                    buffer: PieceBuffer, staged: StagedResume | None = None,
                     input_ids_json: TokenIdsJson | None = None) -> None:
         engine = attempt.engine
         request = GenerateRequest(input_ids=input_ids, sampling_params=params,
@@ -187,16 +188,16 @@ class InFlight:
         finished = False  # the engine sent its finishing piece: nothing is left to abort
         try:
             async for piece in resume_stream(engine, request, staged):
-                attempt.output_ids.extend(piece.output_ids)
+                attempt.output_ids += piece.output_ids
                 finished = piece.finish_reason is not None
-                queue.put_nowait(piece)
-            queue.put_nowait(None)
+                buffer.put(piece)
+            buffer.end()
         except asyncio.CancelledError:
             if engine.state is not EngineState.DEAD and not finished:
                 self.background.spawn(self.abort_quietly(engine, attempt.rid))
             raise
         except Exception as error:  # handed to the consumer, which decides
-            queue.put_nowait(error)
+            buffer.end(error)
         finally:
             self.admission.end(attempt)
 
@@ -230,6 +231,73 @@ class InFlight:
         with contextlib.suppress(EngineError, TimeoutError):
             async with asyncio.timeout(self.config.abort_timeout_s):
                 await engine.client.abort(rid)
+
+
+class PieceBuffer:
+    """The pieces an attempt's pump has read from its engine and its consumer has not
+    taken yet. `take` hands over all of them at once: a consumer that falls behind
+    (a slow client, a loaded machine) gets what came meanwhile in one list, and handles it
+    as one chunk instead of one per token. Not `live`, the consumer is woken only by the
+    finishing piece or the stream's end.
+
+    Invariant: the pieces are taken in the order put, each once; after `end`, `take`
+    returns what is left, then raises the pump's error if there was one, else returns []."""
+
+    def __init__(self, live: bool = True) -> None:
+        self.live = live
+        self.received_s = 0.0  # when the first of the pieces not yet taken came
+        self._pieces: list[GenerateChunk] = []
+        self._ended = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, piece: GenerateChunk) -> None:
+        if not self._pieces:
+            self.received_s = time.time()
+        self._pieces.append(piece)
+        if self.live or piece.finish_reason is not None:
+            self._wake()
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._ended, self._error = True, error
+        self._wake()
+
+    async def take(self) -> list[GenerateChunk]:
+        while not self._pieces and not self._ended:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        pieces, self._pieces = self._pieces, []
+        if not pieces and self._error is not None:
+            raise self._error
+        return pieces
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
+            received_s: float) -> GenerationChunk:
+    """One chunk of an attempt's pieces (in order; only the last may finish it): their
+    tokens, logprobs and each token's weight version. An abort the pool caused itself
+    (`interrupted_by`) is no finish: the generation resumes."""
+    if len(pieces) == 1:
+        piece = pieces[0]
+        token_ids, logprobs = piece.output_ids, _logprobs(piece)
+        versions = [parse_weight_version(piece.weight_version)] * len(token_ids)
+    else:
+        token_ids, logprobs, versions = [], [], []
+        for piece in pieces:
+            token_ids += piece.output_ids
+            logprobs += _logprobs(piece)
+            versions += [parse_weight_version(piece.weight_version)] * len(piece.output_ids)
+    final = _finish_dict(pieces[-1].finish_reason)
+    if attempt.interrupted_by and final and final["type"] == "abort":
+        final = None
+    return GenerationChunk(token_ids, logprobs, versions, final, cached_tokens, received_s)
 
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}

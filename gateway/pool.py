@@ -9,7 +9,9 @@ Contract with the API (the only thing it uses):
   the previous chunk, with one logprob and one weight version per token. The last
   chunk carries `finish_reason` in SGLang's form (`{"type": "stop"|"length"|"abort",
   ...}`) and may hold no tokens. Concatenating every chunk's `token_ids` gives
-  exactly the sampled completion: no token is duplicated or lost.
+  exactly the sampled completion: no token is duplicated or lost. A chunk holds every
+  token that came since the consumer took the previous one (one engine event or many);
+  with `live=False`, all that an attempt brought, once it is over.
 - Before the first chunk it may raise `PoolBusy` (admission limit reached: answer
   429 with `Retry-After: exc.retry_after_s`) or `PoolUnavailable` (no healthy
   engine: 503); after tokens were delivered, `PoolUnavailable` only when no engine
@@ -172,12 +174,13 @@ class EnginePool:
         self.router.unpin(session_id)
 
     def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
-                 rid: str, *, input_ids_json: TokenIdsJson | None = None
+                 rid: str, *, input_ids_json: TokenIdsJson | None = None, live: bool = True
                  ) -> AsyncIterator[GenerationChunk]:
         """Streams the generation's new tokens; see the module doc for the contract
-        (`InFlight.generate` runs it)."""
+        (`InFlight.generate` runs it). `live=False`: chunks only as attempts end, for a
+        consumer that needs the whole reply before it answers."""
         return self.inflight.generate(session_id, input_ids, sampling_params, rid,
-                                      input_ids_json=input_ids_json)
+                                      input_ids_json=input_ids_json, live=live)
 
     # -- engine lifecycle ---------------------------------------------------------------
 

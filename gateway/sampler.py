@@ -43,24 +43,27 @@ class ChoiceSampler:
         self.tool_parser = tool_parser
 
     def sample_all(self, session_id: str, request: CallRequest, prompt: Prompt,
-                   max_new_tokens: int, call_id: str | None = None
+                   max_new_tokens: int, call_id: str | None = None, live: bool = True
                    ) -> AsyncIterator[Delta | Sampled]:
         """Every choice's deltas, each choice's `Sampled` after its deltas. One choice
         (nearly every call) is sampled in the caller's task, `request.n` in tasks.
-        `call_id` names choice 0 (its engine `rid`); the other choices get new IDs."""
+        `call_id` names choice 0 (its engine `rid`); the other choices get new IDs.
+        `live=False` (a reply that is not streamed): the deltas come when the engine is
+        done, so that each choice's text is decoded and parsed once, not token by token."""
         call_id = call_id or new_call_id()
         if request.n == 1:
-            return self.sample(session_id, request, prompt, 0, call_id, max_new_tokens)
-        return self._choices(session_id, request, prompt, max_new_tokens, call_id)
+            return self.sample(session_id, request, prompt, 0, call_id, max_new_tokens, live)
+        return self._choices(session_id, request, prompt, max_new_tokens, call_id, live)
 
     async def _choices(self, session_id: str, request: CallRequest, prompt: Prompt,
-                       max_new_tokens: int, call_id: str) -> AsyncIterator[Delta | Sampled]:
+                       max_new_tokens: int, call_id: str, live: bool
+                       ) -> AsyncIterator[Delta | Sampled]:
         """The deltas of `request.n` choices sampled side by side, as they come, and each
         choice's result after its deltas."""
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.create_task(self._run_choice(
                      session_id, request, prompt, index, call_id if index == 0 else new_call_id(),
-                     max_new_tokens, queue))
+                     max_new_tokens, live, queue))
                  for index in range(request.n)]
         num_results = 0
         try:
@@ -75,13 +78,13 @@ class ChoiceSampler:
                 task.cancel()
 
     async def _run_choice(self, session_id: str, request: CallRequest, prompt: Prompt,
-                          index: int, call_id: str, max_new_tokens: int,
+                          index: int, call_id: str, max_new_tokens: int, live: bool,
                           queue: asyncio.Queue) -> None:
         """Samples one choice; its deltas, then its result (or its error, which the caller
         translates) go to `queue`."""
         try:
             async for item in self.sample(session_id, request, prompt, index, call_id,
-                                          max_new_tokens):
+                                          max_new_tokens, live):
                 queue.put_nowait(item)
         except asyncio.CancelledError:
             raise
@@ -89,8 +92,10 @@ class ChoiceSampler:
             queue.put_nowait(error)
 
     async def sample(self, session_id: str, request: CallRequest, prompt: Prompt, index: int,
-                     call_id: str, max_new_tokens: int) -> AsyncIterator[Delta | Sampled]:
-        """One choice's `Delta`s as sampled, then its `Sampled` (for the record)."""
+                     call_id: str, max_new_tokens: int, live: bool = True
+                     ) -> AsyncIterator[Delta | Sampled]:
+        """One choice's `Delta`s as sampled (`live=False`: once the engine is done), then
+        its `Sampled` (for the record)."""
         parser = self._parser(request, prompt) if request.messages is not None else None
         detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)
@@ -98,10 +103,10 @@ class ChoiceSampler:
         finish_reason, cached, first_token_s = None, 0, None
         params = request.sampling.to_engine(max_new_tokens, index)
         chunks = self.pool.generate(session_id, prompt.token_ids, params, call_id,
-                                    input_ids_json=prompt.token_ids_json)
+                                    input_ids_json=prompt.token_ids_json, live=live)
         async with contextlib.aclosing(chunks):  # closing this closes the generation
             async for chunk in chunks:
-                first_token_s = first_token_s or time.time()
+                first_token_s = first_token_s or chunk.received_s or time.time()
                 token_ids += chunk.token_ids
                 logprobs += chunk.logprobs
                 versions += chunk.weight_versions

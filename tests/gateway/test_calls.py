@@ -11,6 +11,8 @@ import pytest
 
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.test_api_scripted import script
+from undertow.gateway.app import RUNNER_KEY, SESSIONS_KEY
+from undertow.gateway.calls import CallRequest, Delta, Sampling
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -46,6 +48,32 @@ async def test_retry_while_original_generates_is_not_generated_twice(gateway, sc
     else:
         assert streamed_text(again) == streamed_text(first) == (
             "a reply that takes a while to sample")
+
+
+async def test_a_reply_not_streamed_is_decoded_and_parsed_once(gateway, scripted, renderer):
+    """The engine streams token by token; a reply that is not streamed takes the tokens
+    when the engine is done, as one delta (the reply kept for a retry shows it), where a
+    streamed one takes them as they come."""
+    scripted.delay_s = 0.01
+    session_id = (await gateway.open_session())["session_id"]
+    session = gateway.app[SESSIONS_KEY].get(session_id)
+    runner = gateway.app[RUNNER_KEY]
+    text = "a reply of many tokens that the engine sends one by one"
+    num_tokens = len(renderer.encode(text)) + 1  # and the stop token
+    sizes = {}
+    for stream in (False, True):
+        script(scripted, renderer, text)
+        call = CallRequest(api="chat", model="m", sampling=Sampling(), fingerprint=str(stream),
+                           messages=[{"role": "user", "content": f"stream: {stream}"}])
+        if stream:
+            _ = [item async for item in runner.stream(session, call)]
+        else:
+            outcome = await runner.complete(session, call)
+            assert outcome.choices[0].message["content"] == text
+        sizes[stream] = [len(item.token_ids) for item in session.replies[str(stream)]
+                         if isinstance(item, Delta)]
+    assert sizes[False] == [num_tokens, 0]
+    assert len(sizes[True]) > 3 and sum(sizes[True]) == num_tokens
 
 
 def streamed_text(body: bytes) -> str:

@@ -402,6 +402,49 @@ async def test_finished_generation_is_not_aborted():
     assert "/abort_request" not in paths
 
 
+@contextlib.asynccontextmanager
+async def scripted_pool(engine: ScriptedEngine):
+    runner = web.AppRunner(engine.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with running_pool([f"http://127.0.0.1:{runner.addresses[0][1]}"]) as pool:
+            yield pool
+    finally:
+        await runner.cleanup()
+
+
+async def test_chunks_hold_what_came_since_the_consumer_last_took_them():
+    """One engine event per token. Not live, the consumer is woken once, with every token;
+    live, a consumer that reads only after the engine is done gets what came meanwhile in
+    one chunk, not one per event: the same tokens, logprobs and versions either way."""
+    script = list(range(100, 140))
+    engine = ScriptedEngine(default=script, stop_token_ids=(139,))
+    async with scripted_pool(engine) as pool:
+        every = await collect(pool.generate("s0", PROMPT, {"max_new_tokens": 64}, "r0"))
+        whole = await collect(pool.generate("s1", PROMPT, {"max_new_tokens": 64}, "r1",
+                                            live=False))
+        late = pool.generate("s2", PROMPT, {"max_new_tokens": 64}, "r2")
+        first = await anext(late)
+        while engine.streaming:  # the engine writes the rest before the consumer reads on
+            await asyncio.sleep(0.01)
+        late_chunks = [first, *await collect(late)]
+    assert len(whole) == 1 and tokens_of(whole) == script
+    assert len(late_chunks) <= 3  # 40 events
+    for chunks, rid in ((every, "r0"), (whole, "r1"), (late_chunks, "r2")):
+        check_chunks_stop(chunks, script)
+        assert [lp for c in chunks for lp in c.logprobs] == engine.sent[rid].logprobs
+        assert versions_of(chunks) == [7] * len(script)
+        assert all(c.received_s > 0 for c in chunks)
+
+
+def check_chunks_stop(chunks, token_ids):
+    assert all(len(c.token_ids) == len(c.logprobs) == len(c.weight_versions) for c in chunks)
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason["type"] == "stop"
+    assert tokens_of(chunks) == token_ids
+
+
 async def test_failed_weight_update_drains_the_engine(engines, tmp_path):
     (engine,) = engines(1)
     async with running_pool([engine.url]) as pool:

@@ -80,7 +80,7 @@ class StreamReader:
     def chunk(self, event: dict) -> GenerateChunk:
         meta = event["meta_info"]
         finish = FinishReason.from_sglang(meta.get("finish_reason"))
-        output_ids = list(event.get("output_ids") or ())
+        output_ids = event.get("output_ids") or []  # the parser's own list: not copied
         text = event.get("text") or ""
         entries = meta.get("output_token_logprobs") or []
         completion_tokens = meta.get("completion_tokens", self.num_ids + len(output_ids))

@@ -38,10 +38,21 @@ def error_message(body: str) -> str:
 def _sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     """The `data:` payloads of the complete SSE events at the start of `buffer`, and the
     rest (an event not yet complete). Events are split by hand rather than by lines:
-    a cumulative chunk of a long generation is one line of hundreds of KiB."""
-    *events, rest = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
-    return [line[len(b"data:"):].strip() for event in events for line in event.split(b"\n")
-            if line.startswith(b"data:")], rest
+    a cumulative chunk of a long generation is one line of hundreds of KiB. The usual
+    event (one `data:` line, LF line ends) is sliced once; an event of several lines, or
+    a stream with CRLF line ends, takes the general way."""
+    if b"\r" in buffer:
+        buffer = buffer.replace(b"\r\n", b"\n")
+    *events, rest = buffer.split(b"\n\n")
+    data = []
+    for event in events:
+        if b"\n" not in event:
+            if event.startswith(b"data:"):
+                data.append(event[5:].strip())
+        else:
+            data += [line[5:].strip() for line in event.split(b"\n")
+                     if line.startswith(b"data:")]
+    return data, rest
 
 
 def _event(data: bytes) -> dict:

@@ -284,16 +284,18 @@ def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
     """One chunk of an attempt's pieces (in order; only the last may finish it): their
     tokens, logprobs and each token's weight version. An abort the pool caused itself
     (`interrupted_by`) is no finish: the generation resumes."""
-    if len(pieces) == 1:
-        piece = pieces[0]
-        token_ids, logprobs = piece.output_ids, _logprobs(piece)
-        versions = [parse_weight_version(piece.weight_version)] * len(token_ids)
-    else:
-        token_ids, logprobs, versions = [], [], []
-        for piece in pieces:
-            token_ids += piece.output_ids
-            logprobs += _logprobs(piece)
-            versions += [parse_weight_version(piece.weight_version)] * len(piece.output_ids)
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    version_of: dict[str | None, int] = {}  # the engine's weight_version, parsed once
+    for piece in pieces:
+        token_ids += piece.output_ids
+        logprobs += _logprobs(piece)
+        version = version_of.get(piece.weight_version)
+        if version is None:
+            version = version_of[piece.weight_version] = parse_weight_version(
+                piece.weight_version)
+        versions += [version] * len(piece.output_ids)
     final = _finish_dict(pieces[-1].finish_reason)
     if attempt.interrupted_by and final and final["type"] == "abort":
         final = None
@@ -345,9 +347,11 @@ def _remaining_params(sampling_params: dict, num_produced: int,
 def _logprobs(piece: GenerateChunk) -> list[float]:
     """One logprob per output token (NaN where the engine reported none)."""
     pairs = piece.output_token_logprobs
-    if len(pairs) == len(piece.output_ids):
-        return [logprob for logprob, _ in pairs]
-    return [math.nan] * len(piece.output_ids)
+    if len(pairs) != len(piece.output_ids):
+        return [math.nan] * len(piece.output_ids)
+    if len(pairs) == 1:  # an event a token, the usual stream
+        return [pairs[0][0]]
+    return [logprob for logprob, _ in pairs]
 
 
 def _finish_dict(reason: FinishReason | None) -> dict | None:

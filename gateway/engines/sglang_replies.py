@@ -79,7 +79,8 @@ class StreamReader:
 
     def chunk(self, event: dict) -> GenerateChunk:
         meta = event["meta_info"]
-        finish = FinishReason.from_sglang(meta.get("finish_reason"))
+        reason = meta.get("finish_reason")
+        finish = None if reason is None else FinishReason.from_sglang(reason)
         output_ids = event.get("output_ids") or []  # the parser's own list: not copied
         text = event.get("text") or ""
         entries = meta.get("output_token_logprobs") or []
@@ -100,11 +101,9 @@ class StreamReader:
         self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
         if meta.get("cached_tokens") is not None:
             self.cached_tokens = meta["cached_tokens"]
-        return GenerateChunk(
-            rid=meta.get("id", self.rid), output_ids=output_ids, text=text,
-            output_token_logprobs=logprobs, finish_reason=finish,
-            prompt_tokens=self.prompt_tokens, completion_tokens=completion_tokens,
-            cached_tokens=self.cached_tokens, weight_version=meta.get("weight_version"))
+        return GenerateChunk(meta.get("id", self.rid), output_ids, text, logprobs, finish,
+                             self.prompt_tokens, completion_tokens, self.cached_tokens,
+                             meta.get("weight_version"))
 
     def _queued_abort_ids(self, output_ids: list[int], logprobs: list[tuple[float, int]],
                           completion_tokens: int) -> list[int]:

@@ -38,7 +38,6 @@ Read against vLLM 0.32.0's own code (`.venv-vllm`, `vllm/...`), for the points w
 """
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import aiohttp
 
@@ -156,8 +155,8 @@ class VLLMClient(HttpEngine):
                 if pending is not None:
                     usage = event.get("usage") or {}
                     details = usage.get("prompt_tokens_details") or {}
-                    pending = replace(
-                        pending, prompt_tokens=usage.get("prompt_tokens", pending.prompt_tokens),
+                    pending = pending._replace(
+                        prompt_tokens=usage.get("prompt_tokens", pending.prompt_tokens),
                         cached_tokens=details.get("cached_tokens"))
                 continue
             if pending is not None:

@@ -9,7 +9,11 @@ reasoning block and a tool call in the case's format (about 80 tokens). The case
   `<tool_call>{json}</tool_call>` in the completion;
 - `thinking template, qwen3_coder`: the thinking template of the reasoning tests (the
   generation prompt opens the think block, tool calls in Qwen3-Coder's XML, so `auto`
-  picks `qwen3_coder`), the completion continuing the reasoning then an XML call.
+  picks `qwen3_coder`), the completion continuing the reasoning then an XML call;
+- `Qwen2.5-Coder template, hermes`: a real model's tokenizer (151,665 tokens) and chat
+  template, Qwen2.5-Coder-0.5B-Instruct's as `make setup-models` fetches it into
+  `.cache/models` (the case is left out, and says so, where it has not been fetched); the
+  completion a sentence and a Hermes call, ended by the model's own `<|im_end|>`.
 
 Each proxied call (a new session, the tools in the request, so the prompt is rendered in
 full and the completion parsed) is paired with a direct streamed `/generate` of the same
@@ -40,7 +44,12 @@ HERMES = (f"<think>\n{REASONING}\n</think>\n\nListing the package.\n<tool_call>\
 QWEN3_CODER = (f"{REASONING}\n</think>\n\nListing the package.\n<tool_call>\n<function=bash>\n"
                "<parameter=cmd>\nls -la undertow/gateway\n</parameter>\n<parameter=timeout>\n"
                "30\n</parameter>\n</function>\n</tool_call>")
+QWEN_REPLY = ("Listing the package.\n<tool_call>\n"
+              '{"name": "bash", "arguments": {"cmd": "ls -la undertow/gateway", "timeout": 30}}'
+              "\n</tool_call>")
 DEFAULT, THINKING = "default template, hermes", "thinking template, qwen3_coder"
+QWEN = "Qwen2.5-Coder template, hermes"
+QWEN_DIR = Path(__file__).resolve().parents[1] / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct"
 
 
 async def format_latency(model_dir: Path, work_dir: Path, num_calls: int, run_pairs) -> dict:
@@ -48,6 +57,10 @@ async def format_latency(model_dir: Path, work_dir: Path, num_calls: int, run_pa
     `run_pairs` is part (a)'s pairing loop."""
     thinking_dir = thinking_model_dir(model_dir, work_dir / "thinking")
     cases = {DEFAULT: (model_dir, HERMES), THINKING: (thinking_dir, QWEN3_CODER)}
+    if (QWEN_DIR / "tokenizer.json").is_file():
+        cases[QWEN] = (QWEN_DIR, QWEN_REPLY)
+    else:
+        print(f"(d) {QWEN}: left out, {QWEN_DIR} not fetched (make setup-models)", flush=True)
     pairs, pids, gateways = {}, {}, []
     messages = [{"role": "user", "content": "The parser test fails; find out why."}]
     try:
@@ -55,8 +68,9 @@ async def format_latency(model_dir: Path, work_dir: Path, num_calls: int, run_pa
             http = await stack.enter_async_context(aiohttp.ClientSession(timeout=TIMEOUT))
             for name, (case_dir, completion) in cases.items():
                 renderer = Renderer(case_dir)
-                engine = ScriptedEngine(default=renderer.encode(completion) + [2],
-                                        stop_token_ids=(2,))
+                end = min(renderer.stop_token_ids)
+                engine = ScriptedEngine(default=renderer.encode(completion) + [end],
+                                        stop_token_ids=(end,))
                 engine_url = await stack.enter_async_context(serve_engine(engine))
                 process, url = await start_gateway(engine_url, case_dir,
                                                    work_dir / f"store-d-{len(gateways)}")

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from tests.learner.path_scores import assert_scores_equal_per_path
 from tests.learner.random_trees import build_random_tree
 from undertow.learner.attention import attention_blocks, split_blocks
 from undertow.learner.lm_head import ScoringHead, chunked_scores, head_scores
@@ -134,18 +135,7 @@ def test_scores_equal_the_flat_per_path_scores(policy32, options):
     flat = PolicyModel(policy32.model, head_chunk_tokens=0)
     with torch.no_grad():
         scores = policy.score(micro_batch, with_entropy=True)
-        by_behaviour = {float(step.behaviour_logprobs[t]): (lp, h) for t, lp, h in zip(
-            micro_batch.term_ids.tolist(), scores.logprobs.tolist(), scores.entropy.tolist(),
-            strict=True)}
-        num_checked = 0
-        for sample in flat_samples([tree], advantages):
-            path = flat.score_path(sample.token_ids, sample.scored, with_entropy=True)
-            for behaviour, logprob, entropy in zip(sample.behaviour.tolist(),
-                                                   path.logprobs.tolist(),
-                                                   path.entropy.tolist(), strict=True):
-                assert by_behaviour[behaviour] == pytest.approx((logprob, entropy), abs=1e-5)
-                num_checked += 1
-    assert num_checked == step.num_terms
+    assert_scores_equal_per_path(step, scores, [tree], advantages, flat)
 
 
 def _gradients(model):

@@ -5,10 +5,10 @@ path run alone."""
 import pytest
 import torch
 
+from tests.learner.path_scores import assert_scores_equal_per_path
 from tests.learner.random_trees import build_random_tree
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import pack_step
-from undertow.learner.reference import flat_samples
 
 
 @pytest.mark.parametrize(("attn_implementation", "attention", "max_query_tokens"), [
@@ -23,19 +23,7 @@ def test_packed_scores_equal_per_path_scores(tiny_model_dir, attn_implementation
     step = pack_step([tree], advantages, 10**6)
     with torch.no_grad():
         scores = policy.score(step.micro_batches[0], with_entropy=True, attention=attention)
-        packed = dict(zip(step.micro_batches[0].term_ids.tolist(),
-                          zip(scores.logprobs.tolist(), scores.entropy.tolist(), strict=True),
-                          strict=True))
-        by_behaviour = {float(step.behaviour_logprobs[t]): v for t, v in packed.items()}
-        num_checked = 0
-        for sample in flat_samples([tree], advantages):
-            path = policy.score_path(sample.token_ids, sample.scored, with_entropy=True)
-            for behaviour, logprob, entropy in zip(sample.behaviour.tolist(),
-                                                   path.logprobs.tolist(),
-                                                   path.entropy.tolist(), strict=True):
-                assert by_behaviour[behaviour] == pytest.approx((logprob, entropy), abs=1e-5)
-                num_checked += 1
-    assert num_checked == step.num_terms
+    assert_scores_equal_per_path(step, scores, [tree], advantages, policy)
 
 
 def test_blocks_cover_the_sequence_and_reach_only_ancestors():

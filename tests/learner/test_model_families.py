@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.learner.chat_trees import build_chat_tree
+from tests.learner.path_scores import assert_scores_equal_per_path
 from tests.learner.random_trees import build_random_tree
 from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
@@ -81,18 +82,7 @@ def test_packed_scores_equal_per_path_scores(family, attention, request):
     step = pack_step([tree], advantages, 10**6)
     with torch.no_grad():
         scores = policy.score(step.micro_batches[0], with_entropy=True, attention=attention)
-        by_behaviour = {float(step.behaviour_logprobs[t]): (lp, h) for t, lp, h in zip(
-            step.micro_batches[0].term_ids.tolist(), scores.logprobs.tolist(),
-            scores.entropy.tolist(), strict=True)}
-        num_checked = 0
-        for sample in flat_samples([tree], advantages):
-            path = policy.score_path(sample.token_ids, sample.scored, with_entropy=True)
-            for behaviour, logprob, entropy in zip(sample.behaviour.tolist(),
-                                                   path.logprobs.tolist(),
-                                                   path.entropy.tolist(), strict=True):
-                assert by_behaviour[behaviour] == pytest.approx((logprob, entropy), abs=1e-5)
-                num_checked += 1
-    assert num_checked == step.num_terms
+    assert_scores_equal_per_path(step, scores, [tree], advantages, policy)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -254,9 +254,12 @@ def eval_steps(args) -> list[int]:
 
 
 def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, model folder) of each checkpoint, oldest first; a later save at the same step
+    (`step-000007.1`, written when a run is stopped right after one) sorts after it."""
     folder = run_dir / "checkpoints"
-    found = [(int(p.name.split("-")[1]), p / "model") for p in folder.glob("step-*")]
-    return sorted(found) if folder.is_dir() else []
+    found = [(tuple(int(part) for part in p.name.split("-")[1].split(".")), p / "model")
+             for p in folder.glob("step-*")]
+    return [(key[0], model) for key, model in sorted(found)]
 
 
 def group_rewards(store: Path) -> dict:

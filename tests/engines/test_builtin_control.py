@@ -2,6 +2,8 @@
 and bad input that gets a 400 without hurting the requests in flight."""
 
 import asyncio
+import os
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -119,6 +121,51 @@ async def test_update_weights_from_disk_changes_outputs_and_version(
     assert bad_status == 400 and bad["success"] is False
     assert back["output_ids"] == before["output_ids"]
     assert back["meta_info"]["weight_version"] == "v2"
+
+
+@pytest.mark.slow
+async def test_weight_updates_hand_the_old_weights_memory_back(start_engine, smollm2_dir):
+    """An update frees the old weights and the load's buffers, and the engine gives that
+    memory back to the system: without it SmolLM2-135M's engine (540 MB of float32 weights)
+    grew by 456 MB at its first update (Qwen2.5-Coder-0.5B's by 3.3 GB over six, and an RL
+    run's engine was OOM-killed)."""
+    params = greedy(4)
+    with start_engine(smollm2_dir, "weight_version=v0") as url:
+        pid = _engine_pid(smollm2_dir)
+        async with aiohttp.ClientSession() as session:
+            await generate(session, url, input_ids=prompt(40, 30), sampling_params=params)
+            before = _resident_bytes(pid)
+            for version in range(1, 4):
+                status, update = await post(session, url, "/update_weights_from_disk", {
+                    "model_path": str(smollm2_dir), "weight_version": f"v{version}"})
+                assert status == 200 and update["success"] is True
+                reply = await generate(session, url, input_ids=prompt(40, 30),
+                                       sampling_params=params)
+                assert reply["meta_info"]["weight_version"] == f"v{version}"
+            after = _resident_bytes(pid)
+    assert after - before < 150 * 2**20, (before, after)
+
+
+def _engine_pid(model_dir: Path) -> int:
+    """The pid of this process's child serving `model_dir`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended while read
+            continue
+        if parent == os.getpid() and str(model_dir).encode() in command:
+            return int(entry.name)
+    raise AssertionError(f"no child process serves {model_dir}")
+
+
+def _resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"/proc/{pid}/status has no VmRSS")
 
 
 async def test_prefix_cache_stays_under_its_byte_bound(start_engine, tiny_model_dir):

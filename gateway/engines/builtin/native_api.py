@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from undertow.gateway.engines.builtin.errors import BadRequest, WeightLoadError
+from undertow.gateway.engines.builtin.memory import return_freed_memory
 from undertow.gateway.engines.builtin.model import load_weights
 from undertow.gateway.engines.builtin.request import Request, parse_generate
 from undertow.gateway.engines.builtin.sampling import SamplingParams, make_generator
@@ -178,6 +179,7 @@ class NativeApi:
         if body.get("abort_all_requests"):
             await engine.command(lambda: engine.scheduler.abort(None, "Abort by weight update"))
         await engine.command(lambda: engine.scheduler.swap_weights(weights, version))
+        await asyncio.to_thread(return_freed_memory)  # the old weights and the load's buffers
         message = "Succeeded to update model weights."
         if version is not None:
             message += f" Weight version updated to {version}."

@@ -22,9 +22,7 @@ last chunk; `EngineConfig.incremental_streaming_output` switches to deltas like 
 
 import asyncio
 import contextlib
-import ctypes
 import json
-import platform
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
@@ -36,6 +34,7 @@ from aiohttp import web
 from undertow.gateway.engines.builtin import native_api, openai_api, undertow_kv
 from undertow.gateway.engines.builtin.errors import BadRequest
 from undertow.gateway.engines.builtin.grammar import Grammars
+from undertow.gateway.engines.builtin.memory import keep_freed_memory
 from undertow.gateway.engines.builtin.model import (
     DEVICES,
     DTYPES,
@@ -265,23 +264,3 @@ def serve(config: EngineConfig) -> None:
         torch.set_num_threads(config.num_threads)
     keep_freed_memory()
     asyncio.run(_serve(config))
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-TRIM_THRESHOLD_BYTES = 2**30
-MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's largest on 64-bit
-
-
-def keep_freed_memory() -> None:
-    """Have glibc's malloc keep freed memory for the next step instead of returning it to the
-    system (it is only ever used again by the same tensors' sizes): a decode step's and a
-    prefill's temporaries (a (32, 152k) float32 logits tensor is 19 MB, a 2,000-token prompt's
-    MLP activations 39 MB) were otherwise mapped, faulted in and unmapped on every use. Here
-    (Qwen2.5-Coder-0.5B, bf16, one thread, CPU seconds, runs alternated) a 32-row decode step
-    took 213-218 ms instead of 231-264 ms, a 2k prefill 10.4-11.1 s instead of 10.9-11.5 s.
-    Nothing happens where the C library is not glibc."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL(None)
-    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)

@@ -15,8 +15,7 @@ def keep_freed_memory() -> None:
     prefill's temporaries (a (32, 152k) float32 logits tensor is 19 MB, a 2,000-token prompt's
     MLP activations 39 MB) were otherwise mapped, faulted in and unmapped on every use. Here
     (Qwen2.5-Coder-0.5B, bf16, one thread, CPU seconds, runs alternated) a 32-row decode step
-    took 213-218 ms instead of 231-264 ms, a 2k prefill 10.4-11.1 s instead of 10.9-11.5 s.
-    """
+    took 213-218 ms instead of 231-264 ms, a 2k prefill 10.4-11.1 s instead of 10.9-11.5 s."""
     libc = _glibc()
     if libc is None:
         return

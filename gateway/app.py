@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
-import platform
 import time
 from pathlib import Path
 
 from aiohttp import web
 
+from undertow.gateway import malloc
 from undertow.gateway.api import (
     admin,
     anthropic_messages,
@@ -56,8 +55,6 @@ _API_NAMES = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions
               ("/v1/responses", "responses"), ("/v1/models", "models"))
 
 GC_THRESHOLD_ALLOCATIONS = 50_000
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's largest on 64-bit
 TRIM_THRESHOLD_BYTES = 64 * 2**20
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("store", TreeStore)
@@ -227,11 +224,7 @@ def tune_malloc() -> bool:
     kept, 14 a call, for 1.2 ms less CPU a call there and ~6 MiB more RSS (at most 64 MiB
     more). Returns whether it applied: nothing happens where the C library is not glibc.
     Process-wide, like `tune_gc`, so only the gateway's own process (`serve`) calls it."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-                and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    return malloc.keep_freed(TRIM_THRESHOLD_BYTES)
 
 
 def event_loop_factory():

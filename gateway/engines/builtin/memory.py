@@ -1,12 +1,9 @@
 """The engine process's use of glibc's malloc: keep freed memory between steps, hand it
 back after a weight update. Nothing happens where the C library is not glibc."""
 
-import ctypes
-import platform
+from undertow.gateway import malloc
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 TRIM_THRESHOLD_BYTES = 2**30
-MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's largest on 64-bit
 
 
 def keep_freed_memory() -> None:
@@ -16,11 +13,7 @@ def keep_freed_memory() -> None:
     MLP activations 39 MB) were otherwise mapped, faulted in and unmapped on every use. Here
     (Qwen2.5-Coder-0.5B, bf16, one thread, CPU seconds, runs alternated) a 32-row decode step
     took 213-218 ms instead of 231-264 ms, a 2k prefill 10.4-11.1 s instead of 10.9-11.5 s."""
-    libc = _glibc()
-    if libc is None:
-        return
-    libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    malloc.keep_freed(TRIM_THRESHOLD_BYTES)
 
 
 def return_freed_memory() -> None:
@@ -29,10 +22,4 @@ def return_freed_memory() -> None:
     engine kept them: Qwen2.5-Coder-0.5B in float32 went from 4.1 to 7.5 GB resident over six
     updates here (6.1 GB without `keep_freed_memory`), and an RL run's engine was OOM-killed at
     11.1 GB after seven; with it, 4.1 GB after each."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-def _glibc():
-    return ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+    malloc.hand_back()

@@ -287,15 +287,10 @@ def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
     token_ids: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
-    version_of: dict[str | None, int] = {}  # the engine's weight_version, parsed once
     for piece in pieces:
         token_ids += piece.output_ids
         logprobs += _logprobs(piece)
-        version = version_of.get(piece.weight_version)
-        if version is None:
-            version = version_of[piece.weight_version] = parse_weight_version(
-                piece.weight_version)
-        versions += [version] * len(piece.output_ids)
+        versions += [parse_weight_version(piece.weight_version)] * len(piece.output_ids)
     final = _finish_dict(pieces[-1].finish_reason)
     if attempt.interrupted_by and final and final["type"] == "abort":
         final = None
@@ -349,8 +344,6 @@ def _logprobs(piece: GenerateChunk) -> list[float]:
     pairs = piece.output_token_logprobs
     if len(pairs) != len(piece.output_ids):
         return [math.nan] * len(piece.output_ids)
-    if len(pairs) == 1:  # an event a token, the usual stream
-        return [pairs[0][0]]
     return [logprob for logprob, _ in pairs]
 
 

@@ -9,7 +9,7 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: system-packages setup setup-vllm setup-agents setup-openhands setup-sglang-types \
-	setup-models setup-assets docker-daemon doctor run test test-qwen lint bench device-check
+	setup-models setup-assets docker-daemon doctor run test test-fast test-qwen lint bench device-check
 
 # Every Debian package the project runs comes from system-packages.txt ("program package"
 # per line): the package of each program that is not on the PATH is installed, as root,
@@ -133,6 +133,11 @@ test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-mod
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m "not qwen" $(PYTEST_ARGS)
+
+# The edit loop's tier: no Docker, no vLLM, no agents, no pretrained weights, in parallel.
+test-fast: setup
+	$(PY) -m pytest -n 2 -m "not docker and not vllm and not slow and not qwen and not gpu" \
+		$(PYTEST_ARGS)
 
 # The tests that run Qwen2.5-Coder-0.5B's weights (marker `qwen`: its agent sessions through
 # both engines, its forward against transformers'; 3 min on a quiet machine here), kept out of

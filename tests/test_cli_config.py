@@ -1,6 +1,7 @@
 """`undertow engine serve`, `gateway serve` and `rollout` build their own frozen config
 dataclasses from `-c FILE` plus `KEY=VALUE` overrides (`undertow/config.py`), refuse an
-unknown key by its dotted name, list the keys in `--help`, and parse the README's commands."""
+unknown key by its dotted name, list the keys in `--help`, and parse the commands of
+docs/commands.md."""
 
 import re
 from pathlib import Path
@@ -17,7 +18,8 @@ from undertow.gateway.engines.builtin.server import EngineConfig
 from undertow.gateway.router import RouterConfig
 from undertow.rollout_run import RolloutCommand
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS_DOC = REPO / "docs" / "commands.md"
 BUILDERS = {"engine": engine_config, "gateway": gateway_config, "rollout": rollout_command}
 BASE = {"engine": ["engine", "serve", "--model", "m"],
         "gateway": ["gateway", "serve", "--model", "m", "--store", "s"],
@@ -113,15 +115,15 @@ def test_help_lists_the_keys_with_the_dataclass_defaults(argv, cls, key, nested,
     assert "  model_dir = " not in out and "  tasks = " not in out   # flags, not keys
 
 
-def readme_commands() -> list[str]:
-    """The README's `undertow engine serve|gateway serve|rollout` lines, comments cut."""
+def documented_commands() -> list[str]:
+    """docs/commands.md's `undertow engine serve|gateway serve|rollout` lines, comments cut."""
     pattern = re.compile(r"^(undertow (?:engine serve|gateway serve|rollout) .*?)(?:\s+#.*)?$")
-    return [match.group(1) for line in README.read_text().splitlines()
+    return [match.group(1) for line in COMMANDS_DOC.read_text().splitlines()
             if (match := pattern.match(line))]
 
 
-def test_the_readme_commands_still_parse_and_build():
-    commands = readme_commands()
+def test_the_documented_commands_still_parse_and_build():
+    commands = documented_commands()
     assert {command.split()[1] for command in commands} == {"engine", "gateway", "rollout"}
     for command in commands:
         argv = command.split()[1:]
@@ -196,7 +198,7 @@ def test_undertows_own_code_launches_its_commands_in_the_documented_style():
     one, and neither does a `BuiltinLauncher`'s `extra_args`."""
     import ast
 
-    repo = README.parent
+    repo = REPO
     tables = _alias_tables()
     found = []
     for folder in ("gateway", "adapters", "learner", "sandboxes", "undertow", "benchmarks",
@@ -215,8 +217,8 @@ def test_undertows_own_code_launches_its_commands_in_the_documented_style():
                     flags = {word for run in _string_runs(call) for word in run}
                     if flags & tables[("engine", "serve")]:
                         found.append((path.relative_to(repo), sorted(flags)))
-    for line in readme_commands():   # and the README shows the documented style only
+    for line in documented_commands():   # and the docs show the documented style only
         words = line.split()
-        found += [("README.md", line) for command, aliases in tables.items()
+        found += [("docs/commands.md", line) for command, aliases in tables.items()
                   if _contains(words, command) and set(words) & aliases]
     assert not found, found

@@ -2,7 +2,7 @@
 `anthropic` clients against a gateway in front of the scripted engine: each one is now
 honoured (and the test shows what it changed: the prompt the engine got, the parameters
 it was sent, the reply) or refused with a 400 in the API's own error shape that names
-it. The README's "Request fields" table lists every accepted field of each API."""
+it. docs/api.md's "Request fields" tables list every accepted field of each API."""
 
 from __future__ import annotations
 

@@ -87,8 +87,9 @@ def run_shell(command: str, env: dict[str, str] | None = None,
 
 def make_dry_run(target: str, *variables: str) -> list[str]:
     """The shell lines `make -n TARGET` would run, continuations joined."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     done = subprocess.run(["make", "-n", target, *variables], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)   # not a parent make's flags
     assert done.returncode == 0, done.stderr
     return [line for line in re.sub(r"\\\n\s*", " ", done.stdout).splitlines() if line]
 

@@ -2,7 +2,9 @@
 
 Markers: `docker` skips only when no daemon can be reached (CI starts one);
 `gpu` skips without CUDA; `vllm` skips only when the vLLM CPU build is absent
-(`make test` installs it); `sglang` runs only given `--sglang-url`.
+(`make test` installs it); `sglang` runs only given `--sglang-url`. A test that uses a
+fixture of `FIXTURE_MARKERS` (directly or through another fixture) gets that fixture's
+marker here, so that `make test-fast` (the edit loop's tier) can leave it out by marker.
 
 The expensive servers that tests of several modules use live here, once per session: a
 fixture imported into a test module (`from tests.x import fixture`) is that module's own
@@ -60,7 +62,30 @@ def vllm_python() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+# What a fixture needs, as a marker: every test that uses one of these gets the marker, also
+# one that names it in a parameter for `request.getfixturevalue` (test_model_check.py).
+FIXTURE_MARKERS = {
+    "docker_connection": "docker",  # tests/sandboxes/conftest.py
+    "connection": "docker",  # tests/adapters/conftest.py
+    "second_daemon": "docker",  # tests/sandboxes/test_hosts.py
+    "vllm_engine_url": "vllm",
+    "smollm2_dir": "pretrained",
+    "qwen_coder_dir": "pretrained",
+}
+
+
+def fixtures_named(item) -> set[str]:
+    """The fixtures `item` uses (through others too) and the string values of its parameters,
+    which name the fixtures a test or fixture gets with `request.getfixturevalue`."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return {*getattr(item, "fixturenames", ()), *(p for p in params if isinstance(p, str))}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in FIXTURE_MARKERS.keys() & fixtures_named(item):
+            item.add_marker(FIXTURE_MARKERS[fixture])
     checks = {
         "docker": (_docker_reachable, "no Docker daemon reachable"),
         "gpu": (_cuda_available, "no CUDA device"),

@@ -37,6 +37,7 @@ def oracle_turns(task) -> list[str]:
 
 
 @pytest.mark.docker
+@pytest.mark.agents
 async def test_oracle_trajectory_through_mini_swe_agent_scores_1(
         scripted_gateway, bundled_tasks, connection, tmp_path):
     task = bundled_tasks[TASK]

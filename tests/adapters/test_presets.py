@@ -42,6 +42,7 @@ def find_program(name: str) -> str | None:
 
 
 @pytest.mark.docker
+@pytest.mark.agents
 @pytest.mark.parametrize("preset,program", [(claude_code, "claude"), (codex, "codex"),
                                             (partial(openhands, max_iterations=2), "openhands")],
                          ids=["claude-code", "codex", "openhands"])

@@ -56,7 +56,7 @@ from undertow.gateway.engines.launch import BuiltinLauncher, VLLMLauncher, start
 from undertow.gateway.tree import tree_from_json
 
 # A test's time includes its class's engine start: vLLM's took 4-7 minutes here under load.
-pytestmark = [pytest.mark.slow, pytest.mark.qwen, pytest.mark.timeout(2400),
+pytestmark = [pytest.mark.slow, pytest.mark.qwen, pytest.mark.agents, pytest.mark.timeout(2400),
               pytest.mark.asyncio(loop_scope="session")]
 REPO = Path(__file__).resolve().parents[2]
 AGENTS_BIN = REPO / ".cache" / "agents" / "node_modules" / ".bin"

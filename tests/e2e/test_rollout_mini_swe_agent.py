@@ -18,6 +18,7 @@ TASKS = ("calclang__calclang-2", "inilike__inilike-17")
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.agents
 async def test_two_tasks_two_samples_with_the_tiny_model(tiny_model_dir, tmp_path):
     command = RolloutCommand(
         tasks=BUNDLED, scaffold="mini-swe-agent", group_size=2, concurrency=2, timeout_s=300,

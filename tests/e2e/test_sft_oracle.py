@@ -17,6 +17,7 @@ TASK = "inilike__inilike-14"
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.agents
 async def test_collecting_one_task_stores_the_oracle_tokens_with_reward_1(
         tiny_model_dir, tmp_path):
     tasks = [t for t in load_tasks(BUNDLED) if t.instance_id == TASK]

@@ -119,6 +119,7 @@ def test_sigterm_then_resume_ends_like_the_uninterrupted_run(straight_run, tiny_
 
 
 @pytest.mark.docker
+@pytest.mark.agents
 def test_default_rollouts_mini_swe_agent_in_docker_two_steps(tiny_model_dir, tmp_path):
     """The SWE run (`configs/swe.yaml`): the real mini-swe-agent on one bundled task in
     Docker sandboxes, graded; every session ends closed with a reward in the tree the

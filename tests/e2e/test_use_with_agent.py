@@ -152,6 +152,7 @@ def assert_trees_hold_what_the_engine_sent(store: Path, engine: ScriptedEngine) 
 
 
 @pytest.mark.slow
+@pytest.mark.agents
 async def test_the_readme_commands_capture_what_the_engine_sent(scripted_engine, tmp_path):
     for program in ("codex", "claude"):
         if not (AGENTS_BIN / program).exists():

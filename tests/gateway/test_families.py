@@ -250,6 +250,7 @@ async def check_sdk_session(engine: str, model_dir, tmp_path, name: str, client:
 
 
 @pytest.mark.docker
+@pytest.mark.agents
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "glm45"])
 async def test_mini_swe_agent_on_a_family_template_keeps_token_truth(

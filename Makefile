@@ -136,8 +136,8 @@ test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-mod
 
 # The edit loop's tier: no Docker, no vLLM, no agents, no pretrained weights, in parallel.
 test-fast: setup
-	$(PY) -m pytest -n 2 -m "not docker and not vllm and not slow and not qwen and not gpu" \
-		$(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not docker and not vllm and not agents and not pretrained and not qwen \
+		and not gpu and not sglang and not slow" $(PYTEST_ARGS)
 
 # The tests that run Qwen2.5-Coder-0.5B's weights (marker `qwen`: its agent sessions through
 # both engines, its forward against transformers'; 3 min on a quiet machine here), kept out of

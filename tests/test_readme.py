@@ -185,6 +185,7 @@ class Training:
         from undertow.cli import build_parser
         from undertow.run_sections import load_sections
 
+        request.getfixturevalue("monkeypatch").chdir(REPO)   # its paths are the README's
         args = build_parser().parse_args(shlex.split(command)[1:])
         sections = load_sections(args.config, args.overrides, args.run_dir, args.resume)
         assert sections.learner.num_steps > 0

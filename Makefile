@@ -128,10 +128,9 @@ run: setup docker-daemon
 	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train
 
-test: setup setup-vllm setup-agents setup-openhands setup-sglang-types setup-models \
+test: setup lint setup-vllm setup-agents setup-openhands setup-sglang-types setup-models \
 	setup-assets docker-daemon
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
-	$(PY) -m ruff check .
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m "not qwen" $(PYTEST_ARGS)
 
 # The edit loop's tier: no Docker, no vLLM, no agents, no pretrained weights, in parallel.
@@ -152,8 +151,16 @@ DEVICE_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 device-check:
 	$(DEVICE_PYTHON) -m benchmarks.device_check
 
+# pyright ([tool.pyright] in pyproject.toml, which says why) reads `undertow.*` from a
+# package root of symlinks, rebuilt on every run: undertow/'s entries and the four parts'
+# folders. Any error fails the target.
+PYRIGHT_ROOT := .cache/pyright/undertow
 lint: setup
 	$(PY) -m ruff check .
+	rm -rf $(PYRIGHT_ROOT) && mkdir -p $(PYRIGHT_ROOT)
+	cd $(PYRIGHT_ROOT) && ln -s ../../../undertow/* ../../../gateway ../../../adapters \
+		../../../learner ../../../sandboxes .
+	$(VENV)/bin/pyright --pythonpath $(PY)
 
 # Every benchmark, one after another (hours on a 2-core machine); each writes
 # benchmarks/results/NAME.json and prints its table. One alone: python -m benchmarks.NAME

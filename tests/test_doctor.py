@@ -56,6 +56,7 @@ def test_model_dir_check_names_what_is_missing(tmp_path, tiny_model_dir):
     assert check.fix.startswith(f"undertow model init --out {partial}")
 
 
+@pytest.mark.agents  # checks OpenHands by importing it in .venv-openhands (30 s)
 def test_test_purpose_adds_the_test_setups_and_a_bad_purpose_is_refused():
     names = {check.name for check in run_checks("test", None, "unix:///nonexistent.sock", None)}
     assert {"claude CLI", "codex CLI", "OpenHands", "vLLM", "docker daemon"} <= names

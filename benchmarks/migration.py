@@ -86,7 +86,7 @@ async def one_run(pool: EnginePool, urls: list[str], input_ids: list[int], name:
     async with SGLangClient(urls[1]) as client:
         await client.flush_cache()
     pool.router.assign(name, source.engine_id, input_ids)
-    params = {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": MAX_NEW_TOKENS}
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=MAX_NEW_TOKENS)
     arrivals: list[float] = []
     drain, attempt, drain_s = None, None, 0.0
     stream = pool.generate(name, input_ids, params, name)

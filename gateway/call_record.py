@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from undertow.gateway.call_types import CallRequest, Choice, Outcome, Sampled
+from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.head_replay import head_record, message_of_events
 from undertow.gateway.render import Renderer
 from undertow.gateway.sessions import Session, SessionRegistry
@@ -77,7 +78,7 @@ class CallRecorder:
                   head: dict | None, started_s: float):
         branch = prompt.branch if result.index == 0 else "sample"
         meta = {"api": request.api, "model": request.model,
-                "finish_reason": result.finish_reason, "sampling": result.sampling,
+                "finish_reason": result.finish_reason, "sampling": sampling_meta(result.sampling),
                 "cached_tokens": result.cached_tokens, "extends": prompt.extends,
                 "token_truth": prompt.token_truth,
                 **({"head": head} if head else {}),
@@ -111,3 +112,20 @@ class CallRecorder:
         return Choice(result.index, result.call_id, message, result.text,
                       result.token_ids, result.logprobs, result.weight_versions,
                       result.finish_reason)
+
+
+def sampling_meta(params: SamplingParams) -> dict[str, Any]:
+    """A choice's sampling parameters as its call's meta records them: the ones a scaffold
+    can set, with the seed the choice was sampled with (replay reads `stop`, `sampling_seed`
+    and a forcing `json_schema` back, `head_replay.py`, `toolparsers.replay_parser`)."""
+    meta: dict[str, Any] = {"max_new_tokens": params.max_new_tokens,
+                            "temperature": params.temperature, "top_p": params.top_p,
+                            "top_k": params.top_k}
+    if params.stop:
+        meta["stop"] = list(params.stop)
+    meta["sampling_seed"] = params.sampling_seed
+    for name, value in (("json_schema", params.json_schema), ("regex", params.regex),
+                        ("ebnf", params.ebnf)):
+        if value is not None:
+            meta[name] = value
+    return meta

@@ -1,7 +1,8 @@
 """The values a scaffold call passes through: `CallRequest` in, `Delta`s and `Sampled` out of
 sampling (`sampler.py`), `Choice`s in the recorded `Outcome` (`call_record.py`).
 
-Flow: an API module builds a `CallRequest` (with its `Sampling`); `CallRunner` (`calls.py`)
+Flow: an API module builds a `CallRequest` (with its `SamplingParams`, which go as they are
+to the engine driver: one value, from the API to the engine); `CallRunner` (`calls.py`)
 yields `Delta`s while the engine samples, then one `Outcome`. All are frozen: a value
 handed to the API, remembered for an SDK retry or recorded in the tree does not change.
 """
@@ -10,36 +11,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from undertow.gateway.engines.protocol import random_seed
+from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.toolparsers import Event
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters in SGLang's names; `max_new_tokens=None` fills the context."""
-
-    max_new_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    constraint: tuple[str, str] | None = None  # (SGLang's json_schema|regex|ebnf, its text)
-
-    def to_engine(self, max_new_tokens: int, index: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_new_tokens": max_new_tokens,
-                                  "temperature": self.temperature, "top_p": self.top_p,
-                                  "top_k": self.top_k}
-        if self.stop:
-            params["stop"] = list(self.stop)
-        # Always a seed, recorded with the call so that it can be replayed: SGLang 0.5.23
-        # gives a request without one the seed 42 (engines/client.py, item 1).
-        params["sampling_seed"] = random_seed() if self.seed is None else self.seed + index
-        if self.constraint is not None:
-            params[self.constraint[0]] = self.constraint[1]
-        return params
 
 
 @dataclass(frozen=True)
@@ -49,7 +23,7 @@ class CallRequest:
 
     api: str
     model: str
-    sampling: Sampling
+    sampling: SamplingParams  # max_new_tokens None: the gateway's bound (`CallRunner`)
     messages: list[dict] | None = None
     tools: list[dict] | None = None
     parse_tools: bool = True
@@ -81,7 +55,8 @@ class Delta:
 class Sampled:
     """One choice as sampled, not yet recorded: what `ChoiceSampler.sample` yields after
     its `Delta`s, for `CallRecorder.record` to put in the tree. `events` are all the parsed events,
-    `text` the output less any stop string, `sampling` the engine's sampling parameters."""
+    `text` the output less any stop string, `sampling` the parameters the engine was sent
+    (the choice's, with its seed and bound: `SamplingParams.for_choice`)."""
 
     index: int
     call_id: str
@@ -93,7 +68,7 @@ class Sampled:
     finish_reason: dict
     cached_tokens: int
     first_token_s: float | None
-    sampling: dict[str, Any]
+    sampling: SamplingParams
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,8 @@ from undertow.gateway.call_types import (
     Delta,
     Outcome,
     Sampled,
-    Sampling,
 )
-from undertow.gateway.engines.protocol import EngineRejected
+from undertow.gateway.engines.protocol import EngineRejected, SamplingParams
 from undertow.gateway.errors import (
     BadRequest,
     Busy,
@@ -58,8 +57,8 @@ from undertow.gateway.tokentruth import (
 )
 from undertow.gateway.toolparsers import create_parser
 
-__all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled", "Sampling",
-           "StopTrimmer", "api_error_of"]
+__all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled",
+           "SamplingParams", "StopTrimmer", "api_error_of"]
 
 
 class CallRunner:
@@ -98,7 +97,7 @@ class CallRunner:
             self.metrics.branches.inc(reason=prompt.branch)
         return prompt
 
-    def max_new_tokens(self, prompt: Prompt, sampling: Sampling) -> int:
+    def max_new_tokens(self, prompt: Prompt, sampling: SamplingParams) -> int:
         num_prompt = len(prompt.token_ids)
         room = self.context_length - num_prompt
         wanted = sampling.max_new_tokens

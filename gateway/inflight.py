@@ -95,7 +95,7 @@ class InFlight:
         self.background = background
         self.config = config
 
-    async def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
+    async def generate(self, session_id: str, input_ids: list[int], params: SamplingParams,
                        rid: str, *, input_ids_json: TokenIdsJson | None = None,
                        live: bool = True) -> AsyncIterator[GenerationChunk]:
         """Streams the generation's new tokens; see `pool.py`'s module doc for the contract.
@@ -105,23 +105,23 @@ class InFlight:
         `live=False` a chunk comes only once an attempt is over, for a consumer that
         reads the whole reply before it answers."""
         produced: list[int] = []
-        max_new = sampling_params.get("max_new_tokens", SamplingParams.max_new_tokens)
+        max_new = params.max_new_tokens
         cause: str | None = None
         cached_tokens = 0
         staged: StagedResume | None = None  # a KV migration's staging, for the next attempt
         for num_attempt in itertools.count():
             if cause is not None:
                 self.metrics.resumes.inc(cause=cause)
-            if len(produced) >= max_new:
+            if max_new is not None and len(produced) >= max_new:
                 yield GenerationChunk([], [], [], {"type": "length", "length": max_new},
                                       cached_tokens, time.time())
                 return
             attempt_rid = rid if num_attempt == 0 else resume_rid(rid, num_attempt)
-            params = _remaining_params(sampling_params, len(produced), num_attempt)
+            attempt_params = _attempt_params(params, len(produced), num_attempt)
             prompt_ids = input_ids + produced if produced else input_ids  # never mutated
             attempt = await self.admission.admit(session_id, prompt_ids, attempt_rid,
                                                  admitted=num_attempt > 0, waits=bool(produced))
-            batches = self._stream_attempt(attempt, prompt_ids, params, live, staged,
+            batches = self._stream_attempt(attempt, prompt_ids, attempt_params, live, staged,
                                            None if produced else input_ids_json)
             try:
                 async with contextlib.aclosing(batches):
@@ -297,9 +297,6 @@ def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
     return GenerationChunk(token_ids, logprobs, versions, final, cached_tokens, received_s)
 
 
-_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-
-
 def parse_weight_version(value: Any) -> int:
     """An engine's `weight_version` string as an int; -1 ("unknown") when it is not one."""
     try:
@@ -321,22 +318,19 @@ def resume_seed(seed: int, num_attempt: int) -> int:
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
-def _remaining_params(sampling_params: dict, num_produced: int,
-                     num_attempt: int = 0) -> SamplingParams:
-    """The sampling parameters (SGLang names) for attempt `num_attempt` after `num_produced`
-    tokens: `max_new_tokens` is reduced by what was produced, and a resume's seed is its
-    own (`resume_seed`; without a seed the driver draws a fresh one)."""
-    unknown = set(sampling_params) - _SAMPLING_FIELDS
-    if unknown:
-        raise ValueError(f"sampling parameters {sorted(unknown)} are not part of the engine "
-                         f"protocol; use {sorted(_SAMPLING_FIELDS)}")
-    params = {name: tuple(value) if isinstance(value, list) else value
-              for name, value in sampling_params.items()}
-    if "max_new_tokens" in params:
-        params["max_new_tokens"] = max(params["max_new_tokens"] - num_produced, 0)
-    if num_attempt and params.get("sampling_seed") is not None:
-        params["sampling_seed"] = resume_seed(params["sampling_seed"], num_attempt)
-    return SamplingParams(**params)
+def _attempt_params(params: SamplingParams, num_produced: int,
+                    num_attempt: int) -> SamplingParams:
+    """The generation's sampling parameters for attempt `num_attempt` after `num_produced`
+    tokens: the first attempt's are the generation's own; a resume's `max_new_tokens` is
+    reduced by what was produced, and its seed is its own (`resume_seed`; without a seed
+    the driver draws a fresh one)."""
+    if num_attempt == 0:
+        return params
+    max_new = params.max_new_tokens
+    seed = params.sampling_seed
+    return dataclasses.replace(
+        params, max_new_tokens=None if max_new is None else max(max_new - num_produced, 0),
+        sampling_seed=None if seed is None else resume_seed(seed, num_attempt))
 
 
 def _logprobs(piece: GenerateChunk) -> list[float]:

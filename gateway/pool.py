@@ -2,7 +2,7 @@
 
 Contract with the API (the only thing it uses):
 
-    async for chunk in pool.generate(session_id, input_ids, sampling_params, rid): ...
+    async for chunk in pool.generate(session_id, input_ids, params, rid): ...
     await pool.close_session(session_id)
 
 - `generate` yields `GenerationChunk`s holding only the tokens that are NEW since
@@ -17,9 +17,9 @@ Contract with the API (the only thing it uses):
   engine: 503); after tokens were delivered, `PoolUnavailable` only when no engine
   is healthy again within `resume_timeout_s`. `EngineRejected` from the engine
   driver (bad input, 400) passes through unchanged.
-- `sampling_params` uses SGLang's names, the fields of `engines.protocol.SamplingParams`
-  (another key is a `ValueError`); `max_new_tokens` defaults to 128 as in SGLang and
-  bounds the whole generation, across resumes.
+- `params` are the call's `engines.protocol.SamplingParams`, handed to the engine driver
+  as they are (a resume's with its own seed and bound); `max_new_tokens` (128 by default,
+  as in SGLang; None: the context's room) bounds the whole generation, across resumes.
 - It resumes transparently: when the engine dies mid-generation, when the
   operator pauses with abort-resume for a weight update, or when the engine is
   drained with migration, the generation is re-issued on a healthy engine from
@@ -70,7 +70,7 @@ from typing import Any
 from undertow.gateway.admission import Admission
 from undertow.gateway.background import BackgroundTasks
 from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.protocol import EngineDriver, TokenIdsJson
+from undertow.gateway.engines.protocol import EngineDriver, SamplingParams, TokenIdsJson
 from undertow.gateway.errors import PoolBusy, PoolError, PoolUnavailable, UnknownEngine
 from undertow.gateway.fleet import EngineRecord, Fleet
 from undertow.gateway.inflight import (
@@ -173,13 +173,13 @@ class EnginePool:
     async def close_session(self, session_id: str) -> None:
         self.router.unpin(session_id)
 
-    def generate(self, session_id: str, input_ids: list[int], sampling_params: dict,
+    def generate(self, session_id: str, input_ids: list[int], params: SamplingParams,
                  rid: str, *, input_ids_json: TokenIdsJson | None = None, live: bool = True
                  ) -> AsyncIterator[GenerationChunk]:
         """Streams the generation's new tokens; see the module doc for the contract
         (`InFlight.generate` runs it). `live=False`: chunks only as attempts end, for a
         consumer that needs the whole reply before it answers."""
-        return self.inflight.generate(session_id, input_ids, sampling_params, rid,
+        return self.inflight.generate(session_id, input_ids, params, rid,
                                       input_ids_json=input_ids_json, live=live)
 
     # -- engine lifecycle ---------------------------------------------------------------

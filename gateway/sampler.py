@@ -12,7 +12,7 @@ Invariants:
   all with their logprobs and weight versions, and the reply text less any stop string.
 - Closing the iteration closes the pool's generation (the engine request is aborted);
   with `n` choices, every choice's task is cancelled.
-- Every engine request carries a seed (`Sampling.to_engine`), recorded in `Sampled`.
+- Every engine request carries a seed (`SamplingParams.for_choice`), recorded in `Sampled`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class ChoiceSampler:
         stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions, all_events = [], [], [], []
         finish_reason, cached, first_token_s = None, 0, None
-        params = request.sampling.to_engine(max_new_tokens, index)
+        params = request.sampling.for_choice(index, max_new_tokens)
         chunks = self.pool.generate(session_id, prompt.token_ids, params, call_id,
                                     input_ids_json=prompt.token_ids_json, live=live)
         async with contextlib.aclosing(chunks):  # closing this closes the generation

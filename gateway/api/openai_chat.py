@@ -35,7 +35,7 @@ from undertow.gateway.api.output_options import (
     template_variable,
 )
 from undertow.gateway.api.resent_body import KnownBody, parse_resent
-from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, Sampling
+from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, SamplingParams
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
@@ -50,8 +50,9 @@ ACCEPTED = {"model", "messages", "tools", "tool_choice", "n", "stop", "logprobs"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> Sampling:
-    """Sampling parameters shared by the OpenAI-style APIs, validated."""
+def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> SamplingParams:
+    """Sampling parameters shared by the OpenAI-style APIs, validated: the call's one typed
+    value of them, carried as it is to the engine driver."""
     for name in ("frequency_penalty", "presence_penalty"):
         if body.get(name):
             raise UnsupportedParameter(f"{name} is not supported by this gateway; omit it",
@@ -66,7 +67,7 @@ def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> 
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     if not all(isinstance(item, str) for item in stop):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
-    values = {}
+    values: dict[str, Any] = {}
     for name, kind, low, high in (("temperature", float, 0.0, 2.0), ("top_p", float, 0.0, 1.0),
                                   ("top_k", int, -1, 1 << 20)):
         value = body.get(name)
@@ -80,7 +81,7 @@ def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> 
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"seed must be an integer, got {seed!r}", param="seed")
-    return Sampling(max_new_tokens=max_tokens, stop=stop, seed=seed, **values)
+    return SamplingParams(max_new_tokens=max_tokens, stop=stop, sampling_seed=seed, **values)
 
 
 def _content_text(content: Any, where: str) -> str:

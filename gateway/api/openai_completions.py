@@ -7,6 +7,7 @@ there is no message-level token truth here, since there are no messages.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -63,7 +64,7 @@ def parse_request(runner, body: dict[str, Any], max_n: int) -> CallRequest:
     sampling = parse_sampling(body, ("max_tokens",))
     if sampling.max_new_tokens is None:
         # The legacy API's default is 16 tokens.
-        sampling = type(sampling)(**{**sampling.__dict__, "max_new_tokens": 16})
+        sampling = replace(sampling, max_new_tokens=16)
     return CallRequest(api="completions", model=body["model"], sampling=sampling,
                        prompt_ids=_prompt_ids(runner, body.get("prompt")), n=n)
 

@@ -117,7 +117,7 @@ def force_tools(call: CallRequest, name: str | None, parallel: bool,
         raise BadRequest(f"{param} names the function {name!r}, which is not among the "
                          f"tools {tool_names(call.tools)}", param=param)
     schema = forced_calls_schema(call.tools, name, parallel)
-    sampling = replace(call.sampling, constraint=("json_schema", json.dumps(schema)))
+    sampling = replace(call.sampling, json_schema=json.dumps(schema))
     return replace(call, sampling=sampling, tool_parser=FORCED)
 
 
@@ -126,7 +126,7 @@ def check_strict(call: CallRequest, strict_params: list[str]) -> None:
     call is forced, since the call list is then sampled under the tools' schemas, and moot
     when no call can be made (`tool_choice` none, or JSON output); free tool use cannot
     promise it, so a strict tool is then a 400 naming it."""
-    free = call.parse_tools and call.sampling.constraint is None
+    free = call.parse_tools and not call.sampling.constrained
     if strict_params and free:
         raise UnsupportedParameter(
             f"{strict_params[0]}: strict arguments are honoured only for a forced call "
@@ -137,7 +137,7 @@ def check_strict(call: CallRequest, strict_params: list[str]) -> None:
 def single_call(call: CallRequest, tool_parser: str) -> CallRequest:
     """The call, stopped at the end of its first tool call (free tool use)."""
     stop = PARSERS[tool_parser].single_call_stop
-    if not call.tools or not stop or call.sampling.constraint is not None:
+    if not call.tools or not stop or call.sampling.constrained:
         return call  # no calls to limit (JSON output leaves no room for a call)
     return replace(call, sampling=replace(call.sampling, stop=call.sampling.stop + (stop,)))
 
@@ -149,7 +149,7 @@ def json_output(call: CallRequest, schema: Any, param: str) -> CallRequest:
     if call.tool_parser == FORCED:
         raise BadRequest(f"{param}: a JSON output format cannot be combined with a forced "
                          "tool call", param=param)
-    sampling = replace(call.sampling, constraint=("json_schema", json.dumps(schema)))
+    sampling = replace(call.sampling, json_schema=json.dumps(schema))
     return replace(call, sampling=sampling)
 
 

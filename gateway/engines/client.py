@@ -12,7 +12,7 @@ and what the driver does about it (each is read from the file named, and has a t
 
 1. Seeds. With `--enable-deterministic-inference` a request without `sampling_seed` gets
    the seed 42 (`srt/sampling/sampling_batch_info.py`), so every request carries one
-   (`protocol.SamplingParams.to_sglang`; the gateway picks and records it, `calls.py`).
+   (`sglang_sampling_params`; the gateway picks and records it, `SamplingParams.for_choice`).
 2. Noise is keyed on (seed, absolute position) (`srt/layers/sampler.py`,
    `multinomial_with_seed`): a resume with the same seed repeats itself, so the pool gives
    each resume a seed of its own (`inflight.py`).
@@ -67,8 +67,10 @@ import json
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
+import orjson
 
 from undertow.gateway.engines.protocol import (
     EngineError,
@@ -78,7 +80,9 @@ from undertow.gateway.engines.protocol import (
     GenerateResult,
     ModelInfo,
     PauseMode,
+    SamplingParams,
     WeightsNotUpdated,
+    random_seed,
 )
 from undertow.gateway.engines.sglang_replies import (
     StreamReader,
@@ -89,11 +93,68 @@ from undertow.gateway.engines.sglang_replies import (
 from undertow.gateway.engines.transport import HttpEngine, HttpTransport
 
 __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
-           "StagedKV"]
+           "StagedKV", "sglang_body", "sglang_body_pieces", "sglang_sampling_params"]
 
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 # How SGLang 0.5.23's refused flush after a weight load begins (`weight_updater.py`).
 WEIGHTS_LOADED_CACHE_KEPT = "Weights were updated, but the cache was not flushed"
+
+
+def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """The `sampling_params` object of SGLang's `/generate`, always with a seed (the module
+    docstring, item 1)."""
+    wire: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+        "top_p": params.top_p, "top_k": params.top_k, "min_p": params.min_p,
+        "ignore_eos": params.ignore_eos, "skip_special_tokens": params.skip_special_tokens,
+    }
+    if params.stop:
+        wire["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        wire["stop_token_ids"] = list(params.stop_token_ids)
+    if params.json_schema is not None:
+        wire["json_schema"] = params.json_schema
+    if params.regex is not None:
+        wire["regex"] = params.regex
+    if params.ebnf is not None:
+        wire["ebnf"] = params.ebnf
+    wire["sampling_seed"] = (random_seed() if params.sampling_seed is None
+                             else params.sampling_seed)
+    return wire
+
+
+def sglang_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
+    """The JSON body of SGLang's `POST /generate`, to be serialised with orjson (which
+    writes `input_ids_json` as it is)."""
+    body = _sglang_fields(request, stream)
+    if request.input_ids_json is not None:
+        body["input_ids"] = orjson.Fragment(request.input_ids_json.to_bytes())
+    elif request.input_ids is not None:
+        body["input_ids"] = (request.input_ids if isinstance(request.input_ids, tuple | list)
+                             else list(request.input_ids))  # a JSON array; not copied
+    else:
+        body["text"] = request.text
+    return body
+
+
+def sglang_body_pieces(request: GenerateRequest, *, stream: bool) -> list[bytes]:
+    """`sglang_body` serialised, in pieces for a vectored write: the pieces of
+    `input_ids_json` go as they are, never joined."""
+    if request.input_ids_json is None:
+        return [orjson.dumps(sglang_body(request, stream=stream))]
+    rest = orjson.dumps(_sglang_fields(request, stream))  # b'{"rid":...}'
+    return [b'{"input_ids":', *request.input_ids_json.pieces, b"]," + rest[1:]]
+
+
+def _sglang_fields(request: GenerateRequest, stream: bool) -> dict[str, Any]:
+    """The body's fields other than the prompt."""
+    body: dict[str, Any] = {"rid": request.rid,
+                            "sampling_params": sglang_sampling_params(request.sampling_params),
+                            "stream": stream}
+    if request.return_logprob:
+        body["return_logprob"] = True
+        body["logprob_start_len"] = -1  # logprobs of the output tokens only
+    return body
 
 
 @dataclass(frozen=True)
@@ -151,11 +212,11 @@ class SGLangClient(HttpEngine):
         self._missing_paths: set[str] = set()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        reply = await self._http.request("POST", "/generate", request.to_sglang(stream=False))
+        reply = await self._http.request("POST", "/generate", sglang_body(request, stream=False))
         return read_result(reply, request)
 
     def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        return self._chunks("/generate", request.sglang_body(stream=True), request)
+        return self._chunks("/generate", sglang_body_pieces(request, stream=True), request)
 
     async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
                       ) -> AsyncIterator[GenerateChunk]:
@@ -321,7 +382,7 @@ class SGLangClient(HttpEngine):
         before any chunk."""
         suffix = replace(request, input_ids=list(request.input_ids[staged.num_tokens:]),
                          input_ids_json=None)  # the whole prompt's JSON is not needed
-        body = suffix.to_sglang(stream=True)
+        body = sglang_body(suffix, stream=True)
         body["staged_kv"] = {"handle": staged.handle, "num_tokens": staged.num_tokens,
                              "digest": staged.digest}
         async for chunk in self._chunks("/undertow/generate_staged", body, request):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import orjson
@@ -115,19 +115,27 @@ def random_seed() -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling parameters with SGLang's names and defaults.
+    """How to sample a completion, with SGLang's names and defaults: the one value a call's
+    sampling takes from the API (`api/openai_chat.parse_sampling`) through the call runner
+    and the pool's attempts to the engine driver, which alone writes it in its engine's
+    form (`client.sglang_sampling_params`; vLLM's names in `vllm.py`).
 
     `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
-    `sampling_seed` makes sampling reproducible: the same seed and inputs give the same output.
-    None means "any": `to_sglang` then draws a fresh random seed for the request, because an
-    SGLang server run with `--enable-deterministic-inference` (as the `sglang` launcher runs
-    it) gives every request without a seed the seed 42 (SGLang 0.5.23,
-    `srt/sampling/sampling_batch_info.py`): the sessions of a group that send one prompt
-    would all get one completion. A caller that must replay a run picks and records the seed
-    itself (the gateway does, in `calls.py`).
+    `max_new_tokens=None` fills the context (as in SGLang; the gateway's call runner sets
+    the bound itself, `CallRunner.max_new_tokens`). At most one of the structured-output
+    fields is set (SGLang's own: a JSON schema as JSON text, a regular expression, or an
+    EBNF grammar that the output must match).
+
+    `sampling_seed` makes sampling reproducible: the same seed and inputs give the same
+    output. None means "any": the SGLang driver then draws a fresh random seed for the
+    request, because an SGLang server run with `--enable-deterministic-inference` (as the
+    `sglang` launcher runs it) gives every request without a seed the seed 42 (SGLang
+    0.5.23, `srt/sampling/sampling_batch_info.py`): the sessions of a group that send one
+    prompt would all get one completion. A caller that must replay a run picks and records
+    the seed itself (the gateway does: `for_choice`, recorded with the call).
     """
 
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = 128
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -137,30 +145,21 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     sampling_seed: int | None = None
-    # Structured output (SGLang's own fields; at most one): a JSON schema as JSON text, a
-    # regular expression, or an EBNF grammar that the output must match.
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
 
-    def to_sglang(self) -> dict:
-        """The `sampling_params` object of SGLang's `/generate`, always with a seed (see the
-        class docstring)."""
-        params = {
-            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-            "ignore_eos": self.ignore_eos, "skip_special_tokens": self.skip_special_tokens,
-        }
-        if self.stop:
-            params["stop"] = list(self.stop)
-        if self.stop_token_ids:
-            params["stop_token_ids"] = list(self.stop_token_ids)
-        for name in ("json_schema", "regex", "ebnf"):
-            if getattr(self, name) is not None:
-                params[name] = getattr(self, name)
-        params["sampling_seed"] = (random_seed() if self.sampling_seed is None
-                                   else self.sampling_seed)
-        return params
+    @property
+    def constrained(self) -> bool:
+        """Whether the output is held to a JSON schema, regular expression or grammar."""
+        return not (self.json_schema is None and self.regex is None and self.ebnf is None)
+
+    def for_choice(self, index: int, max_new_tokens: int) -> SamplingParams:
+        """These parameters for choice `index` of a call, bounded to `max_new_tokens`, with
+        its seed picked so that it can be recorded and replayed: the call's seed plus
+        `index`, or a fresh one when the call gave none."""
+        seed = random_seed() if self.sampling_seed is None else self.sampling_seed + index
+        return replace(self, max_new_tokens=max_new_tokens, sampling_seed=seed)
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ class GenerateRequest:
     copying 1M IDs per call).
     `input_ids_json`, where set, is the JSON array of exactly `input_ids`, and the wire body
     carries it as it is (the gateway builds it incrementally, call by call, so a long
-    history is not serialised again, nor copied: see `sglang_body`).
+    history is not serialised again, nor copied: see `client.sglang_body_pieces`).
     """
 
     input_ids: Sequence[int] | None = None
@@ -227,36 +226,6 @@ class GenerateRequest:
             raise ValueError("a GenerateRequest needs exactly one of input_ids and text")
         if self.input_ids is not None and not isinstance(self.input_ids, Sequence):
             object.__setattr__(self, "input_ids", tuple(self.input_ids))
-
-    def to_sglang(self, *, stream: bool) -> dict:
-        """The JSON body of SGLang's `POST /generate`, to be serialised with orjson (which
-        writes `input_ids_json` as it is)."""
-        body = self._sglang_fields(stream)
-        if self.input_ids_json is not None:
-            body["input_ids"] = orjson.Fragment(self.input_ids_json.to_bytes())
-        elif self.input_ids is not None:
-            body["input_ids"] = (self.input_ids if isinstance(self.input_ids, tuple | list)
-                                 else list(self.input_ids))  # a JSON array; not copied
-        else:
-            body["text"] = self.text
-        return body
-
-    def sglang_body(self, *, stream: bool) -> list[bytes]:
-        """`to_sglang`'s body serialised, in pieces for a vectored write: the pieces of
-        `input_ids_json` go as they are, never joined."""
-        if self.input_ids_json is None:
-            return [orjson.dumps(self.to_sglang(stream=stream))]
-        rest = orjson.dumps(self._sglang_fields(stream))  # b'{"rid":...}'
-        return [b'{"input_ids":', *self.input_ids_json.pieces, b"]," + rest[1:]]
-
-    def _sglang_fields(self, stream: bool) -> dict:
-        """The body's fields other than the prompt."""
-        body: dict = {"rid": self.rid, "sampling_params": self.sampling_params.to_sglang(),
-                      "stream": stream}
-        if self.return_logprob:
-            body["return_logprob"] = True
-            body["logprob_start_len"] = -1  # logprobs of the output tokens only
-        return body
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class ScriptedEngine:
     aborted: list[str] = field(default_factory=list)  # what `/abort_request` named
     streaming: dict[str, bool] = field(default_factory=dict)  # rid -> aborted, while it streams
     max_body_bytes: int = 2**20  # aiohttp's default; a million-token prompt's JSON is ~6 MB
+    keep_bodies: bool = False  # keep each `/generate` body's bytes in `bodies`, as received
+    bodies: list[bytes] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -108,6 +110,8 @@ class ScriptedEngine:
         return script, {"type": "stop", "matched": None}
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        if self.keep_bodies:
+            self.bodies.append(await request.read())
         body = await request.json()
         self.num_requests += 1
         rid = body.get("rid") or f"r{self.num_requests}"

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load
 
 from undertow.gateway.engines.builtin.model import CausalLM, ModelConfig, SlotKV, load_weights
-from undertow.gateway.engines.builtin.sampling import SamplingParams, sample
+from undertow.gateway.engines.builtin.sampling import RequestSampling, sample
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +62,10 @@ def test_batched_decode_gives_each_row_its_solo_result(models):
 
 def test_seeded_sampling_does_not_depend_on_the_batch():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
-    params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=20, sampling_seed=7),
-              SamplingParams(temperature=0.0),
-              SamplingParams(temperature=0.7, min_p=0.05, sampling_seed=8),
-              SamplingParams(temperature=1.3, sampling_seed=9)]
+    params = [RequestSampling(temperature=1.0, top_p=0.9, top_k=20, sampling_seed=7),
+              RequestSampling(temperature=0.0),
+              RequestSampling(temperature=0.7, min_p=0.05, sampling_seed=8),
+              RequestSampling(temperature=1.3, sampling_seed=9)]
 
     def generators():
         return [torch.Generator().manual_seed(p.sampling_seed or 0) for p in params]
@@ -83,7 +83,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
 
 def test_sampling_respects_top_k():
     logits = torch.arange(100.0).unsqueeze(0) / 50
-    params = [SamplingParams(temperature=1.0, top_k=3)]
+    params = [RequestSampling(temperature=1.0, top_k=3)]
     generator = torch.Generator().manual_seed(0)
     picks = {sample(logits, params, [generator], 0).token_ids[0] for _ in range(200)}
     assert picks <= {97, 98, 99}

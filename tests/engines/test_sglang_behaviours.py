@@ -99,10 +99,10 @@ async def test_1_a_group_of_eight_with_one_prompt_gets_eight_samples_each_replay
 # 2 -------------------------------------------------------------------------------------
 
 async def test_2_a_resumed_generation_draws_a_fresh_sample():
-    params = {"max_new_tokens": 200, "sampling_seed": 5}
+    params = SamplingParams(max_new_tokens=200, sampling_seed=5)
     async with faithful(step_delay_s=0.002) as (server, client), pool_on(client.url) as pool:
         reference = await client.generate(GenerateRequest(
-            input_ids=PROMPT, sampling_params=SamplingParams(**params)))
+            input_ids=PROMPT, sampling_params=params))
         chunks: list = []
         task = asyncio.create_task(consume(
             pool.generate("s", list(PROMPT), params, "call-00000000000000a2"), chunks))
@@ -122,7 +122,7 @@ async def test_2_a_resumed_generation_draws_a_fresh_sample():
 # 3 -------------------------------------------------------------------------------------
 
 async def test_3_a_late_abort_of_an_interrupted_attempt_spares_its_resume():
-    params = {"max_new_tokens": 300, "sampling_seed": 9}
+    params = SamplingParams(max_new_tokens=300, sampling_seed=9)
     async with (faithful(num_tokenizer_workers=2) as (server, client),
                 pool_on(client.url) as pool):
         chunks: list = []

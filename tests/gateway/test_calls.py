@@ -12,7 +12,7 @@ import pytest
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.test_api_scripted import script
 from undertow.gateway.app import RUNNER_KEY, SESSIONS_KEY
-from undertow.gateway.calls import CallRequest, Delta, Sampling
+from undertow.gateway.calls import CallRequest, Delta, SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,7 +63,8 @@ async def test_a_reply_not_streamed_is_decoded_and_parsed_once(gateway, scripted
     sizes = {}
     for stream in (False, True):
         script(scripted, renderer, text)
-        call = CallRequest(api="chat", model="m", sampling=Sampling(), fingerprint=str(stream),
+        call = CallRequest(api="chat", model="m", sampling=SamplingParams(max_new_tokens=None),
+                           fingerprint=str(stream),
                            messages=[{"role": "user", "content": f"stream: {stream}"}])
         if stream:
             _ = [item async for item in runner.stream(session, call)]
@@ -166,3 +167,35 @@ async def test_a_call_that_overlaps_earlier_ones_is_labelled_as_if_they_had_fini
     assert [label for label, _ in overlapped] == expected
     # and the same prompt IDs: a retry of a call still generating reuses its prompt's IDs
     assert [ids for _, ids in overlapped] == [ids for _, ids in sequential]
+
+
+async def test_the_engine_gets_the_calls_sampling_params_byte_for_byte(gateway, scripted,
+                                                                         renderer):
+    """The sampling parameters an API call sets reach the engine in SGLang's form, in one
+    fixed byte layout (the one before they became one typed value), with the call's seed
+    plus the choice's index, and are recorded with the call."""
+    scripted.keep_bodies = True
+    session = await gateway.open_session()
+    script(scripted, renderer, "a reply")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7,
+            "temperature": 0.5, "top_p": 0.9, "top_k": 20, "seed": 41, "stop": ["END"],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": {"type": "object"}}}}
+    await post(gateway, f"{session['base_url']}/chat/completions", body,
+               {"Authorization": f"Bearer {session['api_key']}"})
+    (sent,) = scripted.bodies
+    prompt = json.loads(sent)["input_ids"]
+    rid = json.loads(sent)["rid"]
+    assert sent == (
+        b'{"input_ids":' + json.dumps(prompt, separators=(",", ":")).encode() + b',"rid":"'
+        + rid.encode() + b'","sampling_params":{"max_new_tokens":7,"temperature":0.5,'
+        b'"top_p":0.9,"top_k":20,"min_p":0.0,"ignore_eos":false,"skip_special_tokens":true,'
+        b'"stop":["END"],"json_schema":"{\\"type\\": \\"object\\"}","sampling_seed":41},'
+        b'"stream":true,"return_logprob":true,"logprob_start_len":-1}')
+    (call,) = [captured(gateway.tree(), c) for c in calls_of(gateway.tree(),
+                                                             session["session_id"])]
+    assert call.meta["sampling"] == {"max_new_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+                                     "top_k": 20, "stop": ["END"], "sampling_seed": 41,
+                                     "json_schema": '{"type": "object"}'}
+    assert list(call.meta["sampling"]) == ["max_new_tokens", "temperature", "top_p", "top_k",
+                                           "stop", "sampling_seed", "json_schema"]

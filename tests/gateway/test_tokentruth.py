@@ -11,6 +11,7 @@ from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
 from undertow.gateway.app import STORE_KEY, create_app
 from undertow.gateway.config import GatewayConfig
+from undertow.gateway.engines.client import sglang_body, sglang_body_pieces
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, TokenIdsJson
 from undertow.gateway.pool import EnginePool
 from undertow.gateway.render import Detokenizer, Renderer
@@ -190,8 +191,8 @@ def test_token_ids_json_extends_in_pieces_to_the_arrays_json():
     assert ids_json.to_bytes() == orjson.dumps(token_ids)
     request = GenerateRequest(input_ids=token_ids, input_ids_json=ids_json, rid="r",
                               sampling_params=SamplingParams(sampling_seed=3))
-    assert orjson.loads(b"".join(request.sglang_body(stream=True))) == orjson.loads(
-        orjson.dumps(request.to_sglang(stream=True)))
+    assert orjson.loads(b"".join(sglang_body_pieces(request, stream=True))) == orjson.loads(
+        orjson.dumps(sglang_body(request, stream=True)))
 
 
 class WatchedPool:

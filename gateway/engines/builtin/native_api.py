@@ -12,7 +12,7 @@ from undertow.gateway.engines.builtin.errors import BadRequest, WeightLoadError
 from undertow.gateway.engines.builtin.memory import return_freed_memory
 from undertow.gateway.engines.builtin.model import load_weights
 from undertow.gateway.engines.builtin.request import Request, parse_generate
-from undertow.gateway.engines.builtin.sampling import SamplingParams, make_generator
+from undertow.gateway.engines.builtin.sampling import RequestSampling, make_generator
 
 HEALTH_TIMEOUT_S = 20.0
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -200,7 +200,7 @@ class NativeApi:
             return web.Response(status=503)
         if scheduler.running or scheduler.paused:
             return web.Response(status=200)
-        params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        params = RequestSampling(max_new_tokens=1, temperature=0.0)
         probe = Request(rid=f"HEALTH_CHECK_{time.time()}", input_ids=[0], params=params,
                         generator=make_generator(params))
         try:

@@ -14,7 +14,7 @@ import torch
 
 from undertow.gateway.engines.builtin.errors import BadRequest
 from undertow.gateway.engines.builtin.sampling import (
-    SamplingParams,
+    RequestSampling,
     make_generator,
     parse_sampling_params,
 )
@@ -36,7 +36,7 @@ class Request:
 
     rid: str
     input_ids: list[int]
-    params: SamplingParams
+    params: RequestSampling
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0

@@ -32,8 +32,10 @@ CONSTRAINTS = ("json_schema", "regex", "ebnf")
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Validated sampling parameters of one request."""
+class RequestSampling:
+    """Validated sampling parameters of one request, as the engine parsed them from its
+    `sampling_params` (the server's side of the wire; the gateway's side is
+    `engines.protocol.SamplingParams`)."""
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -101,13 +103,13 @@ def _stop_token_ids(value, vocab_size: int) -> frozenset[int]:
     return frozenset(value)
 
 
-def parse_sampling_params(raw, vocab_size: int) -> SamplingParams:
+def parse_sampling_params(raw, vocab_size: int) -> RequestSampling:
     """Validate a JSON `sampling_params` object; raise BadRequest naming the bad field."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise BadRequest(f"sampling_params must be an object, got {raw!r}")
-    known = set(SamplingParams.__dataclass_fields__)
+    known = set(RequestSampling.__dataclass_fields__)
     values = {}
     for name, value in raw.items():
         if name in _NEUTRAL:
@@ -120,7 +122,7 @@ def parse_sampling_params(raw, vocab_size: int) -> SamplingParams:
             raise BadRequest(f"sampling_params.{name} is unknown; known fields: {sorted(known)}")
         else:
             values[name] = value
-    params = SamplingParams(
+    params = RequestSampling(
         max_new_tokens=_number("max_new_tokens", values.get("max_new_tokens", 128), int),
         min_new_tokens=_number("min_new_tokens", values.get("min_new_tokens", 0), int),
         temperature=_number("temperature", values.get("temperature", 1.0), float),
@@ -151,7 +153,7 @@ def _constraint(values: dict) -> dict[str, str]:
     return given
 
 
-def _check_ranges(p: SamplingParams) -> None:
+def _check_ranges(p: RequestSampling) -> None:
     if p.max_new_tokens < 0:
         raise BadRequest(f"sampling_params.max_new_tokens must be >= 0, got {p.max_new_tokens}")
     if not 0 <= p.min_new_tokens <= p.max_new_tokens:
@@ -167,7 +169,7 @@ def _check_ranges(p: SamplingParams) -> None:
         raise BadRequest(f"sampling_params.min_p must be in [0, 1], got {p.min_p}")
 
 
-def make_generator(params: SamplingParams) -> torch.Generator:
+def make_generator(params: RequestSampling) -> torch.Generator:
     seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(62)
     return torch.Generator().manual_seed(seed)
 
@@ -179,7 +181,7 @@ class SampleResult:
     top_logprobs: list[list[tuple[float, int]]] | None  # per row, when any row asked
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+def sample(logits: torch.Tensor, params: list[RequestSampling], generators: list[torch.Generator],
            num_top_logprobs: int) -> SampleResult:
     """Pick one token per row of `logits` (B, V); report its logprob and the top-N."""
     temperatures = [1.0 if p.greedy else p.temperature for p in params]
@@ -211,7 +213,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
 
 
 def _inverse_cdf(probs: torch.Tensor, draws: torch.Tensor,
-                 params: list[SamplingParams]) -> torch.Tensor:
+                 params: list[RequestSampling]) -> torch.Tensor:
     """Token per row: the first whose cumulative (filtered) mass exceeds draw x total mass.
     Rows are all filtered or all unfiltered."""
     if not params[0].filters:

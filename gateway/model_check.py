@@ -18,8 +18,10 @@ something does not hold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from undertow.gateway.head_replay import message_of_events
 from undertow.gateway.render import Renderer, TemplateError
@@ -129,8 +131,9 @@ def _stop_tokens(renderer: Renderer) -> list[tuple[int, str]]:
 
 
 def _assistant(turn: int, call: bool) -> dict:
-    message = {"role": "assistant", "reasoning_content": f"Step {turn}: look closer.",
-               "content": "Running it." if call else f"Done with step {turn}."}
+    message: dict[str, Any] = {
+        "role": "assistant", "reasoning_content": f"Step {turn}: look closer.",
+        "content": "Running it." if call else f"Done with step {turn}."}
     if call:
         message["tool_calls"] = [{"id": f"call_{turn}", "type": "function", "function": {
             "name": "bash", "arguments": f'{{"cmd": "ls {turn}"}}'}}]
@@ -171,7 +174,7 @@ def _completion_text(renderer: Renderer, messages: list[dict], assistant: dict,
     return turn.removesuffix(renderer.turn_end) + eos  # gpt-oss: <|return|> for <|end|>
 
 
-def _renders_as_template(renderer: Renderer, messages: list[dict], added_ids: list[int],
+def _renders_as_template(renderer: Renderer, messages: list[dict], added_ids: Sequence[int],
                          closing_text: str) -> bool:
     """Whether the IDs added after the sampled ones close the turn and then write the new
     messages as the template writes them after this history."""

@@ -20,6 +20,7 @@ import copy
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import jinja2
 from jinja2 import meta
@@ -47,7 +48,7 @@ class TemplateError(BadRequest):
     """The messages cannot be rendered by the model's chat template."""
 
 
-def _raise_exception(message: str) -> None:
+def _raise_exception(message: str) -> NoReturn:
     raise TemplateError(f"the chat template refused the messages: {message}")
 
 
@@ -101,13 +102,14 @@ class Renderer:
         config = (json.loads(config_file.read_text(encoding="utf-8"))
                   if config_file.exists() else {})
         templates = read_chat_templates(model_dir)
-        if templates.select(with_tools=False) is None:
+        default, with_tools = templates.select(with_tools=False), templates.select(with_tools=True)
+        if default is None or with_tools is None:  # with tools falls back to the default
             raise FileNotFoundError(
                 f"{model_dir} has no default chat template (read {templates.source}); put the "
                 "model's template in chat_template.jinja")
         environment = chat_template_environment(_raise_exception)
-        self._default = environment.from_string(templates.select(with_tools=False))
-        self._with_tools = environment.from_string(templates.select(with_tools=True))
+        self._default = environment.from_string(default)
+        self._with_tools = environment.from_string(with_tools)
         # The names the templates read besides their own (a request's template argument
         # that none of them takes would change nothing: see `reads`).
         self._variables = frozenset().union(*(
@@ -131,8 +133,8 @@ class Renderer:
         eos = config.get("eos_token")
         if isinstance(eos, dict):
             eos = eos.get("content")
-        if isinstance(eos, str) and self.tokenizer.token_to_id(eos) is not None:
-            ids.add(self.tokenizer.token_to_id(eos))
+        if isinstance(eos, str) and (eos_id := self.tokenizer.token_to_id(eos)) is not None:
+            ids.add(eos_id)
         generation = model_dir / "generation_config.json"
         if generation.exists():
             value = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")

@@ -110,7 +110,7 @@ class Prompt:
     `token_ids_json` is the JSON array of `token_ids` (None only for raw prompt IDs).
     `token_ids` is a `TokenPath` (a list for raw prompt IDs): nobody changes it."""
 
-    token_ids: Sequence[int]
+    token_ids: TokenPath | list[int]
     branch: str | None
     extends: str | None
     num_reused_tokens: int
@@ -229,8 +229,10 @@ def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | N
         token_ids = history.extend(new_ids)
         ids_json = (head.token_ids_json.extend(new_ids)
                     if head.token_ids_json is not None else TokenIdsJson.of(token_ids))
+        assert newest is not None, "heads is not empty"
         branch = None if head is newest else _older_head_reason(head, newest)
         if same_history:
+            assert head.messages is not None, "same_history says so"
             return Prompt(token_ids, branch, head.call_id, num_reused,
                           keys.after(head.message_keys), tkey, head.leaf,
                           head.messages + messages[num_head:], ids_json)

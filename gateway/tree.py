@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +47,11 @@ class TreeError(GatewayError, ValueError):
 
 @dataclass
 class Node:
-    """A span of token IDs. `logprobs`/`weight_versions` are per token; prompt tokens
-    carry NaN and -1. `children` maps (first token ID, owner) to a child node ID.
-    `path_end` is the number of IDs from the root to this node's last (the length of the
-    path that ends here), kept as nodes are added and split, so that reading a path's
-    length, or whether a node lies on a path, does not walk the path."""
+    """A span of token IDs (only the root has no `parent`). `logprobs`/`weight_versions`
+    are per token; prompt tokens carry NaN and -1. `children` maps (first token ID, owner)
+    to a child node ID. `path_end` is the number of IDs from the root to this node's last
+    (the length of the path that ends here), kept as nodes are added and split, so that
+    reading a path's length, or whether a node lies on a path, does not walk the path."""
 
     node_id: int
     parent: int | None
@@ -136,7 +136,7 @@ class Tree:
         self.sessions: dict[str, SessionPaths] = {}
         self.calls: list[Call] = []
         self._next_id = 1
-        self._undo: list[Callable[[], None]] | None = None
+        self._undo: list[Callable[[], object]] | None = None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tree]:
@@ -155,11 +155,11 @@ class Tree:
         finally:
             self._undo = None
 
-    def _on_undo(self, undo: Callable[[], None]) -> None:
+    def _on_undo(self, undo: Callable[[], object]) -> None:
         if self._undo is not None:
             self._undo.append(undo)
 
-    def add_call(self, call_id: str, session_id: str, prompt_ids: list[int],
+    def add_call(self, call_id: str, session_id: str, prompt_ids: Sequence[int],
                  completion_ids: list[int], logprobs: list[float], weight_versions: list[int],
                  branch: str | None = None, meta: dict[str, Any] | None = None,
                  extends_leaf: int | None = None) -> CallRecord:
@@ -177,7 +177,7 @@ class Tree:
                             "number (NaN where it reported none); the call is not recorded")
         node_id, offset, num_matched = self._match(session_id, prompt_ids, extends_leaf)
         record = CallRecord(call_id=call_id, session_id=session_id, anchor=(node_id, offset),
-                            token_ids=prompt_ids[num_matched:] + completion_ids,
+                            token_ids=[*prompt_ids[num_matched:], *completion_ids],
                             num_prompt=len(prompt_ids) - num_matched, logprobs=list(logprobs),
                             weight_versions=list(weight_versions), branch=branch,
                             meta=dict(meta or {}))
@@ -212,7 +212,7 @@ class Tree:
         nodes = []
         while leaf != ROOT:
             nodes.append(leaf)
-            leaf = self.nodes[leaf].parent
+            leaf = self._parent(self.nodes[leaf])
         return nodes[::-1]
 
     def path_token_ids(self, leaf: int) -> list[int]:
@@ -229,7 +229,7 @@ class Tree:
         as `node_id`'s depth in IDs: a step or two for a session's previous leaf)."""
         depth = self.nodes[node_id].path_end
         while leaf != ROOT and self.nodes[leaf].path_end > depth:
-            leaf = self.nodes[leaf].parent
+            leaf = self._parent(self.nodes[leaf])
         return leaf == node_id
 
     @property
@@ -241,7 +241,7 @@ class Tree:
         """Tokens that a per-call log would hold: every call's prompt plus completion."""
         return sum(self.nodes[call.leaf].path_end for call in self.calls)
 
-    def _match(self, session_id: str, token_ids: list[int],
+    def _match(self, session_id: str, token_ids: Sequence[int],
                extends_leaf: int | None = None) -> tuple[int, int, int]:
         """Longest prefix of `token_ids` (as prompt of `session_id`) already in the tree:
         returns (node ID, offset in that node, number of tokens matched). Spans are
@@ -280,11 +280,11 @@ class Tree:
         if offset == len(node.token_ids):
             return node_id
         if offset == 0:
-            return node.parent
+            return self._parent(node)
         head = Node(self._new_id(), node.parent, node.token_ids[:offset], node.logprobs[:offset],
                     node.weight_versions[:offset], node.sampled_by,
                     path_end=node.path_end - len(node.token_ids) + offset)
-        parent = self.nodes[node.parent]
+        parent = self.nodes[self._parent(node)]
         parent.children[(head.token_ids[0], head.sampled_by)] = head.node_id
         node.token_ids, node.logprobs = node.token_ids[offset:], node.logprobs[offset:]
         node.weight_versions = node.weight_versions[offset:]
@@ -300,7 +300,7 @@ class Tree:
         node.logprobs = head.logprobs + node.logprobs
         node.weight_versions = head.weight_versions + node.weight_versions
         node.parent = head.parent
-        self.nodes[head.parent].children[(node.token_ids[0], node.sampled_by)] = node.node_id
+        self.nodes[self._parent(head)].children[(node.token_ids[0], node.sampled_by)] = node.node_id
         del self.nodes[head.node_id]
 
     def _insert(self, parent_id: int, token_ids: list[int], owner: str | None,
@@ -329,8 +329,15 @@ class Tree:
         return parent_id
 
     def _remove_leaf_node(self, node: Node) -> None:
-        del self.nodes[node.parent].children[(node.token_ids[0], node.sampled_by)]
+        del self.nodes[self._parent(node)].children[(node.token_ids[0], node.sampled_by)]
         del self.nodes[node.node_id]
+
+    @staticmethod
+    def _parent(node: Node) -> int:
+        """The parent of a node that is not the root."""
+        if node.parent is None:
+            raise TreeError("the root node has no parent")
+        return node.parent
 
     def _set_leaf(self, session_id: str, leaf: int) -> None:
         paths = self.sessions.get(session_id)

@@ -23,6 +23,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
+from typing import cast
 from urllib.parse import urlsplit
 
 from undertow.gateway.engines.protocol import EngineError
@@ -66,8 +67,9 @@ class _Connection(asyncio.Protocol):
     """One TCP connection; parses one response at a time into `status`, `headers` and
     `pieces`, and wakes the reader whenever there is something new."""
 
+    transport: asyncio.Transport  # set by `connection_made`, before `create_connection` returns
+
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
         self.closed = False
         self.error: HttpError | None = None
         self._waiter: asyncio.Future | None = None
@@ -87,7 +89,7 @@ class _Connection(asyncio.Protocol):
         self._in_trailers = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's: a stream
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -322,4 +324,5 @@ class _Exchange:
         return Response(self._connection)
 
     async def __aexit__(self, *exc_info) -> None:
+        assert self._connection is not None, "__aenter__ set it"
         self._client._release(self._connection)

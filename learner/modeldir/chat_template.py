@@ -21,6 +21,7 @@ the one the gateway and the built-in engine render every template in.
 '''
 
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from undertow.gateway.template_env import chat_template_environment
 from undertow.learner.errors import LearnerError
@@ -101,7 +102,7 @@ class ChatTemplateError(LearnerError, ValueError):
     """The messages cannot be rendered; the message says which part to fix."""
 
 
-def _raise_exception(message: str) -> None:
+def _raise_exception(message: str) -> NoReturn:
     raise ChatTemplateError(message)
 
 

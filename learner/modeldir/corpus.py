@@ -99,7 +99,8 @@ def read_frozen_corpus(path: Path = FROZEN_CORPUS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # `__doc__` is None under `python -OO`.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--freeze", action="store_true",
                         help=f"write {FROZEN_CORPUS.name} from the repository's files")
     parser.add_argument("--root", type=Path, help="the checkout to read (default: this one)")

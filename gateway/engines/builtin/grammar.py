@@ -20,10 +20,14 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from undertow.gateway.engines.builtin.errors import BadRequest
+
+if TYPE_CHECKING:
+    import xgrammar
 
 
 class GrammarState:
@@ -51,10 +55,10 @@ class Grammars:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self._compiler = None
-        self._compiled: dict[tuple[str, str], object] = {}
+        self._compiled: dict[tuple[str, str], xgrammar.CompiledGrammar] = {}
         self._lock = threading.Lock()
 
-    def _compile(self, kind: str, text: str):
+    def _compile(self, kind: str, text: str) -> xgrammar.CompiledGrammar:
         import xgrammar
 
         if self._compiler is None:

@@ -204,8 +204,8 @@ def _layer_weights(reader: _Reader, config: ModelConfig, index: int) -> LayerWei
             c.num_kv_heads, hd)])
     return LayerWeights(
         input_norm=reader.take(p + "input_layernorm.weight", (d,)),
-        qkv=reader.fused(True, [(f"{p}self_attn.{name}.weight", (rows, d))
-                                for name, rows in projections]),
+        qkv=torch.cat([reader.take(f"{p}self_attn.{name}.weight", (rows, d))
+                       for name, rows in projections]),
         qkv_bias=reader.fused(c.qkv_bias, [(f"{p}self_attn.{name}.bias", (rows,))
                                            for name, rows in projections]),
         qk_norm=qk_norm,

@@ -23,11 +23,12 @@ class Node:
     """A span of token IDs and its KV (layers, 2, kv_heads, len(token_ids), head_dim).
 
     Invariants: children are keyed by their first token ID; a child's span continues its
-    parent's; `ref_count` counts the running requests whose matched prefix passes through it.
+    parent's; `ref_count` counts the running requests whose matched prefix passes through it;
+    only the root has no parent (and no tokens, so an empty KV).
     """
 
     token_ids: list[int]
-    kv: torch.Tensor | None
+    kv: torch.Tensor
     parent: "Node | None" = None
     children: dict[int, "Node"] = field(default_factory=dict)
     ref_count: int = 0
@@ -35,7 +36,7 @@ class Node:
 
     @property
     def num_bytes(self) -> int:
-        return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
+        return self.kv.numel() * self.kv.element_size()
 
 
 @dataclass
@@ -56,7 +57,7 @@ class RadixCache:
 
     def flush(self) -> None:
         """Drop every entry (after a weight update the cached KV is stale)."""
-        self.root = Node(token_ids=[], kv=None)
+        self.root = Node(token_ids=[], kv=torch.empty(0))
         self.num_bytes = 0
         self.num_tokens = 0
 
@@ -135,6 +136,7 @@ class RadixCache:
 
     def _split(self, node: Node, at: int) -> Node:
         """Cut `node` after `at` tokens; return the new upper part (the node keeps the rest)."""
+        assert node.parent is not None, "the root is never split"
         upper = Node(token_ids=node.token_ids[:at], kv=node.kv[:, :, :, :at].clone(),
                      parent=node.parent, ref_count=node.ref_count, last_access=node.last_access)
         upper.children[node.token_ids[at]] = node
@@ -154,6 +156,7 @@ class RadixCache:
         while self.num_bytes > self.max_bytes and heap:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
+            assert parent is not None, "the root is never a leaf here"
             del parent.children[leaf.token_ids[0]]
             self.num_bytes -= leaf.num_bytes
             self.num_tokens -= len(leaf.token_ids)

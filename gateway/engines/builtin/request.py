@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from undertow.gateway.engines.builtin.errors import BadRequest
+from undertow.gateway.engines.builtin.grammar import GrammarState
+from undertow.gateway.engines.builtin.radix_cache import Match
 from undertow.gateway.engines.builtin.sampling import (
     RequestSampling,
     make_generator,
@@ -36,13 +38,13 @@ class Request:
 
     rid: str
     input_ids: list[int]
+    generator: torch.Generator
     params: RequestSampling
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
-    generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -52,11 +54,11 @@ class Request:
     finish_reason: dict | None = None
     created_s: float = field(default_factory=time.monotonic)
     kv_length: int = 0
-    match: object = None
+    match: Match | None = None
     epoch: int = -1
     weight_version: str | None = None
     staged_handle: str | None = None
-    grammar: object = None  # grammar.GrammarState of a constrained request (`grammar.py`)
+    grammar: GrammarState | None = None  # a constrained request's (`grammar.py`)
 
     @property
     def wants_input_logprobs(self) -> bool:

@@ -150,7 +150,7 @@ class Scheduler:
             if not self.paused:
                 self._admit()
                 if self.chunking is not None:
-                    self._continue_prefill()
+                    self._continue_prefill(self.chunking)
                 if len(self.running) > (self.chunking is not None):
                     self._step()
             self._flush_updates()
@@ -231,8 +231,7 @@ class Scheduler:
                 high = n - 1
         return low
 
-    def _continue_prefill(self) -> None:
-        request = self.chunking
+    def _continue_prefill(self, request: Request) -> None:
         num_left = len(request.all_ids) - request.kv_length
         num_tokens = self.chunk_length(request.kv_length, num_left, len(self.running) == 1)
         if num_tokens == num_left:
@@ -357,7 +356,7 @@ class Scheduler:
                 r.grammar.accept(result.token_ids[i])
             r.output_ids.append(result.token_ids[i])
             r.output_logprobs.append(result.logprobs[i])
-            if r.top_logprobs_num and r.return_logprob:
+            if result.top_logprobs is not None and r.top_logprobs_num and r.return_logprob:
                 r.output_top_logprobs.append(result.top_logprobs[i][:r.top_logprobs_num])
             reason = self._stop_reason(r)
             if reason is None:

@@ -48,8 +48,8 @@ class Tokenizer:
                 eos = json.loads(path.read_text()).get("eos_token_id")
                 ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
         eos_token = special_token_text(self.config.get("eos_token"))
-        if isinstance(eos_token, str) and self.fast.token_to_id(eos_token) is not None:
-            ids.add(self.fast.token_to_id(eos_token))
+        if isinstance(eos_token, str) and (eos_id := self.fast.token_to_id(eos_token)) is not None:
+            ids.add(eos_id)
         return frozenset(ids)
 
     @property

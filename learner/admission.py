@@ -1,7 +1,7 @@
 """Which finished groups a step trains: the admission rules of both training loops.
 
-The plain loop (`train.py`) and the pool's loop (`elastic/loop.py`) take finished groups
-from their rollout source and pass each through one `Admission`. Only real outcomes
+The run's loop (`loop.py`) takes finished groups from its rollout source and passes each
+through one `Admission`. Only real outcomes
 train (`advantages.valid_sessions`): a group left with fewer than two valid sessions
 (one when `group_size` is 1) is dropped, with its reason printed; with
 `advantages.filter_uniform_groups`, so is a group whose valid sessions all got the same

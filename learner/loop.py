@@ -1,51 +1,66 @@
-"""`undertow train` with a cell pool: the policy moves cells, the elastic learner trains.
+"""The run's one loop: finished groups in, new weight versions out (sync; docs/design.md,
+data flow step 6).
 
-The loop runs in the learner's (main) thread and repeats three things until the last
-step is published:
+Every `undertow train` runs this loop, with or without a `pool` section. The run is a pool
+of cells: with a `pool` section, `pool.num_cells` cells that the policy moves between rollout
+and training (`learner/pool/`, carried out by `elastic.local.LocalPool`); without one, the
+pool is one rollout cell that never moves and the learner trains in its own process
+(`one_cell`). The loop runs in the learner's (main) thread and repeats three things until
+the last step is published:
 
-1. Wait up to `POLL_S` for finished groups, and count the closed sessions of the others
-   (the gateway's session list), so that w(t) of the waterlevel rule moves per session.
+1. Collect: wait up to `POLL_S` for finished groups, pass each through the one
+   `Admission` (`admission.py`), and count the closed sessions of the others (the
+   gateway's session list), so that w(t) of the waterlevel rule moves per session.
 2. Decide: snapshot the pool (each rollout cell's live sessions, each unpublished
    batch's progress) -> the policy (`pool/policy.py`, the code the simulator runs) -> carry
-   out its decisions with `LocalPool`: `DispatchBatch(s)` launches the groups of step s
-   on the group source; `MoveToTraining(c)` drains c's engine at the gateway (its
-   sessions move, its in-flight generations resume elsewhere) and starts c's learner
-   member; `StartTraining(s)` sends every training cell's member into step s; after a
-   publish, `MoveToRollout(c)` stops c's member and serves the new weights on c.
-3. Stream: once the pool has started step s (with the elastic policy: when the first
-   cell moves to training, long before the tail of the step's sessions has finished),
-   `ElasticLearner.open_step` opens it on the elastic `Coordinator`, and every group of
-   s that finishes from then on is packed and appended to it at once
-   (`ElasticLearner.add_group`), so the members on the training cells train the
-   finished groups while the slow ones still run. When the last group is in,
-   `train_step` finishes the step: the members' gradients are summed and normalised
-   over the whole step (`step.py`: exactly the fixed-membership gradient), this
-   process clips it and steps the optimizer; then the weights are pushed and the step
-   is published.
+   out its decisions: `DispatchBatch(s)` launches the groups of step s on the group
+   source; `MoveToTraining(c)` drains c's engine at the gateway and starts c's learner
+   member; `StartTraining(s)` opens step s; after a publish, `MoveToRollout(c)` stops c's
+   member and serves the new weights on c. The one-cell pool's policy only dispatches
+   (within `learner.max_staleness`) and starts steps.
+3. Stream: once the pool has started step s, `learner.open_step` opens it and every group
+   of s that finishes from then on goes to `learner.add_group` at once: the elastic
+   learner (`elastic/learner.py`) appends it to the step its members are training, the
+   plain learner (`train.py`) checks it holds a trainable token. When the last group is
+   in, `learner.train_step` finishes the step (the gradient, clipping, AdamW); then the
+   weights are written (a checkpoint every `learner.checkpoint_every` steps), pushed to the
+   engines as the next weight version, and the step is published with one metrics line
+   (`metrics_log.py`), handed to `on_step` (the progress line, the trackers).
 
-Only real outcomes train, by the plain loop's rules (`admission.py`): each finished
-group is admitted or dropped when it is collected. A dropped group (fewer than two
-valid sessions; with `advantages.filter_uniform_groups`, every reward the same, up to
-`advantages.max_extra_groups` per step; no trainable token) leaves its step, and a
-replacement (the next launch index) is launched into the same step at once, so the
-policy sees its sessions as outstanding. `max_failed_groups` groups in a row whose
-every session Undertow failed stop the run with one `RunFailedError`; the open step is
-aborted first, so no member waits on it. Each step's metrics line counts what it
-dropped and re-ran, like the plain loop's, and is handed to `on_step` (the progress
-line, the trackers).
+Where groups come from and where weights go are two small protocols (`train.py`):
+`GroupSource.launch(request)` / `wait(timeout_s)` and `WeightSink.push(model_dir,
+weight_version)`; the rollout side's session counts are `RolloutSide`.
+
+Steps and groups: step s holds `groups_per_step` launch indices. Groups finish in any
+order: a finished group of a later step takes the place of an unfinished one of the
+oldest unpublished step (`_promote`), which takes its place in the later step, so a slow
+group never holds a step while others wait. Staleness: the policy dispatches step s only
+while the published weights are at most its `max_staleness` steps behind s; a group whose
+oldest sampled token is more than `learner.max_staleness` versions older than the step
+it is in is dropped and replaced when `learner.drop_stale` (e.g. a session that
+straddled several updates, or weights that do not reach the engines).
+
+Only real outcomes train (`admission.py`): a dropped group (fewer than two valid sessions;
+with `advantages.filter_uniform_groups`, every reward the same, up to
+`advantages.max_extra_groups` per step; no trainable token; stale) leaves its step, and a
+replacement (the next launch index) is launched into the same step at once.
+`max_failed_groups` groups in a row whose every session Undertow failed stop the run with
+one `RunFailedError`; the open step is aborted first, so no member waits on it. No group
+finishing for `learner.group_timeout_s` stops the run with a TimeoutError. Each step's
+metrics line counts what it dropped and re-ran.
 
 Every decision is written with its start and end time to `pool_timeline.jsonl` in the
 run directory (one JSON object a line), with the step openings and the groups added,
 which is how switch costs and roles over time are read back.
 
-Stopping and resuming: when `stop` is set the loop aborts the open step (its members
-drop their partial gradient), writes a checkpoint whose pending groups are the finished
-groups of every unpublished step, and returns "stopped". A loop over a restored learner
-(`ElasticLearner.restore`) first rebuilds the unpublished steps from the checkpoint:
-their finished groups come back from it, the groups that were still running are
-launched again (same launch index, a new group ID), and the pool starts with every cell
-in rollout on the checkpoint's weights. (The checkpoint does not say which step a
-replacement belonged to: the live launch indices are dealt to the steps in order.)
+Stopping and resuming: when `stop` is set the loop aborts the open step, writes a
+checkpoint whose pending groups are the finished groups of every unpublished step, and
+returns "stopped". A loop over a restored learner (`Learner.restore`) first rebuilds the
+unpublished steps from the checkpoint: their finished groups come back from it, the groups
+that were still running are launched again (same launch index, so a deterministic source
+repeats them; a new group ID, so the gateway's store keeps both). (The checkpoint does not
+say which step a replacement belonged to: the live launch indices are dealt to the steps
+in order.)
 """
 
 from __future__ import annotations
@@ -60,14 +75,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from undertow.gateway.tree import Tree
 from undertow.learner.admission import Admission, StepCounts, note_drop
-from undertow.learner.advantages import group_advantages
 from undertow.learner.checkpoint import PendingGroup
 from undertow.learner.elastic.local import LocalPool
-from undertow.learner.elastic.step import Coordinator, ElasticStepResult
-from undertow.learner.errors import EmptyStepError
-from undertow.learner.pool.policy import Policy
+from undertow.learner.pool.cell import Cell
+from undertow.learner.pool.errors import CellPoolError
+from undertow.learner.pool.policy import Policy, Split
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
 from undertow.learner.train import (
     FinishedGroup,
@@ -98,47 +111,6 @@ class RolloutSide(Protocol):
     def prepare(self, cell_ids: list[int]) -> None: ...
 
 
-class ElasticLearner(Learner):
-    """A `Learner` whose backward pass is one streaming elastic step (`step.py`).
-
-    `open_step` opens the step on the coordinator, `add_group` appends one complete
-    group's micro-batches to it (its advantages are known once every session is
-    closed), and `train_step` finishes it: the members on the training cells computed
-    the gradient (however many joined, whenever the groups came), the coordinator
-    summed and normalised it into this process's `.grad`; clipping, the optimizer and
-    the weights stay here. The members' stats include the behaviour-KL and entropy sums
-    (`objective.metric_sums`), so the step's metrics are the plain learner's.
-    """
-
-    coordinator: Coordinator
-    last_result: ElasticStepResult | None = None
-
-    def open_step(self) -> None:
-        """Opens the step that will produce weights `state.step + 1`."""
-        self.coordinator.open_step(self.state.step, self.loss)
-
-    def add_group(self, tree: Tree) -> int:
-        """Packs one complete group and appends it to the open step; returns the number
-        of its micro-batches (0 for a group with no trainable token: it adds no term, as
-        in the whole step's packing)."""
-        advantages = {(tree.group_id, session_id): value for session_id, value in
-                      group_advantages(tree, self.advantage_config).items()}
-        try:
-            chunk = self.pack([tree], advantages, self.placement.max_tokens)
-        except EmptyStepError:
-            return 0
-        self.coordinator.append(chunk)
-        return len(chunk.micro_batches)
-
-    def train_step(self, trees: list[Tree]) -> dict[str, Any]:
-        """Finishes the open step, to which every one of `trees` has been added."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.last_result = self.coordinator.finish_step()
-        values = self.apply_gradient(trees, self.last_result.stats)
-        values.update(num_members=len(self.last_result.ranks) - 1)
-        return values
-
-
 @dataclass
 class _Batch:
     """One dispatched step: its groups by launch index (a dropped group leaves, its
@@ -159,17 +131,18 @@ class _Batch:
         return len(self.finished) == len(self.group_ids)
 
 
-class PoolLoop:
-    """The loop of a pool run (see the module docstring). Takes over `pool.dispatch`.
+class RunLoop:
+    """The run's loop (see the module docstring). Takes over `pool.dispatch`.
 
     Invariants: `batches` holds the dispatched, unpublished steps, oldest first; the
     learner's `state.step` is the number of published steps, so the open step (if
-    any) is `batches[0].step == state.step`; a group is added to the elastic step once,
-    and only to the step it was launched for; every batch holds `groups_per_step` launch
+    any) is `batches[0].step == state.step`; a group is added to the open step once,
+    and only to the step it is in; a group moves to another step only while unfinished
+    or, finished, before its step is open; every batch holds `groups_per_step` launch
     indices, none of them consumed (a dropped one is consumed and replaced at once).
     """
 
-    def __init__(self, learner: ElasticLearner, pool: LocalPool, policy: Policy,
+    def __init__(self, learner: Learner, pool: LocalPool, policy: Policy,
                  source: GroupSource, sink: WeightSink, sessions: RolloutSide,
                  stop: threading.Event | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None):
@@ -184,6 +157,7 @@ class PoolLoop:
         self.pool.dispatch = self._dispatch
         self.timeline_path = Path(learner.run_dir) / "pool_timeline.jsonl"
         self.started_s = time.perf_counter()
+        self.last_progress_s = time.monotonic()
 
     def run(self) -> str:
         """Trains until `num_steps` are published ("done") or `stop` is set ("stopped")."""
@@ -198,9 +172,8 @@ class PoolLoop:
                 self._decide()
                 self._stream()
         except BaseException:   # e.g. RunFailedError: members must not wait on the step
-            if self.learner.coordinator.step_open:
-                with contextlib.suppress(Exception):
-                    self.learner.coordinator.abort_step()
+            with contextlib.suppress(Exception):
+                self.learner.abort_step()
             raise
         return "done"  # no last decision: cells would only go back to serve nothing
 
@@ -282,17 +255,25 @@ class PoolLoop:
         self.learner.pending = []
 
     def _collect(self) -> None:
-        """Admits (or drops and replaces) the groups finished since, and counts the
-        closed sessions of those still running."""
-        batches = {index: batch for batch in self.batches for index in batch.group_ids}
-        for group in self.source.wait(timeout_s=POLL_S):
-            batch = batches.get(group.index)
+        """Admits (or drops and replaces) the groups finished since, moves them to the
+        oldest unfinished step, and counts the closed sessions of those still running."""
+        groups = self.source.wait(timeout_s=POLL_S)
+        if groups:
+            self.last_progress_s = time.monotonic()
+        elif time.monotonic() - self.last_progress_s > self.config.group_timeout_s:
+            raise TimeoutError(f"no group finished within learner.group_timeout_s="
+                               f"{self.config.group_timeout_s}; are the rollouts running?")
+        for group in groups:
+            batch = next((b for b in self.batches if group.index in b.group_ids), None)
             if batch is None:   # not of an unpublished step (launched before a restart)
                 continue
             reason = self.admission.admit(group, batch.counts, batch.step + 1)
             if reason is None:
+                reason = self._stale(group, batch)
+            if reason is None:
                 batch.finished[group.index] = PendingGroup(group.index, group.tree,
                                                            group.rollout_s)
+                self._promote()
             else:
                 self._replace(batch, group, reason)
         waiting = [group_id for batch in self.batches for index, group_id in
@@ -301,6 +282,35 @@ class PoolLoop:
             closed = self.sessions.num_closed(waiting)
             for batch in self.batches:
                 batch.num_closed.update({g: closed.get(g, 0) for g in batch.group_ids.values()})
+
+    def _stale(self, group: FinishedGroup, batch: _Batch) -> str | None:
+        """"stale" (counted and printed) when `drop_stale` and the group's oldest token
+        is more than `max_staleness` versions older than the weights that train it."""
+        staleness = group_staleness(group.tree, batch.step)
+        if not self.config.drop_stale or staleness <= self.config.max_staleness:
+            return None
+        note_drop(batch.counts, batch.step + 1, "stale", f"group {group.tree.group_id}: "
+                  f"sampled by weights {staleness} versions old (learner.max_staleness="
+                  f"{self.config.max_staleness}; are the weights reaching the engines?)")
+        return "stale"
+
+    def _promote(self) -> None:
+        """Finished groups of later steps take the places of the oldest step's unfinished
+        ones, which take theirs: steps train groups in the order they finish."""
+        first = self.batches[0]
+        waiting = [index for index in first.group_ids if index not in first.finished]
+        for later in self.batches[1:]:
+            if later.opened_s is not None:
+                continue
+            for index in list(later.finished):
+                if not waiting:
+                    return
+                slow = waiting.pop(0)
+                first.group_ids[index] = later.group_ids.pop(index)
+                first.finished[index] = later.finished.pop(index)
+                later.group_ids[slow] = first.group_ids.pop(slow)
+                self._record({"event": "GroupMoved", "index": index, "step": first.step,
+                              "in_place_of": slow})
 
     def _replace(self, batch: _Batch, group: FinishedGroup, reason: str) -> None:
         """Drops a group from its step (its index consumed) and launches another."""
@@ -361,12 +371,10 @@ class PoolLoop:
                       staleness_mean=sum(staleness) / len(staleness),
                       staleness_max=max(staleness), **batch.counts.metrics())
         self.on_step(self.learner.metrics.append(self.state.step, self.state.step, values))
-        result = self.learner.last_result
+        self.last_progress_s = time.monotonic()   # the timeout counts rollouts, not training
         self._record({"event": "published", "step": batch.step,
-                      "weight_version": self.state.step, "num_members": values["num_members"],
-                      "num_micro_batches": result.num_micro_batches,
+                      "weight_version": self.state.step, **self.learner.last_step,
                       "open_s": round(open_s, 3), "train_s": round(train_s, 3),
-                      "drain_s": round(result.drain_s, 3), "reduce_s": round(result.reduce_s, 3),
                       "cells": self._roles()})
 
     def _pending(self) -> list[PendingGroup]:
@@ -374,8 +382,7 @@ class PoolLoop:
         return [group for batch in self.batches for group in batch.finished.values()]
 
     def _save_stopped(self) -> None:
-        if self.learner.coordinator.step_open:
-            self.learner.coordinator.abort_step()
+        self.learner.abort_step()
         self.learner.pending = self._pending()
         self.learner.save(checkpoint=True)
         self._record({"event": "stopped", "step": self.state.step,
@@ -404,3 +411,51 @@ def read_timeline(run_dir: str | Path) -> list[dict[str, Any]]:
     """The events a pool run wrote to `pool_timeline.jsonl`, in order."""
     path = Path(run_dir) / "pool_timeline.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class _FixedEngine:
+    """The one cell's engine slots: the engine serves throughout, nothing moves."""
+
+    def drain(self, cell_id: int) -> None:
+        raise CellPoolError("the one-cell pool never moves its cell to training")
+
+    def serve(self, cell_id: int, weight_version: int) -> None:
+        raise CellPoolError("the one-cell pool never moves its cell to training")
+
+
+class _NoMembers:
+    """The one cell's member slots: the learner trains in its own process."""
+
+    def start(self, cell_id: int) -> None:
+        raise CellPoolError("the one-cell pool has no learner members")
+
+    join = stop = start
+
+
+class OneEngine:
+    """The rollout side of the one-cell pool, whose policy reads no session counts."""
+
+    def num_sessions(self) -> dict[int, int]:
+        return {}
+
+    def num_closed(self, group_ids: list[str]) -> dict[str, int]:
+        return {}
+
+    def prepare(self, cell_ids: list[int]) -> None:
+        return None
+
+
+def one_cell(learner: Learner) -> tuple[LocalPool, Policy]:
+    """The pool of a run without a `pool` section: one rollout cell that never moves,
+    and a policy that dispatches steps within `learner.max_staleness` and starts each as
+    soon as it can (`Split` with no training cell: the learner's own process trains)."""
+    pool = LocalPool([Cell(0)], _FixedEngine(), _NoMembers(), weight_version=learner.state.step)
+    return pool, Split(num_training_cells=0, max_staleness=learner.config.max_staleness)
+
+
+def train_alone(learner: Learner, source: GroupSource, sink: WeightSink,
+                stop: threading.Event | None = None,
+                on_step: Callable[[dict[str, Any]], None] | None = None) -> str:
+    """Runs `learner` on the one-cell pool; returns "done" or "stopped"."""
+    pool, policy = one_cell(learner)
+    return RunLoop(learner, pool, policy, source, sink, OneEngine(), stop, on_step).run()

@@ -1,56 +1,32 @@
-"""The training loop: finished groups in, new weight versions out (sync; docs/design.md,
-data flow step 6).
+"""The learner: the policy, its optimizer, the run's state and the step function
+(sync; docs/design.md, data flow step 6). The loop that drives it is `loop.py`.
 
-One step: take `groups_per_step` finished groups -> advantages per group
-(`advantages.py`) -> pack the trees (`packing.py`) -> per micro-batch forward, loss
-share and backward (`objective.backward_step`: `model.py`, `losses.py`; the elastic run's
-members call the same per micro-batch) -> clip the gradient norm -> AdamW step
--> write the weights as a model directory (a checkpoint every `checkpoint_every`
-steps, `checkpoint.py`) -> push them to the engines as the next weight version ->
-one metrics line (`metrics_log.py`).
+One step: the groups' trees -> advantages per group (`advantages.py`) -> pack the trees
+(`packing.py`) -> per micro-batch forward, loss share and backward
+(`objective.backward_step`: `model.py`, `losses.py`; the elastic run's members call the
+same per micro-batch) -> clip the gradient norm -> AdamW step (`apply_gradient`, shared
+with the elastic learner) -> the metrics of the step. `save` writes the weights as a model
+directory (a checkpoint with the optimizer and the pending groups when asked,
+`checkpoint.py`).
 
-Where groups come from and where weights go are two small protocols, so the loop is
-the same for the embedded run of `undertow train`, a remote gateway, and tests:
-- `GroupSource.launch(request)` starts a group (the rollouts of one task) and
-  returns at once; `GroupSource.wait(timeout_s)` returns the groups finished since;
+The loop sees every learner through `open_step`, `add_group` (as each group of the open
+step finishes) and `train_step` (once all are in). Here the gradient is computed in this
+process at `train_step`, over the whole step packed at once; `elastic/learner.py`'s
+learner streams the groups to the training cells' members instead.
+
+Also here, the loop's edges, as small protocols so that the loop is the same for the
+embedded run of `undertow train`, a remote gateway and tests:
+- `GroupSource.launch(request)` starts a group (the rollouts of one task) and returns at
+  once; `GroupSource.wait(timeout_s)` returns the groups finished since;
 - `WeightSink.push(model_dir, weight_version)` returns once the engines serve it.
 
-Asynchrony with bounded staleness: groups keep running while a step trains, but a
-group is launched only if it will be trained by weights at most `max_staleness`
-versions newer than those it samples with (launches happen after each push, and
-while at most `(max_staleness + 1) * groups_per_step` groups are launched and not
-yet trained). A group whose oldest sampled token is still older than that when it is
-taken is dropped and replaced (`drop_stale`), e.g. a long session that straddled
-several updates.
-
-Only real outcomes train: a finished group's sessions that Undertow failed (their
-close meta says so, `advantages.valid_sessions`) have no advantage and no loss; the
-rollout source has already re-run them as new sessions of the group. The rules
-(shared with the pool's loop) are `admission.py`'s: a group left
-with fewer than two valid sessions (one when `group_size` is 1) is dropped, with its
-reason printed, and replaced; with `advantages.filter_uniform_groups`, so is a group
-whose valid sessions all got the same reward (at most `advantages.max_extra_groups`
-per step). A step whose groups hold no trainable token (`EmptyStepError`) is not
-trained: its groups are dropped and more are launched. When `max_failed_groups`
-groups in a row are dropped because Undertow failed their sessions, the run stops
-with one `RunFailedError` naming the causes and the last error. Each step counts
-what it dropped and re-ran (`num_dropped_uniform`, `num_dropped_invalid`,
-`infra_failures` by cause, `num_rerun_sessions`) in its metrics line.
-
-Stopping and resuming: `stop` (set by SIGTERM in the command line) is checked while
-waiting for groups and between steps; the loop then writes a checkpoint holding the
-finished groups not yet trained and returns. `Learner.restore` continues from the
-latest checkpoint: pending groups are trained first, groups that were in flight are
-launched again (same launch index, so a deterministic source repeats them; new
-group ID, so the gateway's store keeps both).
+Resuming: `Learner.restore` continues from the latest checkpoint of the run directory
+(weights, optimizer, state, the finished groups not yet trained).
 """
 
 from __future__ import annotations
 
 import statistics
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +34,6 @@ from typing import Any, Protocol
 import torch
 
 from undertow.gateway.tree import Tree
-from undertow.learner.admission import Admission, StepCounts, note_drop
 from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
 from undertow.learner.checkpoint import (
     PendingGroup,
@@ -77,7 +52,6 @@ from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import PackedStep, pack_step
 from undertow.learner.sharding import place
-from undertow.learner.trees import group_staleness
 
 PASS_REWARD = 1.0
 
@@ -149,6 +123,7 @@ class Learner:
             eps=config.adam_eps, weight_decay=config.weight_decay)
         self.state = TrainState()
         self.pending: list[PendingGroup] = []
+        self.last_step: dict[str, Any] = {}   # the last step's figures for the timeline
         self.metrics = MetricsLog(self.run_dir)
 
     @classmethod
@@ -171,16 +146,35 @@ class Learner:
     def weight_version(self) -> int:
         return self.state.step
 
-    def train_step(self, trees: list[Tree]) -> dict[str, float]:
+    def open_step(self) -> None:
+        """The loop opens the step that will produce weights `state.step + 1`; nothing
+        to do here (the step is computed at `train_step`)."""
+
+    def add_group(self, tree: Tree) -> int:
+        """One finished group of the open step: the number of micro-batches it packs
+        into alone (0: no trainable token; the loop drops and replaces it)."""
+        try:
+            return len(self.pack([tree], self.advantages([tree]),
+                                 self.placement.max_tokens).micro_batches)
+        except EmptyStepError:
+            return 0
+
+    def abort_step(self) -> None:
+        """The loop stops or fails with a step open; nothing was started here."""
+
+    def advantages(self, trees: list[Tree]) -> dict[tuple[str, str], float]:
+        """Each valid session's advantage within its group, by (group ID, session ID)."""
+        return {(tree.group_id, session_id): value for tree in trees for session_id, value
+                in group_advantages(tree, self.advantage_config).items()}
+
+    def train_step(self, trees: list[Tree]) -> dict[str, Any]:
         """One optimizer step on the groups' trees; returns the step's metrics."""
-        advantages = {}
-        for tree in trees:
-            for session_id, value in group_advantages(tree, self.advantage_config).items():
-                advantages[(tree.group_id, session_id)] = value
-        step = self.placement.prepare(self.pack(trees, advantages, self.placement.max_tokens))
+        step = self.placement.prepare(self.pack(trees, self.advantages(trees),
+                                                self.placement.max_tokens))
         self.optimizer.zero_grad(set_to_none=True)
         with self.placement.compute():
             stats = backward_step(self.policy, step, self.loss, self.reference)
+        self.last_step = {"num_micro_batches": len(step.micro_batches)}
         return self.apply_gradient(trees, stats)
 
     def pack(self, trees: list[Tree], advantages: dict[tuple[str, str], float],
@@ -240,139 +234,3 @@ class Learner:
             return path / "model"
         return save_weights(self.run_dir, self.state.step, self.policy.model,
                             self.base_model_dir)
-
-    def run(self, source: GroupSource, sink: WeightSink, stop: threading.Event | None = None,
-            on_step: Callable[[dict[str, Any]], None] | None = None) -> str:
-        """Trains until `num_steps` steps are done ("done") or `stop` is set ("stopped");
-        `on_step` receives each step's metrics record (and may print it)."""
-        loop = _Loop(self, source, sink, stop or threading.Event())
-        loop.on_step = on_step or (lambda record: None)
-        return loop.run()
-
-
-class _Loop:
-    """The bookkeeping of `Learner.run`: launches, waits, admission, staleness, timing."""
-
-    def __init__(self, learner: Learner, source: GroupSource, sink: WeightSink,
-                 stop: threading.Event):
-        self.learner, self.source, self.sink, self.stop = learner, source, sink, stop
-        self.config, self.state = learner.config, learner.state
-        self.advantage_config = learner.advantage_config
-        self.ready: list[PendingGroup] = list(learner.pending)
-        self.on_step: Callable[[dict[str, Any]], None] = lambda record: None
-        self.counts = StepCounts()
-        self.admission = Admission(self.config.group_size, self.config.max_failed_groups,
-                                   self.advantage_config)
-
-    def run(self) -> str:
-        self._relaunch_in_flight()
-        while self.state.step < self.config.num_steps:
-            started_s = time.perf_counter()
-            groups = self._collect()
-            if groups is None:
-                self._save_pending()
-                return "stopped"
-            rollout_s = time.perf_counter() - started_s
-            staleness = [group_staleness(g.tree, self.state.step) for g in groups]
-            train_started_s = time.perf_counter()
-            try:
-                values = self.learner.train_step([g.tree for g in groups])
-            except EmptyStepError as error:
-                self._note_drop("empty", f"{len(groups)} group(s) not trained: {error}")
-                continue
-            train_s = time.perf_counter() - train_started_s
-            values.update(rollout_s=rollout_s, train_s=train_s,
-                          staleness_mean=sum(staleness) / len(staleness),
-                          staleness_max=max(staleness), **self._step_counts())
-            sync_started_s = time.perf_counter()
-            self.learner.pending = list(self.ready)
-            model_dir = self.learner.save(self._is_checkpoint_step())
-            self.sink.push(model_dir, self.state.step)
-            values["sync_s"] = time.perf_counter() - sync_started_s
-            values["step_s"] = time.perf_counter() - started_s
-            self.on_step(self.learner.metrics.append(self.state.step, self.state.step, values))
-            if self.stop.is_set() and self.state.step < self.config.num_steps:
-                self._save_pending()
-                return "stopped"
-        return "done"
-
-    def _step_counts(self) -> dict[str, Any]:
-        """What the step dropped and re-ran since the last step; the counters restart."""
-        counts, self.counts = self.counts.metrics(), StepCounts()
-        return counts
-
-    def _note_drop(self, reason: str, message: str) -> None:
-        note_drop(self.counts, self.state.step + 1, reason, message)
-
-    def _is_checkpoint_step(self) -> bool:
-        step = self.state.step
-        return step % self.config.checkpoint_every == 0 or step == self.config.num_steps
-
-    def _save_pending(self) -> None:
-        self.learner.pending = list(self.ready)
-        self.learner.save(checkpoint=True)
-
-    def _relaunch_in_flight(self) -> None:
-        known = set(self.state.consumed) | {g.index for g in self.ready}
-        for index in range(self.state.num_launched):
-            if index not in known:
-                self._launch(index)
-
-    def _launch(self, index: int) -> None:
-        self.source.launch(GroupRequest(
-            index=index, group_id=group_id_of(index, self.state.num_resumes),
-            group_size=self.config.group_size, weight_version=self.state.step))
-
-    def _launch_allowed(self) -> None:
-        """Launches new groups while the staleness bound and the run's need allow."""
-        gps = self.config.groups_per_step
-        live = self.state.num_launched - len(self.state.consumed)
-        needed = (self.config.num_steps - self.state.step) * gps
-        while live < min((self.config.max_staleness + 1) * gps, needed):
-            self._launch(self.state.num_launched)
-            self.state.num_launched += 1
-            live += 1
-
-    def _collect(self) -> list[PendingGroup] | None:
-        """The next step's groups (launching as allowed); None when stopped first."""
-        gps = self.config.groups_per_step
-        deadline_s = time.monotonic() + self.config.group_timeout_s
-        while not self.stop.is_set():
-            self._drop_stale()
-            if len(self.ready) >= gps:
-                groups, self.ready = self.ready[:gps], self.ready[gps:]
-                self.state.consumed.extend(g.index for g in groups)
-                return groups
-            if time.monotonic() > deadline_s:
-                raise TimeoutError(f"no group finished within learner.group_timeout_s="
-                                   f"{self.config.group_timeout_s}; are the rollouts running?")
-            self._launch_allowed()
-            for group in self.source.wait(timeout_s=0.5):
-                self._admit(group)
-        return None
-
-    def _admit(self, group: FinishedGroup) -> None:
-        """Adds a finished group to the ready ones, or drops it (`admission.py`: counted,
-        reason printed; its index is consumed, so `_launch_allowed` launches a
-        replacement)."""
-        if self.admission.admit(group, self.counts, self.state.step + 1) is not None:
-            self.state.consumed.append(group.index)
-            return
-        self.ready.append(PendingGroup(group.index, group.tree, group.rollout_s))
-
-    def _drop_stale(self) -> None:
-        """Drops (and counts) ready groups over the staleness bound, if configured."""
-        if not self.config.drop_stale:
-            return
-        kept = []
-        for group in self.ready:
-            staleness = group_staleness(group.tree, self.state.step)
-            if staleness > self.config.max_staleness:
-                self.state.consumed.append(group.index)
-                self._note_drop("stale", f"group {group.tree.group_id}: sampled by weights "
-                                f"{staleness} versions old (learner.max_staleness="
-                                f"{self.config.max_staleness}; are the weights reaching the "
-                                "engines?)")
-            else:
-                kept.append(group)
-        self.ready = kept

@@ -1,5 +1,5 @@
 """`embedded.held_on`, the one bridge by which the sync runs hold async services (the
-gateway with its engine in `train_run`, the engineless gateway in `pool_run`): entered and
+gateway with its engine in `train_run`, the engineless gateway in `cells`): entered and
 exited on the background loop's thread, the block's error handed to the manager."""
 
 import contextlib

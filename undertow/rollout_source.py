@@ -1,7 +1,7 @@
 """The rollout source of a training run: groups launched on an asyncio loop, read back as trees.
 
-Shared by both composition roots, `train_run.py` (one learner) and `pool_run.py` (a cell
-pool), which import it; it imports neither, so the runs flow one way. The learner (sync,
+Used by the composition root of a run, `train_run.py` (with or without a cell pool), which
+imports it; it imports no run module, so the run flows one way. The learner (sync,
 main thread) asks `ThreadedGroupSource` to `launch` a group: its rollout is scheduled on
 the loop of `background_loop` (a daemon thread running the gateway and the rollouts),
 and `wait` reads each finished group's tree from the gateway's admin API.

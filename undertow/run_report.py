@@ -2,7 +2,7 @@
 per step (`metrics_log.format_step` of the step's metrics record) and, at the end, the
 reward curve's PNG, the checkpoint and the command that evaluates it.
 
-Shared by both composition roots, `train_run.py` and `pool_run.py`; it imports neither.
+Used by `train_run.py`, the composition root of a run; it imports no run module.
 """
 
 from __future__ import annotations

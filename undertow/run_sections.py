@@ -2,8 +2,7 @@
 
 `undertow train` reads its config once (`load_sections`: the file, or on resume the latest
 checkpoint's, then the overrides) and builds every section into its part's frozen dataclass
-here; `train_run.py` and `pool_run.py` take the result and hand each part only its own
-section. `RunSections.resolved()` is the YAML-safe mapping the checkpoint stores as
+here; `train_run.py` takes the result and hands each part only its own section. `RunSections.resolved()` is the YAML-safe mapping the checkpoint stores as
 `config.yaml`; building it again gives the same sections, so a resume reads back the run it
 continues.
 
@@ -11,7 +10,8 @@ Sections: `run` (`RunConfig`, below), `rollout` (`rollout_source.RolloutSection`
 `learner` (`learner/config.py` TrainConfig), `loss` (`learner/losses.py`), `advantages`
 (`learner/advantages.py`), `warm_start` (`warm_start.py`), `logging`
 (`learner/trackers.py`), `sandbox` (`sandboxes/hosts.py` HostsConfig), and optionally
-`pool` (`learner/pool/config.py` CellPoolConfig): with it the run goes to `pool_run.py`.
+`pool` (`learner/pool/config.py` CellPoolConfig): with it the run's cells move between
+rollout and training (`cells.CellPool`); without it the run is one cell that never moves.
 """
 
 from __future__ import annotations

@@ -1,40 +1,50 @@
 """`undertow train`: engine(s), gateway, rollouts and the learner of one run, wired.
 
-Threads: the learner (sync, `learner/train.py`) runs in the main thread; the engine,
-the gateway (`embedded.py`) and the rollouts (`adapters/rollout.py`) run on an
-asyncio loop in one background thread. `rollout_source.ThreadedGroupSource` joins the
-two: `launch` schedules a group's rollout on the loop, `wait` reads the finished groups'
-trees from the gateway's admin API. The learner pushes weights through the gateway's pool
+Every run is a pool of cells driven by the one loop (`learner/loop.py`). Without a `pool`
+section the pool is one rollout cell that never moves (`OneCell`): one built-in engine (or
+`run.engine_urls`) behind the embedded gateway, and the plain `Learner` training in this
+process. With one, the machine is `pool.num_cells` cells that move between rollout and
+training (`cells.CellPool`: an engine per rollout cell, a learner member per training cell,
+the `ElasticLearner` summing their gradients). `train` builds the one or the other and
+`_train` runs the loop the same way for both.
+
+Threads: the learner and the loop run in the main thread; the gateway (`embedded.py`), the
+engines' start and stop, and the rollouts (`adapters/rollout.py`) run on an asyncio loop in
+one background thread. `rollout_source.ThreadedGroupSource` joins the two: `launch`
+schedules a group's rollout on the loop, `wait` reads the finished groups' trees from the
+gateway's admin API. Weights reach the engines through the gateway
 (`POST /admin/update_weights`).
 
 The run config is read once and built into `run_sections.RunSections` (`run`, `rollout`,
 `learner`, `loss`, `advantages`, `warm_start`, `logging`, `sandbox`, and optionally
-`pool`: with it the run goes to `pool_run.py`, the machine split into cells that move
-between rollout and training); each part gets its own section from it. With no config
-file, `undertow train` reads `configs/learn.yaml`: the tiny model (built once into the run
-directory), a warm start, one built-in engine, the embedded gateway and one-call chat sessions on a
-prompt task set whose reward the policy visibly learns in minutes. `configs/swe.yaml` is
-the SWE run: mini-swe-agent on the bundled tasks in Docker sandboxes. A pretrained model
-is `run.model_dir` (`configs/learn-smollm2.yaml`: SmolLM2 from `make setup-models`, no
-warm start): the learner trains it and the engine serves it from that directory.
+`pool`); each part gets its own section from it. With no config file, `undertow train`
+reads `configs/learn.yaml`: the tiny model (built once into the run directory), a warm
+start, one built-in engine, the embedded gateway and one-call chat sessions on a prompt
+task set whose reward the policy visibly learns in minutes. `configs/swe.yaml` is the SWE
+run: mini-swe-agent on the bundled tasks in Docker sandboxes. A pretrained model is
+`run.model_dir` (`configs/learn-smollm2.yaml`: SmolLM2 from `make setup-models`, no warm
+start): the learner trains it and the engine serves it from that directory.
 
-`rollout.scaffold` is a scaffold of `adapters/registry.py` (sessions in Docker
-sandboxes on SWE tasks) or `chat` (one chat call per session on a prompt task set,
-rewarded by the function each task names: `adapters/chat_rollout.py`).
-`rollout.source` plugs in another rollout (`rollout_source.py`, shared with `pool_run.py`).
+`rollout.scaffold` is a scaffold of `adapters/registry.py` (sessions in Docker sandboxes on
+SWE tasks) or `chat` (one chat call per session on a prompt task set, rewarded by the
+function each task names: `adapters/chat_rollout.py`). `rollout.source` plugs in another
+rollout (`rollout_source.py`).
 
-Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engine
-restarts and loads the checkpoint's weights as their version before any rollout (in a
-pool run every cell's engine does, and the unpublished steps are rebuilt: `pool_run.py`).
-Groups that finished before the crash but were not in the checkpoint are read back from
-the gateway's store, not run again (`rollout_source.ThreadedGroupSource`).
+Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engines serve the
+checkpoint's weights as their version before any rollout, and the loop rebuilds the
+unpublished steps. Groups that finished before the crash but were not in the checkpoint
+are read back from the gateway's store, not run again (`rollout_source.ThreadedGroupSource`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from undertow.cells import CellPool, RunParts
 from undertow.embedded import embedded_gateway, held_on
 from undertow.rollout_source import (
     CHAT,
@@ -72,45 +82,81 @@ def train(sections: RunSections, resume: bool, stop: threading.Event) -> str:
         raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
                          "it, or choose another run.run_dir")
     model_dir = start_model_dir(run, sections.rollout, sections.warm_start)
-    if sections.pool is not None:
-        from undertow.pool_run import train_with_pool
+    if sections.pool is None:
+        return _train(sections, model_dir, resume, stop, OneCell(sections))
+    if run.engine_urls:
+        raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
+                         "engines; remove one of them")
+    from undertow.pool_backends import pool_backend
 
-        return train_with_pool(sections, model_dir, stop, resume)
-    return _train_plain(sections, model_dir, resume, stop)
+    with pool_backend(sections.pool, run.run_dir, sections.learner) as backend:
+        return _train(sections, model_dir, resume, stop, CellPool(sections, backend))
 
 
-def _train_plain(sections: RunSections, model_dir: Path, resume: bool,
-                 stop: threading.Event) -> str:
-    """The run without a pool: one learner, one engine (or `run.engine_urls`)."""
+def _train(sections: RunSections, model_dir: Path, resume: bool, stop: threading.Event,
+           cells: Any) -> str:
+    """The run on `cells` (`OneCell` or `cells.CellPool`): the learner, the gateway and
+    engines, the rollouts, and the one loop."""
     from undertow.learner.checkpoint import latest_checkpoint
-    from undertow.learner.gateway_link import GatewayLink
+    from undertow.learner.loop import RunLoop
     from undertow.learner.trackers import track_learner
-    from undertow.learner.train import Learner
 
     run, config, resolved = sections.run, sections.learner, sections.resolved()
-    learner = (Learner.restore if resume else Learner)(
+    learner = (cells.learner_class.restore if resume else cells.learner_class)(
         config, sections.loss, sections.advantages, model_dir, run.run_dir, resolved)
+    weights = (model_dir, 0)
+    if learner.state.step > 0:   # the engines serve the checkpoint's weights from the start
+        weights = (latest_checkpoint(run.run_dir) / "model", learner.state.step)
     trackers = track_learner(learner, sections.logging, resolved, model_dir)
-    with background_loop() as loop, \
-            held_on(loop, embedded_gateway(model_dir, run.run_dir / "store",
-                                           run.engine_urls)) as gateway:
-        admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
-        if learner.state.step > 0:
-            admin.push(latest_checkpoint(run.run_dir) / "model", learner.state.step)
-        print(f"undertow train: gateway {gateway.url}, engines {list(gateway.engine_urls)}, "
-              f"run {run.run_dir}, from step {learner.state.step}", flush=True)
-        context = RolloutContext(gateway.url, gateway.admin_token, run.run_dir,
-                                 sections.rollout, run.docker_url, sections.sandbox)
-        source = ThreadedGroupSource(loop, load_source(context), admin,
-                                     learner.state.num_resumes)
-        try:
-            outcome = learner.run(source, admin, stop, on_step=step_printer(config.num_steps))
-        finally:
-            source.cancel()
-            trackers.close()
+    try:
+        with background_loop() as loop, cells.serve(loop, learner, model_dir, weights) as side:
+            print(f"undertow train: gateway {side.url}, {side.description}, run "
+                  f"{run.run_dir}, from step {learner.state.step}", flush=True)
+            context = RolloutContext(side.url, side.admin.token, run.run_dir,
+                                     sections.rollout, run.docker_url, sections.sandbox)
+            source = ThreadedGroupSource(loop, load_source(context), side.admin,
+                                         learner.state.num_resumes)
+            try:
+                outcome = RunLoop(learner, side.pool, side.policy, source, side.sink,
+                                  side.sessions, stop, on_step=step_printer(config.num_steps)
+                                  ).run()
+            finally:
+                source.cancel()
+    finally:
+        cells.close()
+        trackers.close()
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     print_results(run.run_dir, sections.rollout)
     return outcome
+
+
+class OneCell:
+    """The run without a `pool` section: one rollout cell that never moves, one built-in
+    engine (or `run.engine_urls`) behind the embedded gateway, and the plain `Learner`."""
+
+    def __init__(self, sections: RunSections):
+        from undertow.learner.train import Learner
+
+        self.sections, self.learner_class = sections, Learner
+
+    @contextlib.contextmanager
+    def serve(self, loop, learner, model_dir: Path, weights: tuple[Path, int]
+              ) -> Iterator[RunParts]:
+        from undertow.learner.gateway_link import GatewayLink
+        from undertow.learner.loop import OneEngine, one_cell
+
+        run, config = self.sections.run, self.sections.learner
+        with held_on(loop, embedded_gateway(model_dir, run.run_dir / "store",
+                                            run.engine_urls)) as gateway:
+            admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+            if weights[1] > 0:
+                admin.push(*weights)
+            pool, policy = one_cell(learner)
+            yield RunParts(gateway.url, admin, admin, OneEngine(), pool, policy,
+                              f"engines {list(gateway.engine_urls)}")
+
+    def close(self) -> None:
+        return None
 
 
 def start_model_dir(run: RunConfig, rollout: RolloutSection, warm: WarmStartSection) -> Path:

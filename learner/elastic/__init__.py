@@ -11,6 +11,8 @@ decisions out and trains:
     local.py         `LocalPool`, which carries out the policy's decisions, and the
                      members as processes or threads of this machine
     ray_members.py   the members as Ray actors, one placement group per cell
-    loop.py          `PoolLoop`, the live loop of `undertow train` with a `pool` section,
-                     and `ElasticLearner`, the learner whose backward is an elastic step
+    learner.py       `ElasticLearner`, the learner whose step is an elastic step
+
+The run's one loop, which drives these as it drives the plain learner, is
+`learner/loop.py`.
 """

@@ -1,7 +1,7 @@
 """The `pool` section of a run config: how `undertow train` splits this machine into cells.
 
-Without a `pool` section `undertow train` runs as before (one engine, a sync learner).
-With one, the machine is `num_cells` cells of `threads_per_cell` CPU threads each; a cell
+Without a `pool` section `undertow train` runs one cell that never moves (one engine, the
+learner training in its own process: `learner/loop.py`, `one_cell`). With one, the machine is `num_cells` cells of `threads_per_cell` CPU threads each; a cell
 either serves one built-in engine (rollout) or runs one member of the elastic learner
 (training), and `policy` moves cells between the two (`policy.py`).
 """

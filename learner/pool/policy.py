@@ -89,15 +89,16 @@ class Split:
     Asynchronous within `max_staleness` (see the module docstring): with the default of 1 the
     learner trains step k while the rollout cells generate the tail of step k and step k + 1 on
     older weights. The learner opens the oldest unpublished step as soon as it is free and trains
-    its groups as they finish.
+    its groups as they finish. With no training cell, no cell ever moves and the learner's own
+    process trains: the run without a pool section (`learner/loop.py`, `one_cell`).
     """
 
     name = "split"
 
     def __init__(self, num_training_cells: int = 1, max_staleness: int = 1):
-        if num_training_cells < 1:
+        if num_training_cells < 0:
             raise PolicyConfigError(f"split: num_training_cells={num_training_cells}; "
-                                    "give at least 1 (and fewer than the number of cells)")
+                                    "give 0 or more (and fewer than the number of cells)")
         _check_staleness("split", max_staleness)
         self.num_training_cells = num_training_cells
         self.max_staleness = max_staleness

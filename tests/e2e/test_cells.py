@@ -19,11 +19,10 @@ import pytest
 
 from tests.engines.builtin_client import prompt
 from tests.gateway.capture import calls_of, captured
-from undertow.cells import GatewayEngineSlots
+from undertow.cells import GatewayEngineSlots, engineless_gateway
 from undertow.learner.gateway_link import GatewayLink
 from undertow.learner.pool.config import CellPoolConfig
 from undertow.pool_backends import LocalBackend
-from undertow.pool_run import engineless_gateway
 from undertow.rollout_source import background_loop
 
 pytestmark = pytest.mark.slow

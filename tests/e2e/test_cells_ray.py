@@ -10,9 +10,9 @@ import time
 import pytest
 
 from tests.e2e.test_cells import _launches, _standin_python
+from undertow.cells import engineless_gateway
 from undertow.learner.gateway_link import GatewayLink
 from undertow.learner.pool.config import CellPoolConfig
-from undertow.pool_run import engineless_gateway
 from undertow.rollout_source import background_loop
 
 # Ray is imported by the test, not here: it decides at import time whether to bind loopback.

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import POOL_RUN_NUM_TURNS, run_train
 from undertow.learner.checkpoint import latest_checkpoint
-from undertow.learner.elastic.loop import read_timeline
+from undertow.learner.loop import read_timeline
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trees import load_store_trees
 

@@ -4,6 +4,7 @@ version; the staleness bound holds; stop and resume end where an uninterrupted r
 import asyncio
 import json
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from undertow.learner.advantages import AdvantageConfig, group_advantages
 from undertow.learner.config import TrainConfig
 from undertow.learner.gateway_link import EngineWeightSink
+from undertow.learner.loop import train_alone
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.objective import backward_step
@@ -165,7 +167,7 @@ def test_new_weights_reach_a_real_engine_as_a_new_version(tiny_model_dir, tmp_pa
 def test_synchronous_loop_launches_each_group_on_the_newest_weights(tiny_model_dir, tmp_path):
     source, sink = ScriptedSource(), RecordingSink()
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=0)
-    assert learner.run(source, sink) == "done"
+    assert train_alone(learner, source, sink) == "done"
     assert [(i, v) for i, v, _ in source.launches] == [(0, 0), (1, 1), (2, 2)]
     assert sink.pushes == [1, 2, 3]
     records = read_metrics(tmp_path)
@@ -176,7 +178,7 @@ def test_synchronous_loop_launches_each_group_on_the_newest_weights(tiny_model_d
 def test_staleness_bound_limits_launches_and_drops_a_late_group(tiny_model_dir, tmp_path):
     source = ScriptedSource(held={0}, release_after=3)
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=1, num_steps=4)
-    assert learner.run(source, RecordingSink()) == "done"
+    assert train_alone(learner, source, RecordingSink()) == "done"
     records = read_metrics(tmp_path)
     assert sum(r["num_dropped_groups"] for r in records) == 1
     assert all(r["staleness_max"] <= 1 for r in records)
@@ -191,17 +193,40 @@ def test_staleness_bound_limits_launches_and_drops_a_late_group(tiny_model_dir, 
 def test_stop_and_resume_ends_with_the_weights_of_an_uninterrupted_run(tiny_model_dir,
                                                                        tmp_path):
     straight = _learner(tiny_model_dir, tmp_path / "straight", max_staleness=1)
-    straight.run(ScriptedSource(), RecordingSink())
+    train_alone(straight, ScriptedSource(), RecordingSink())
 
     stop = threading.Event()
     first = _learner(tiny_model_dir, tmp_path / "resumed", max_staleness=1)
-    assert first.run(ScriptedSource(), RecordingSink(stop_at=1, stop=stop), stop) == "stopped"
+    sink = RecordingSink(stop_at=1, stop=stop)
+    assert train_alone(first, ScriptedSource(), sink, stop) == "stopped"
     resumed = Learner.restore(first.config, first.loss, first.advantage_config,
                               tiny_model_dir, tmp_path / "resumed")
     assert resumed.state.step == 1 and resumed.state.num_resumes == 1
     source = ScriptedSource()
-    assert resumed.run(source, RecordingSink()) == "done"
+    assert train_alone(resumed, source, RecordingSink()) == "done"
     assert all(group_id.endswith("-r1") for _, _, group_id in source.launches)
     for name, value in straight.policy.model.named_parameters():
         assert torch.equal(dict(resumed.policy.model.named_parameters())[name], value), name
     assert [r["step"] for r in read_metrics(tmp_path / "resumed")] == [1, 2, 3]
+
+
+class SilentSource:
+    """A rollout source whose groups never finish."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, request):
+        self.launches.append(request.index)
+
+    def wait(self, timeout_s):
+        time.sleep(min(timeout_s, 0.01))
+        return []
+
+
+def test_no_group_finishing_within_the_timeout_stops_the_run(tiny_model_dir, tmp_path):
+    source = SilentSource()
+    learner = _learner(tiny_model_dir, tmp_path, max_staleness=0, group_timeout_s=0.2)
+    with pytest.raises(TimeoutError, match=r"learner\.group_timeout_s=0\.2; are the rollouts"):
+        train_alone(learner, source, RecordingSink())
+    assert source.launches == [0] and read_metrics(tmp_path) == []

@@ -10,6 +10,7 @@ from undertow.gateway.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.errors import RunFailedError
+from undertow.learner.loop import train_alone
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.train import FinishedGroup, Learner
@@ -76,7 +77,7 @@ def test_a_step_with_nothing_trainable_is_not_trained_and_more_groups_come(
         tiny_model_dir, tmp_path, capsys):
     source = PlannedSource(lambda i, g: _no_calls(i, g) if i == 0 else _normal(i, g))
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=0)
-    assert learner.run(source, NullSink()) == "done"
+    assert train_alone(learner, source, NullSink()) == "done"
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["num_dropped_invalid"] == 1 and source.launches == [0, 1, 2]
@@ -94,7 +95,7 @@ def test_uniform_groups_are_dropped_up_to_the_bound(tiny_model_dir, tmp_path):
     source = PlannedSource(plan)
     advantages = AdvantageConfig(filter_uniform_groups=True, max_extra_groups=2)
     learner = _learner(tiny_model_dir, tmp_path, advantages, max_staleness=0, num_steps=1)
-    assert learner.run(source, NullSink()) == "done"
+    assert train_alone(learner, source, NullSink()) == "done"
     (record,) = read_metrics(tmp_path)
     # Groups 0 and 1 dropped (the bound: 2 extra), group 2 trained although uniform.
     assert record["num_dropped_uniform"] == 2 and source.launches == [0, 1, 2]
@@ -104,7 +105,7 @@ def test_uniform_groups_are_dropped_up_to_the_bound(tiny_model_dir, tmp_path):
 def test_failed_sessions_are_counted_and_never_trained(tiny_model_dir, tmp_path):
     source = PlannedSource(lambda i, g: _failed(i, g, num_valid=2))
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=0)
-    assert learner.run(source, NullSink()) == "done"
+    assert train_alone(learner, source, NullSink()) == "done"
     records = read_metrics(tmp_path)
     assert all(r["num_sessions"] == 2 for r in records)   # of 3: only the valid ones
     assert all(r["infra_failures"] == {"error:sandbox": 1} for r in records)
@@ -115,7 +116,7 @@ def test_groups_left_with_one_valid_session_are_replaced(tiny_model_dir, tmp_pat
     source = PlannedSource(lambda i, g: _failed(i, g, num_valid=1) if i % 2 == 0
                            else _normal(i, g))
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=0)
-    assert learner.run(source, NullSink()) == "done"
+    assert train_alone(learner, source, NullSink()) == "done"
     records = read_metrics(tmp_path)
     assert [r["num_dropped_invalid"] for r in records] == [1, 1]
     assert source.launches == [0, 1, 2, 3]
@@ -127,5 +128,5 @@ def test_groups_whose_every_session_failed_stop_the_run_with_one_error(tiny_mode
     learner = _learner(tiny_model_dir, tmp_path, max_staleness=0, max_failed_groups=3)
     with pytest.raises(RunFailedError, match=r"the last 3 groups.*every session failed with "
                        r"error:sandbox.*the daemon refused the container"):
-        learner.run(source, NullSink())
+        train_alone(learner, source, NullSink())
     assert source.launches == [0, 1, 2] and read_metrics(tmp_path) == []

@@ -18,7 +18,7 @@ from undertow.config import build_section, read_config
 from undertow.gateway.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import LONG_PATHS, TrainConfig
-from undertow.learner.elastic.loop import ElasticLearner
+from undertow.learner.elastic.learner import ElasticLearner
 from undertow.learner.elastic.step import Coordinator, Member
 from undertow.learner.errors import MicroBatchTooLongError
 from undertow.learner.losses import LossConfig

@@ -40,7 +40,7 @@ from undertow.learner.trees import load_store_tree
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
 RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
-# Written by a pool run (`learner/elastic/loop.py`): every decision and step with the cells' roles.
+# Written by every run (`learner/loop.py`): every decision and step with the cells' roles.
 POOL_TIMELINE_FILE = "pool_timeline.jsonl"
 # Bad lines listed per file; a run whose every line is damaged names a few, then counts.
 MAX_LINE_PROBLEMS = 5

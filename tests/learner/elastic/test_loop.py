@@ -1,4 +1,4 @@
-"""The pool run's loop (`learner/elastic/loop.py`): it streams each step's groups into the
+"""The pool run's loop (`learner/loop.py` with `ElasticLearner`): it streams each step's groups into the
 open elastic step as they finish, and a stopped run resumes from its checkpoint.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
@@ -27,9 +27,10 @@ from tests.learner.random_trees import build_random_tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import latest_checkpoint, load_checkpoint
 from undertow.learner.config import TrainConfig
+from undertow.learner.elastic.learner import ElasticLearner
 from undertow.learner.elastic.local import LocalPool, ThreadMembers
-from undertow.learner.elastic.loop import ElasticLearner, PoolLoop, read_timeline
 from undertow.learner.elastic.step import Coordinator
+from undertow.learner.loop import RunLoop, read_timeline
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.pool import Cell, make_policy
@@ -66,12 +67,22 @@ class ScriptedSource:
                 self.held = []
         assert time.monotonic() < self.deadline, "the step never trained its first group"
         ready, self.ready = self.ready, []
-        return [FinishedGroup(r.index, build_random_tree(r.index + 1, r.group_id)) for r in ready]
+        return [FinishedGroup(r.index, _sampled_by(build_random_tree(r.index + 1, r.group_id),
+                                                   r.weight_version)) for r in ready]
 
     def _appended_groups_trained(self):
         coordinator = self.coordinator
         return (coordinator.step_open and coordinator.num_micro_batches > 0
                 and coordinator.num_claimed() > coordinator.num_micro_batches)
+
+
+def _sampled_by(tree, weight_version):
+    """The tree with its sampled tokens stamped with the launch's weight version, as the
+    gateway records them."""
+    for node in tree.nodes.values():
+        if node.trainable:
+            node.weight_versions = [weight_version] * len(node.token_ids)
+    return tree
 
 
 class IdleRollout:
@@ -107,7 +118,7 @@ def _run(tiny_model_dir, run_dir, resume=False, interrupt_at=None):
                      members, weight_version=learner.state.step)
     pushes = Pushes()
     try:
-        outcome = PoolLoop(learner, pool, make_policy("elastic"), source, pushes, IdleRollout(),
+        outcome = RunLoop(learner, pool, make_policy("elastic"), source, pushes, IdleRollout(),
                            stop).run()
     finally:
         members.close()

@@ -1,4 +1,4 @@
-"""Which finished groups a pool run trains (`learner/elastic/loop.py` with `admission.py`):
+"""Which finished groups a pool run trains (`learner/loop.py` with `admission.py`):
 the plain loop's rules, carried out inside the pool's steps.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
@@ -34,10 +34,11 @@ from tests.learner.test_train_admission import (
 )
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
+from undertow.learner.elastic.learner import ElasticLearner
 from undertow.learner.elastic.local import LocalPool, ThreadMembers
-from undertow.learner.elastic.loop import ElasticLearner, PoolLoop, read_timeline
 from undertow.learner.elastic.step import Coordinator
 from undertow.learner.errors import RunFailedError
+from undertow.learner.loop import RunLoop, read_timeline
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.pool import Cell, make_policy
@@ -94,7 +95,7 @@ def _pool_run(tiny_model_dir, run_dir, plan, advantages, hold=None, resume=False
     source = HoldingSource(plan, hold, stop)
     pool = LocalPool([Cell(i, num_session_slots=2) for i in range(3)], RecordingEngines(range(3)),
                      members, weight_version=learner.state.step)
-    loop = PoolLoop(learner, pool, make_policy("elastic"), source, NullSink(), IdleRollout(),
+    loop = RunLoop(learner, pool, make_policy("elastic"), source, NullSink(), IdleRollout(),
                     stop, on_step=records.append)
     try:
         outcome = loop.run()

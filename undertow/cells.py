@@ -25,12 +25,19 @@ with a `pool` section, and the run's `WeightSink`:
 
 The pool calls these from the learner's thread; the engines are started and stopped on the
 run's asyncio loop, the gateway is reached through its admin API (`gateway_link`).
+
+`CellPool` is the pool run's side of `train_run._train` (the other is `train_run.OneCell`):
+the `ElasticLearner` with its `Coordinator` and one learner member per training cell
+(processes here, Ray actors with `pool.backend: ray`: `pool_backends.py`), the gateway with
+no engine of its own, these slots, `elastic.local.LocalPool` and the policy `pool.policy`
+names.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +197,111 @@ class GatewayEngineSlots:
 async def _gather(coroutines: list) -> list:
     """Every coroutine's result or exception, in order."""
     return await asyncio.gather(*coroutines, return_exceptions=True)
+
+
+class RunParts:
+    """What `_train` runs the loop with: the gateway's URL as rollouts reach it and its
+    admin link, where weights go (`sink`), the session counts the policy reads
+    (`sessions`), the pool and its policy, and a few words for the start line."""
+
+    def __init__(self, url: str, admin: Any, sink: Any, sessions: Any, pool: Any,
+                 policy: Any, description: str):
+        self.url, self.admin, self.sink, self.sessions = url, admin, sink, sessions
+        self.pool, self.policy, self.description = pool, policy, description
+
+
+class ResidentMembers:
+    """`MemberSlots` whose member processes outlive their cell's training turns.
+
+    `ProcessMembers` ends a member when its cell returns to rollout, so every move to
+    training pays a process start and a model load (about 10 s on a busy 2-core machine).
+    Here a cell's member is started on its first move and stays, idle and holding its
+    model in memory, while the cell serves; `stop` only lets it be. That is safe because
+    a member works through the steps it is sent in order and one it is sent too late for
+    is refused at once (`Member.join` returns False when the roster has closed).
+    """
+
+    def __init__(self, members: Any):
+        self.members = members
+
+    def start(self, cell_id: int) -> None:
+        if cell_id not in self.members.running:
+            self.members.start(cell_id)
+
+    def join(self, cell_id: int, step: int) -> None:
+        self.members.join(cell_id, step)
+
+    def stop(self, cell_id: int) -> None:
+        return None
+
+    def close(self) -> None:
+        self.members.close()
+
+
+@contextlib.contextmanager
+def engineless_gateway(loop: asyncio.AbstractEventLoop, model_dir: Path,
+                       store_dir: Path, host: str = "127.0.0.1") -> Iterator[Any]:
+    """The gateway, started on `loop` with no engine (the cells add theirs), bound to
+    `host`."""
+    from undertow.embedded import held_on, serve_gateway
+
+    with held_on(loop, serve_gateway(model_dir, store_dir, (), host=host)) as gateway:
+        yield gateway
+
+
+class CellPool:
+    """The run with a `pool` section, on `backend` (`pool_backends.pool_backend`): see the
+    module docstring. `serve` is entered once the learner exists; `close` ends the members
+    and the coordinator."""
+
+    def __init__(self, sections: Any, backend: Any):
+        from undertow.learner.elastic.learner import ElasticLearner
+
+        self.sections, self.backend = sections, backend
+        self.learner_class = ElasticLearner
+        self.coordinator: Any = None
+        self.members: Any = None
+
+    @contextlib.contextmanager
+    def serve(self, loop: asyncio.AbstractEventLoop, learner: Any, model_dir: Path,
+              weights: tuple[Path, int]) -> Iterator[Any]:
+        from undertow.learner.elastic.local import LocalPool
+        from undertow.learner.gateway_link import GatewayLink
+        from undertow.learner.pool import Cell, make_policy
+
+        run, config, pool = self.sections.run, self.sections.learner, self.sections.pool
+        self._start_members(learner, model_dir)
+        with engineless_gateway(loop, model_dir, run.run_dir / "store",
+                                self.backend.gateway_host) as gateway:
+            admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+            slots = self.backend.engine_slots(loop, admin, model_dir, run.run_dir / "engines",
+                                              pool.threads_per_cell, config.push_mode)
+            slots.weights = weights
+            try:
+                cells = [Cell(i, num_session_slots=pool.num_session_slots)
+                         for i in range(pool.num_cells)]
+                slots.start_all([cell.cell_id for cell in cells])
+                cell_pool = LocalPool(cells, slots, self.members, weight_version=weights[1])
+                yield RunParts(self.backend.advertised_url(gateway.url), admin, slots, slots,
+                                  cell_pool, make_policy(pool.policy_spec()),
+                                  f"{pool.num_cells} cells ({pool.policy}, {pool.backend})")
+            finally:
+                slots.close()
+
+    def _start_members(self, learner: Any, model_dir: Path) -> None:
+        from undertow.learner.elastic.step import Coordinator
+
+        pool, loss = self.sections.pool, self.sections.loss
+        self.coordinator = learner.coordinator = Coordinator(
+            learner.policy, self.sections.run.run_dir / "elastic", timeout_s=pool.timeout_s)
+        members = self.backend.members(
+            self.coordinator.address, model_dir, timeout_s=pool.timeout_s,
+            num_threads=pool.threads_per_cell, learner=self.sections.learner,
+            reference_dir=str(model_dir) if loss.kl_coef else None)
+        self.members = ResidentMembers(members) if pool.resident_members else members
+
+    def close(self) -> None:
+        if self.members is not None:
+            self.members.close()
+        if self.coordinator is not None:
+            self.coordinator.close()

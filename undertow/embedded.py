@@ -6,7 +6,7 @@ engine URLs are given), serves the gateway in this process (by default on a free
 `undertow rollout`, `undertow train` and `undertow serve` use it. This is composition-root
 wiring, so it lives in `undertow/` and may import every part.
 
-`held_on(loop, manager)` is how the sync runs (`train_run.py`, `pool_run.py`) hold such
+`held_on(loop, manager)` is how the sync run (`train_run.py`, `cells.py`) holds such
 services: entered and exited on the asyncio loop of their background thread.
 """
 

@@ -1,8 +1,8 @@
 """Where a pool run's cells run: this machine's processes (`local`) or a Ray cluster (`ray`).
 
-`pool_run.train_with_pool` asks the backend that `pool.backend` names for three things,
-and the rest of the run (the policy, `LocalPool`, `PoolLoop`, the elastic step) is the
-same code on both:
+`cells.CellPool` asks the backend that `pool.backend` names for three things, and the rest
+of the run (the policy, `LocalPool`, the one loop `learner/loop.py`, the elastic step) is
+the same code on both:
 
 - `members(address, ...)`, the training side (`elastic.local.MemberSlots`): `ProcessMembers`
   here, `elastic.ray_members.RayMembers` on Ray (each training cell a placement group, each
@@ -224,7 +224,7 @@ class RecordedRayMembers(RayMembers):
 
     @property
     def running(self) -> dict[int, Any]:
-        """The started cells (what `pool_run.ResidentMembers` looks up)."""
+        """The started cells (what `cells.ResidentMembers` looks up)."""
         return self.groups
 
     def stop(self, cell_id: int) -> None:

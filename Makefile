@@ -154,7 +154,7 @@ device-check:
 # pyright ([tool.pyright] in pyproject.toml, which says why) reads `undertow.*` from a
 # package root of symlinks, rebuilt on every run: undertow/'s entries and the four parts'
 # folders. Any error fails the target.
-PYRIGHT_ROOT := .cache/pyright/undertow
+PYRIGHT_ROOT := build/pyright/undertow
 lint: setup
 	$(PY) -m ruff check .
 	rm -rf $(PYRIGHT_ROOT) && mkdir -p $(PYRIGHT_ROOT)

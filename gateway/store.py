@@ -252,11 +252,13 @@ class TreeStore:
 
     async def start(self) -> None:
         self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
-        self._writer = asyncio.create_task(self._sync_forever(), name="tree-store-writer")
+        self._writer = asyncio.create_task(self._sync_forever(self._wakeup, self._closing),
+                                           name="tree-store-writer")
 
     async def close(self) -> None:
         """Fsyncs whatever was written, then closes the files."""
         if self._writer is not None:
+            assert self._closing is not None and self._wakeup is not None, "start() set them"
             self._closing.set()
             self._wakeup.set()
             await asyncio.gather(self._writer, return_exceptions=True)
@@ -331,18 +333,18 @@ class TreeStore:
             group_file = self._files[group] = _GroupFile(fd, os.fstat(fd).st_size, path)
         return group_file
 
-    async def _sync_forever(self) -> None:
+    async def _sync_forever(self, wakeup: asyncio.Event, closing: asyncio.Event) -> None:
         """Fsyncs the files written since the last round: at once in `fsync` mode (then
         resolves the submits that waited for it), at most `fsync_interval_s` after
         their first unsynced write in `flush` mode."""
-        while not self._closing.is_set():
-            await self._wakeup.wait()
-            self._wakeup.clear()
+        while not closing.is_set():
+            await wakeup.wait()
+            wakeup.clear()
             if not self._unsynced:
                 continue
             if self.sync == "flush":
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), self.fsync_interval_s)
+                    await asyncio.wait_for(closing.wait(), self.fsync_interval_s)
             waiters, self._waiters = self._waiters, []
             try:
                 await asyncio.to_thread(self._fsync_groups, self._take_unsynced())

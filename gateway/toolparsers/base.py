@@ -67,6 +67,12 @@ class ToolParser(Protocol):
     def finish(self) -> list[Event]: ...
 
 
+def every_call(calls: list[ToolCall | None]) -> list[ToolCall] | None:
+    """`calls` when there are some and each was read (not None), else None."""
+    read = [call for call in calls if call is not None]
+    return read if read and len(read) == len(calls) else None
+
+
 def partial_tag_length(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for length in range(min(len(tag) - 1, len(text)), 0, -1):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from undertow.gateway.toolparsers.base import ToolCall
+from undertow.gateway.toolparsers.base import ToolCall, every_call
 from undertow.gateway.toolparsers.tagged import TaggedParser
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -45,7 +45,7 @@ class DeepSeekParser(TaggedParser):
     single_call_stop = CALL_END
 
     def read_block(self, block: str) -> list[ToolCall] | None:
-        calls = [read_call(match) for match in CALL.findall(block)]
-        if not calls or None in calls or CALL.sub("", block).strip():
+        calls = every_call([read_call(match) for match in CALL.findall(block)])
+        if calls is None or CALL.sub("", block).strip():
             return None
         return calls

@@ -62,7 +62,7 @@ class ForcedCallsParser:
             values = json.loads(text)
         except json.JSONDecodeError:
             return [Unparsed(text)] if text else []
-        calls = [ToolCall(value["name"], value["parameters"]) for value in values
+        calls: list[Event] = [ToolCall(value["name"], value["parameters"]) for value in values
                  if isinstance(value, dict) and isinstance(value.get("name"), str)
                  and isinstance(value.get("parameters"), dict)] if isinstance(values, list) else []
         return calls if calls and len(calls) == len(values) else [Unparsed(text)]

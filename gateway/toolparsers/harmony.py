@@ -112,6 +112,6 @@ class HarmonyParser:
             arguments = json.loads(body)
         except json.JSONDecodeError:
             arguments = None
-        if not isinstance(arguments, dict):
+        if not isinstance(arguments, dict) or recipient is None:  # (the `call` state has one)
             return Unparsed(self._header + MESSAGE + body + tag)
         return ToolCall(recipient.removeprefix("functions."), arguments)

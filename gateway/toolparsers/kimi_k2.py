@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from undertow.gateway.toolparsers.base import Event, ToolCall, partial_tag_length
+from undertow.gateway.toolparsers.base import Event, ToolCall, every_call, partial_tag_length
 from undertow.gateway.toolparsers.tagged import TaggedParser
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -53,7 +53,7 @@ class KimiK2Parser(TaggedParser):
         return (super().feed(held) if held else []) + super().finish()
 
     def read_block(self, block: str) -> list[ToolCall] | None:
-        calls = [read_call(name, arguments) for name, arguments in CALL.findall(block)]
-        if not calls or None in calls or CALL.sub("", block).strip():
+        calls = every_call([read_call(name, arguments) for name, arguments in CALL.findall(block)])
+        if calls is None or CALL.sub("", block).strip():
             return None
         return calls

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from undertow.gateway.toolparsers.base import Content, Event, ToolCall, Unparsed
+from undertow.gateway.toolparsers.base import Content, Event, ToolCall, Unparsed, every_call
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -76,7 +76,5 @@ class Llama3JsonParser:
         values = read_objects(text.strip().removeprefix(PYTHON_TAG))
         if values is None:
             return [Unparsed(text)]
-        calls = [as_call(value) for value in values]
-        if calls and None not in calls:
-            return calls
-        return [Content(text)]
+        calls = every_call([as_call(value) for value in values])
+        return [*calls] if calls is not None else [Content(text)]

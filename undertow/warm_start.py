@@ -2,7 +2,7 @@
 
 A policy from random weights spreads its mass over the whole vocabulary, so group
 sampling almost never meets a rewarded reply and RL has nothing to reinforce
-(/work/shared/MEASUREMENTS.md: 30 steps, no change). A task row of a prompt task set
+(30 steps from random weights learned nothing). A task row of a prompt task set
 (`adapters/chat_rollout.py`) may list `warm_start` replies; before the first RL
 step, `undertow train` imitates all of them equally (`learner/sft.py`), so that
 the policy samples each about equally often, and RL then has to find the rewarded

@@ -17,8 +17,8 @@ second on each training cell (shared prefixes are counted once, as the tree pack
 optimizer step and a weight sync that do not depend on the batch. `train_unit` says what becomes
 trainable when: a whole `group` once its last session ends (group-relative advantages need every
 reward; the default), or each `session` as it ends (a baseline that needs no group).
-Role switches cost QwenGyre's measured 8.52 s (rollout -> training) and 3.46 s
-(training -> rollout) by default.
+By default a role switch costs what QwenGyre measured (`switch_to_training_s`,
+`switch_to_rollout_s`).
 """
 
 import dataclasses

@@ -26,11 +26,10 @@ summation order, for one or two rows than for many; with the padding a row's pro
 the same whether it runs alone or in a batch of 32.
 
 On the CPU the linear weights are packed once, at load, into oneDNN's blocked layout
-(`pack_linear`, `linear`): its packed GEMM reads them faster than the unpacked F.linear
-(measured on Qwen2.5-0.5B's layers here: 2.1x at one row in bfloat16, 1.4x at 32, 1.3-2.3x in
-float32). Prompts admitted together are prefilled in one pass (`prefill_many`): their rows go
-through each linear layer together, so its weights are read once for all of them, and each
-request attends to its own slot.
+(`pack_linear`, `linear`): its packed GEMM reads them 1.3-2.3x faster than the unpacked
+F.linear (Qwen2.5-0.5B's layers). Prompts admitted together are prefilled in one pass
+(`prefill_many`): their rows go through each linear layer together, so its weights are read
+once for all of them, and each request attends to its own slot.
 
 Device and precision (`resolve_device`, `resolve_dtype`): float32 on the CPU (everything
 above), bfloat16 weights and KV on CUDA by default. The weights and the KV live on the

@@ -27,10 +27,9 @@ admitted meanwhile. Chunking changes only where the prompt is cut, not what is c
 chunk attends to the KV of the chunks before it exactly as a cached prefix is attended to.
 With no other request decoding there is no latency to protect (a request arriving meanwhile
 waits for the whole prompt either way), so a chunk may then cost up to `max_prefill_tokens`:
-a 2,000-token prompt to an idle engine goes in one pass. Cutting it into 256-token-equivalent
-chunks cost 5% more CPU on one thread and 2.4x the time on two threads of this shared machine
-(Qwen2.5-Coder-0.5B in bf16: 44 s vs 18 s), where every extra pass adds hundreds of
-synchronisations between the threads.
+a 2,000-token prompt to an idle engine goes in one pass (chunked, it took 2.4x the time on two
+threads: every extra pass adds hundreds of synchronisations between them). What chunking does
+to the other requests' inter-token latency: benchmarks/README.md, Engine.
 """
 
 import concurrent.futures

@@ -25,16 +25,8 @@ CUDA, or more processes per cell than GPUs, is refused naming the field) and res
 `devices.local_device_index(c, r, ...)`, and a sharded cell's processes form their
 mesh over NCCL (`sharded_cell.cell_main`).
 
-Carrying out a decision:
-    MoveToTraining(c)  rollout -> switching: drain c's engine; switching -> training:
-                       start c's member and, if a step is open, send it in (it joins
-                       between micro-steps).
-    MoveToRollout(c)   training -> switching: stop c's member; switching -> rollout:
-                       serve the newest weights on c.
-    StartTraining(s)   the step is open: every training cell joins s now, later
-                       arrivals join on arrival.
-    DispatchBatch(s)   handed to the caller's `dispatch` callback (the rollout runner).
-`step_published(s)` closes the step and advances the weight version.
+`carry_out` takes each decision through `SWITCHING` and the two interfaces; a cell that
+arrives in training while a step is open joins it between micro-steps.
 """
 
 from __future__ import annotations

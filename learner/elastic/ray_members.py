@@ -25,17 +25,11 @@ CUDA_VISIBLE_DEVICES). The step's final sum stays gloo's, over CPU copies.
 
 A cell's custom resource (`cell_resource`) lets a cluster pin a cell to the node that
 holds its devices: declare it on that node (`ray start --resources`) and ask for it in
-`RayCell.resources_per_member`. The engine side (`EngineSlots`) stays with the gateway.
+`RayCell.resources_per_member`; a cluster that declares none places cells anywhere
+(`pinned_resources`). The engine side (`EngineSlots`) stays with the gateway.
 
-`local_cluster` starts a single-node Ray instance for tests and for one-machine runs:
-loopback only, no dashboard, no usage reporting, token authentication with a token
-that lives only in this process's environment, its files under a given directory.
-Ray is an optional dependency (the `cluster` extra); this module imports it only when
-used.
-
-`connect` is the Ray of one run: the cluster at an address, or a one-machine instance
-(`local_cluster`) when none is given; `pinned_resources` asks for a cell's resource only
-where the cluster declares it, so a cluster without them places cells anywhere.
+`connect` gives a run its Ray: a cluster, or a one-machine instance (`local_cluster`, also
+the tests'). Ray is an optional dependency (the `cluster` extra), imported only when used.
 
 Multi-node clusters: members reach the coordinator's store at the address they are
 given; `Coordinator.address` names 127.0.0.1, but its store listens on every interface,

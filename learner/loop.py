@@ -364,7 +364,7 @@ class RunLoop:
         model_dir = self.learner.save(self._is_checkpoint_step())
         self.sink.push(model_dir, self.state.step)
         self.pool.step_published(batch.step)
-        open_s = time.perf_counter() - batch.opened_s
+        open_s = time.perf_counter() - (batch.opened_s or batch.dispatched_s)
         values.update(rollout_s=rollout_s, train_s=train_s,
                       sync_s=time.perf_counter() - sync_started_s,
                       step_s=time.perf_counter() - batch.dispatched_s,
@@ -429,7 +429,11 @@ class _NoMembers:
     def start(self, cell_id: int) -> None:
         raise CellPoolError("the one-cell pool has no learner members")
 
-    join = stop = start
+    def join(self, cell_id: int, step: int) -> None:
+        self.start(cell_id)
+
+    def stop(self, cell_id: int) -> None:
+        self.start(cell_id)
 
 
 class OneEngine:

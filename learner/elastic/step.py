@@ -94,6 +94,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import PrefixStore, Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public in torch's docs; re-exported without __all__
 
 from undertow.learner.config import TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, LearnerError
@@ -176,11 +177,11 @@ def use_scoring_options(options: dict[str, int], *policies: PolicyModel | None) 
             policy.max_segment_tokens = options["max_segment_tokens"]
 
 
-def step_store(store: dist.Store, step: int) -> dist.PrefixStore:
-    return dist.PrefixStore(f"step/{step}/", store)
+def step_store(store: Store, step: int) -> PrefixStore:
+    return PrefixStore(f"step/{step}/", store)
 
 
-def _process_group(backend: str, store: dist.Store, rank: int, size: int,
+def _process_group(backend: str, store: Store, rank: int, size: int,
                    timeout_s: float) -> Any:
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
@@ -193,13 +194,13 @@ def _process_group(backend: str, store: dist.Store, rank: int, size: int,
                           "or 'nccl' with a CUDA build of torch")
 
 
-def reduce_to_coordinator(backend: str, store: dist.Store, rank: int, size: int,
+def reduce_to_coordinator(backend: str, store: Store, rank: int, size: int,
                            buffer: torch.Tensor, timeout_s: float) -> None:
     """Sums `buffer` over the step's group into rank 0's `buffer`, in a group formed for
     this call only (a PrefixStore keeps its keys apart from the step's)."""
-    group = _process_group(backend, dist.PrefixStore("group/", store), rank, size, timeout_s)
+    group = _process_group(backend, PrefixStore("group/", store), rank, size, timeout_s)
     options = dist.ReduceOptions()
-    options.rootRank, options.reduceOp = 0, dist.ReduceOp.SUM
+    options.rootRank, options.reduceOp = 0, dist.ReduceOp(dist.ReduceOp.SUM)
     group.reduce([buffer], options).wait()
 
 
@@ -250,12 +251,12 @@ class Coordinator:
         # still accepted so that the pools' calls stay as they are.
         del work_dir
         self.policy, self.backend, self.timeout_s = policy, backend, timeout_s
-        self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s))
+        self.store = TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
         self._step: int | None = None
         self._config: LossConfig | None = None
         self._num_micro_batches = self._num_chunks = self._count = 0
-        self._aborted: tuple[dist.PrefixStore, int] | None = None
+        self._aborted: tuple[PrefixStore, int] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -288,9 +289,10 @@ class Coordinator:
     def append(self, chunk: PackedStep) -> None:
         """Adds the micro-batches of `chunk` (the packed trees of whole, complete groups)
         to the step's queue, claimable at once."""
-        store = self._open_store()
+        step, config = self._open_step()
+        store = step_store(self.store, step)
         put_blob(store, f"chunk/{self._num_chunks}", encode_step(chunk))
-        self._count += step_count(self._config, chunk)
+        self._count += step_count(config, chunk)
         for index in range(len(chunk.micro_batches)):
             store.set(f"mb/{self._num_micro_batches}",
                       json.dumps({"chunk": self._num_chunks, "index": index}))
@@ -318,7 +320,8 @@ class Coordinator:
         sums the members' gradients, divides by the step's count into the policy's
         `.grad`, and returns what happened. Raises EmptyStepError (the step aborted) if
         no term was appended."""
-        step, store = self._step, self._open_store()
+        step = self._open_step()[0]
+        store = step_store(self.store, step)
         if self._count == 0:
             self.abort_step()
             raise EmptyStepError(f"step {step}: no trainable token was appended; check "
@@ -366,19 +369,23 @@ class Coordinator:
         """Stops serving the store (members still attached will time out)."""
         del self.store
 
-    def _open_store(self) -> dist.PrefixStore:
-        if self._step is None:
+    def _open_step(self) -> tuple[int, LossConfig]:
+        """The open step's number and loss (`open_step` sets both)."""
+        if self._step is None or self._config is None:
             raise MembershipError("no step is open; call open_step first")
-        return step_store(self.store, self._step)
+        return self._step, self._config
+
+    def _open_store(self) -> PrefixStore:
+        return step_store(self.store, self._open_step()[0])
 
     @staticmethod
-    def _remove_payloads(store: dist.PrefixStore, num_chunks: int) -> None:
+    def _remove_payloads(store: PrefixStore, num_chunks: int) -> None:
         """Frees a step's weights and chunks in the store (the small keys stay)."""
         delete_blob(store, "weights")
         for index in range(num_chunks):
             delete_blob(store, f"chunk/{index}")
 
-    def _close_roster(self, store: dist.PrefixStore) -> list[str]:
+    def _close_roster(self, store: PrefixStore) -> list[str]:
         while True:
             current = store.get("membership").decode()
             names = current.split(":", 1)[1]
@@ -386,7 +393,7 @@ class Coordinator:
             if store.compare_set("membership", current, closed).decode() == closed:
                 return names.split(",") if names else []
 
-    def _wait(self, store: dist.PrefixStore, key: str) -> None:
+    def _wait(self, store: PrefixStore, key: str) -> None:
         """Waits for `key`, failing fast if a member reported an error."""
         deadline = time.monotonic() + self.timeout_s
         while not store.check([key]):
@@ -417,8 +424,8 @@ class Member:
         if "," in name or ":" in name:
             raise ValueError(f"member name {name!r} must not contain ',' or ':'")
         self.name, self.backend, self.timeout_s = name, backend, timeout_s
-        self.store = dist.TCPStore(address[0], address[1], is_master=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s))
+        self.store = TCPStore(address[0], address[1], is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
         self.policy, self.reference, self.placement = load_member_policies(
             learner, model_dir, reference_dir, device_index)
 
@@ -446,7 +453,7 @@ class Member:
         self.policy.model.zero_grad(set_to_none=True)
         return world_size > 0
 
-    def _register(self, store: dist.PrefixStore) -> int | None:
+    def _register(self, store: PrefixStore) -> int | None:
         while True:
             current = store.get("membership").decode()
             if not current.startswith(OPEN):
@@ -456,7 +463,7 @@ class Member:
             if store.compare_set("membership", current, wanted).decode() == wanted:
                 return len(names) + 1
 
-    def _train(self, store: dist.PrefixStore) -> dict[str, Any]:
+    def _train(self, store: PrefixStore) -> dict[str, Any]:
         spec = json.loads(store.get("spec"))
         load_weights(self.policy.model, get_blob(store, "weights"))
         digest = weights_digest(self.policy.model)

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed import PrefixStore, TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public in torch's docs; re-exported without __all__
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from undertow.learner.config import TrainConfig
 from undertow.learner.elastic.step import (
@@ -79,19 +80,23 @@ class CellMember:
                  learner: TrainConfig = CPU_LEARNER):
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.name, self.backend, self.timeout_s = name, backend, timeout_s
-        self.store = None
+        self.store: TCPStore | None = None
         if self.rank == 0:
-            self.store = dist.TCPStore(address[0], address[1], is_master=False,
-                                       timeout=datetime.timedelta(seconds=timeout_s))
+            if address is None:
+                raise ValueError(f"cell {name}: its leader (rank 0) needs the coordinator's "
+                                 "store address")
+            self.store = TCPStore(address[0], address[1], is_master=False,
+                                  timeout=datetime.timedelta(seconds=timeout_s))
         # The process's GPU is already current (`cell_main`), so no index here.
         self.policy, _, _ = load_member_policies(learner, model_dir, None, None)
         shard_policy(self.policy, mesh, learner.mixed_precision)
-        self.device = next(self.policy.model.parameters()).to_local().device
+        self.device = _sharded(next(self.policy.model.parameters())).to_local().device
 
     def join(self, step: int) -> bool:
         """The cell's share of `step`; False if it came too late or the step aborted."""
         store = step_store(self.store, step) if self.store is not None else None
-        rank_in_step = self._register(store) if store is not None else None
+        # The leader's rank in the step is broadcast (0: refused); the others' is unused.
+        rank_in_step = self._register(store) if store is not None else 0
         if not self._broadcast_json({"rank": rank_in_step})["rank"]:
             return False
         spec = self._broadcast_json(json.loads(store.get("spec")) if store else None)
@@ -110,7 +115,7 @@ class CellMember:
         self.policy.model.zero_grad(set_to_none=True)
         return world_size > 0
 
-    def _register(self, store) -> int:
+    def _register(self, store: PrefixStore) -> int:
         store.wait(["spec"])
         while True:
             current = store.get("membership").decode()
@@ -187,13 +192,13 @@ class CellMember:
         with torch.no_grad():
             for name, parameter in self.policy.model.named_parameters():
                 full = tensors[name].to(self.device, parameter.dtype)
-                parameter.copy_(distribute_tensor(full, parameter.device_mesh,
-                                                  parameter.placements))
+                shard = _sharded(parameter)
+                parameter.copy_(distribute_tensor(full, shard.device_mesh, shard.placements))
 
     def _whole_gradient(self) -> torch.Tensor:
         """(P,) the cell's summed gradient, whole, in `named_parameters` order (a
         collective; the leader's is the one used)."""
-        grads = [p.grad.full_tensor() if p.grad is not None
+        grads = [_sharded(p.grad).full_tensor() if p.grad is not None
                  else torch.zeros(p.shape, device=self.device)
                  for p in self.policy.model.parameters()]
         return torch.cat([g.reshape(-1) for g in grads]).to(self.device)
@@ -236,6 +241,14 @@ def cell_device_type(device: str, cuda_available: bool) -> str:
     return "cuda" if device == "cuda" or (device == "auto" and cuda_available) else "cpu"
 
 
+def _sharded(tensor: torch.Tensor) -> DTensor:
+    """`tensor` (a parameter or its gradient) as the DTensor `shard_policy` made it."""
+    if not isinstance(tensor, DTensor):
+        raise TypeError(f"expected a sharded tensor (DTensor), got {type(tensor).__name__}; "
+                        "shard the policy with shard_policy first")
+    return tensor
+
+
 def _wait_get(store, key: str) -> bytes:
     store.wait([key])
     return store.get(key)
@@ -258,8 +271,8 @@ def cell_main(rank: int, size: int, cell_address: tuple[str, int], address: tupl
     device_type = cell_device_type(learner.device, torch.cuda.is_available())
     if device_type == "cuda" and device_index is not None:
         torch.cuda.set_device(device_index)
-    store = dist.TCPStore(cell_address[0], cell_address[1], is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = TCPStore(cell_address[0], cell_address[1], is_master=False,
+                     timeout=datetime.timedelta(seconds=timeout_s))
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store,
                             rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout_s))

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from undertow.learner.causal_lm import CausalLM
 from undertow.learner.packing import MicroBatch
 
 TREE_ATTENTION = "undertow_tree"
@@ -90,7 +91,7 @@ class SegmentContext:
         """Records the segment's own keys and values; returns all keys and values up to
         the segment's end, in packed order."""
         self.own_keys[layer], self.own_values[layer] = key, value
-        if self.past_keys is None:
+        if self.past_keys is None or self.past_values is None:  # (both are None or neither)
             return key, value
         return (torch.cat([self.past_keys[layer], key], dim=2),
                 torch.cat([self.past_values[layer], value], dim=2))
@@ -186,7 +187,7 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def decoder_hidden(model: torch.nn.Module, token_ids: torch.Tensor,
+def decoder_hidden(model: CausalLM, token_ids: torch.Tensor,
                    position_ids: torch.Tensor | None = None,
                    tree_mask: AttentionBlocks | SegmentContext | BlockMask | None = None,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -308,7 +309,9 @@ class _MergedBlockAttention(torch.autograd.Function):
             part_lse = torch.stack([lse for _, lse in parts])              # (P, 1, H, q)
             lse = torch.logsumexp(part_lse, dim=0)                         # (1, H, q)
             weights = torch.exp(part_lse - lse)[..., None]                 # (P, 1, H, q, 1)
-            merged = sum(w * out.to(w.dtype) for w, (out, _) in zip(weights, parts, strict=True))
+            merged = weights[0] * parts[0][0].to(weights.dtype)
+            for w, (out, _) in zip(weights[1:], parts[1:], strict=True):
+                merged = merged + w * out.to(w.dtype)
             outputs.append(merged.to(query.dtype))
             lses.append(lse)
         output = torch.cat(outputs, dim=2)                                 # (1, H, T, D)
@@ -318,10 +321,10 @@ class _MergedBlockAttention(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx, *grad_outputs):
         backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         query, key, value, output, lse = ctx.saved_tensors
-        grad_output = grad_output.contiguous()
+        grad_output = grad_outputs[0].contiguous()
         grads = [torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)]
         offset = ctx.blocks.query_offset
         for start, end, ranges in ctx.blocks.chunks:

@@ -35,6 +35,7 @@ import yaml
 
 from undertow.gateway.template_env import CHAT_TEMPLATE_DIR
 from undertow.gateway.tree import tree_from_json, tree_to_json
+from undertow.learner.causal_lm import CausalLM
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "weights"
@@ -91,7 +92,7 @@ def _fsync_tree(directory: Path) -> None:
         os.close(fd)
 
 
-def write_model_dir(model: torch.nn.Module, base_model_dir: Path, out: Path) -> Path:
+def write_model_dir(model: CausalLM, base_model_dir: Path, out: Path) -> Path:
     """Saves `model` in Hugging Face layout (safetensors) with the tokenizer files of
     `base_model_dir`, so that transformers and the engines load `out` as a model."""
     out = Path(out)
@@ -142,7 +143,7 @@ def _free_name(parent: Path, step: int) -> Path:
     return path
 
 
-def save_checkpoint(run_dir: Path, state: TrainState, model: torch.nn.Module,
+def save_checkpoint(run_dir: Path, state: TrainState, model: CausalLM,
                     optimizer: torch.optim.Optimizer, base_model_dir: Path,
                     resolved_config: dict[str, Any], pending: list[PendingGroup],
                     keep: int = 2) -> Path:
@@ -164,7 +165,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: torch.nn.Module,
     return path
 
 
-def save_weights(run_dir: Path, step: int, model: torch.nn.Module, base_model_dir: Path,
+def save_weights(run_dir: Path, step: int, model: CausalLM, base_model_dir: Path,
                  keep: int = 2) -> Path:
     """Writes the model directory of weight version `step` (for the engines) atomically."""
     parent = Path(run_dir) / WEIGHTS

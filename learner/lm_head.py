@@ -119,7 +119,8 @@ class _ChunkedHead(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs, grad_entropy):
+    def backward(ctx, *grad_outputs):
+        grad_logprobs, grad_entropy = grad_outputs
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None

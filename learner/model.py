@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
-from torch import nn
 
 from undertow.learner.attention import (
     TREE_ATTENTION,
@@ -50,6 +50,7 @@ from undertow.learner.attention import (
     flex_block_mask,
     register_tree_attention,
 )
+from undertow.learner.causal_lm import CausalLM
 from undertow.learner.lm_head import chunked_scores, head_scores
 from undertow.learner.packing import MicroBatch
 from undertow.learner.segments import SegmentedScorer, segmented_scores
@@ -81,7 +82,7 @@ class PolicyModel:
     configs set; tree attention refuses a dropout).
     """
 
-    def __init__(self, model: nn.Module, max_query_tokens: int = 8192,
+    def __init__(self, model: CausalLM, max_query_tokens: int = 8192,
                  head_chunk_tokens: int = 1024, max_segment_tokens: int = 8192,
                  activation_checkpointing: bool = False, attention: str = "auto"):
         for name, value in (("head_chunk_tokens", head_chunk_tokens),
@@ -108,7 +109,8 @@ class PolicyModel:
             register_tree_attention()
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype=dtype, attn_implementation=attn_implementation)
-        return cls(model, **options)
+        # transformers types it as its generation base class, not the causal LM it is.
+        return cls(cast(CausalLM, model), **options)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         if enabled:

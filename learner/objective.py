@@ -88,6 +88,7 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
     if backward:
         loss.backward()
     behaviour = step.behaviour_logprobs[micro_batch.term_ids]
+    assert scores.entropy is not None, "scored with_entropy"
     stats.update(metric_sums(scores.logprobs, scores.entropy, behaviour))
     stats.update(mismatch_sums(scores.logprobs, behaviour))
     return stats

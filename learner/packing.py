@@ -207,7 +207,7 @@ def _needed_nodes(tree: Tree, sessions: list[str], max_paths: int | None
 def _cut_units(tree: Tree, tree_index: int, needed: set[int], max_unit_tokens: int,
                units: list[Unit], children: dict[int | None, list[int]]) -> None:
     """Appends the units of `tree` in depth-first order (children by node ID)."""
-    stack = [(ROOT, None, 0)]
+    stack: list[tuple[int, int | None, int]] = [(ROOT, None, 0)]
     while stack:
         node_id, parent_key, depth = stack.pop()
         node = tree.nodes[node_id]
@@ -234,8 +234,10 @@ class _Terms:
 
     def add_unit(self, tree: Tree, unit: Unit, owner_path: dict[int, int]) -> None:
         node = tree.nodes[unit.node_id]
+        if node.sampled_by is None:
+            return
         key = (tree.group_id, node.sampled_by)
-        if node.sampled_by is None or key not in self.advantages or unit.node_id not in owner_path:
+        if key not in self.advantages or unit.node_id not in owner_path:
             return
         index = self.session_index.setdefault(key, len(self.session_keys))
         if index == len(self.session_keys):

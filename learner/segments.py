@@ -49,6 +49,7 @@ from undertow.learner.attention import (
     decoder_hidden,
     split_blocks,
 )
+from undertow.learner.causal_lm import CausalLM
 from undertow.learner.packing import MicroBatch
 
 HeadFn = Callable[[torch.Tensor, torch.Tensor, bool],
@@ -59,7 +60,7 @@ HeadFn = Callable[[torch.Tensor, torch.Tensor, bool],
 class SegmentedScorer:
     """One micro-batch cut into segments of at most `segment_tokens` positions."""
 
-    def __init__(self, model: nn.Module, micro_batch: MicroBatch, head: HeadFn,
+    def __init__(self, model: CausalLM, micro_batch: MicroBatch, head: HeadFn,
                  segment_tokens: int, max_query_tokens: int):
         if segment_tokens < 1:
             raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
@@ -135,18 +136,19 @@ class _SegmentedScores(torch.autograd.Function):
                 index, scorer.past(scorer.keys, index, False),
                 scorer.past(scorer.values, index, False), with_entropy)
             scorer.store(context, index)
-            if logprobs is None:
+            if logprobs is None or entropy is None:  # (both are set together)
                 logprobs = part.new_zeros(num_terms)
                 entropy = part.new_zeros(num_terms)
             logprobs[scorer.terms[index]] = part
-            if with_entropy:
+            if part_entropy is not None:  # with_entropy
                 entropy[scorer.terms[index]] = part_entropy
         ctx.scorer, ctx.with_entropy = scorer, with_entropy
         ctx.set_materialize_grads(False)
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs, grad_entropy):
+    def backward(ctx, *grad_outputs):
+        grad_logprobs, grad_entropy = grad_outputs
         scorer = ctx.scorer
         grad_keys = [torch.zeros_like(t) for t in scorer.keys]
         grad_values = [torch.zeros_like(t) for t in scorer.values]

@@ -71,7 +71,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -84,6 +84,9 @@ from undertow.learner.losses import LossConfig, step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, merge_stats, sequence_keep_of
 from undertow.learner.packing import MicroBatch, PackedStep
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 TOKEN_MULTIPLE = 256
 ACTIVATION_SAFETY = 2.0
@@ -243,16 +246,14 @@ def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> No
     model = policy.model
     embedding = model.get_input_embeddings()
     tied = model.get_output_embeddings().weight is embedding.weight   # before sharding
-    for layer in model.model.layers:
-        fully_shard(layer, **options)
+    layers = [fully_shard(layer, **options) for layer in model.model.layers]
     # The root unit is the decoder, not the causal LM: `PolicyModel.score` calls the
     # decoder and applies the head itself, so the causal LM's forward hook never runs.
-    fully_shard(model.model, **options)
-    _prefetch_in_layer_order(model.model)
+    _prefetch_in_layer_order(fully_shard(model.model, **options), layers)
     if tied:
         model.lm_head = _TiedHead(embedding)
     else:
-        model.lm_head = ScoringHead(model.lm_head)
+        model.lm_head = ScoringHead(model.get_output_embeddings())
         fully_shard(model.lm_head, **options)
 
 
@@ -322,9 +323,11 @@ def mean_to_sum(policy: PolicyModel, world_size: int) -> None:
 def full_parameters(policy: PolicyModel) -> dict[str, torch.Tensor]:
     """Every parameter whole (gathered from the mesh when sharded), on the CPU. A
     collective: every process of the mesh must call it."""
+    from torch.distributed.tensor import DTensor
+
     full = {}
     for name, parameter in policy.model.named_parameters():
-        tensor = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        tensor = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
         full[name] = tensor.detach().cpu()
     return full
 
@@ -349,22 +352,23 @@ def _idle_scores(policy: PolicyModel, device: torch.device) -> torch.Tensor:
     return policy.score_hidden(hidden, token_ids, False)[0]                    # (1,)
 
 
-def _prefetch_in_layer_order(decoder: nn.Module) -> None:
+def _prefetch_in_layer_order(decoder: FSDPModule, layers: list[FSDPModule]) -> None:
     """Sets each unit of the sharded decoder to prefetch, in the backward, the weights
     of the unit whose backward comes next: the root the last layer's, each layer the one
     below, the first layer the root's (gathered already: no collective). FSDP2's default
     picks the unit recorded before this one among the forwards since the last backward,
     which skips a forward that runs inside a backward (a segment's), so two processes
     could prefetch differently and their collectives would no longer pair up."""
-    layers = list(decoder.layers)
     decoder.set_modules_to_backward_prefetch([layers[-1]])
     for below, layer in zip([decoder, *layers[:-1]], layers, strict=True):
         layer.set_modules_to_backward_prefetch([below])
 
 
 def _device_of(policy: PolicyModel) -> torch.device:
+    from torch.distributed.tensor import DTensor
+
     parameter = next(policy.model.parameters())
-    local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
     return local.device
 
 

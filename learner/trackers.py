@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,14 +116,15 @@ class WandbTracker:
         self.wandb = wandb
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True)
         self.run = wandb.init(project=config.project, name=run_name, dir=str(directory),
-                              mode=config.wandb_mode, config=run_config, settings=settings)
+                              mode=config.wandb_mode,  # pyright: ignore[reportArgumentType]  # one of WANDB_MODES: TrackerConfig checked it
+                              config=run_config, settings=settings)
 
     def log_step(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
 
     def log_sessions(self, step: int, rows: list[list[Any]]) -> None:
-        self.run.log({"sessions": self.wandb.Table(columns=list(SESSION_COLUMNS), data=rows)},
-                     step=step)
+        table = self.wandb.Table(columns=list(SESSION_COLUMNS), data=[*rows])  # list[InputRow]
+        self.run.log({"sessions": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -175,7 +176,7 @@ class Trackers:
     (trained, or dropped by the step), named as their newest group file in the store.
     Numeric fields go to every tracker; those groups' sessions make the step's table."""
 
-    def __init__(self, trackers: list[Tracker] = (), run_dir: Path | None = None,
+    def __init__(self, trackers: Sequence[Tracker] = (), run_dir: Path | None = None,
                  store_dir: Path | None = None, consumed: Callable[[], list[int]] | None = None,
                  num_sample_sessions: int = 0, model_dir: Path | None = None):
         self.trackers = list(trackers)
@@ -190,7 +191,7 @@ class Trackers:
     def on_step(self, record: dict[str, Any]) -> None:
         step = record["step"]
         group_ids = self._record_step_groups(step)
-        values = {key: value for key, value in record.items()
+        values: dict[str, float] = {key: value for key, value in record.items()
                   if key != "step" and isinstance(value, int | float)
                   and not isinstance(value, bool)}
         for tracker in self.trackers:

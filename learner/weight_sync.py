@@ -53,6 +53,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
+from torch.distributed import PrefixStore, TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public in torch's docs; re-exported without __all__
 
 from undertow.learner.errors import LearnerError
 from undertow.learner.gateway_link import GatewayLinkError, _request
@@ -109,8 +110,8 @@ class SyncReport:
 class _Group:
     """The learner's side of an open weight-update group."""
 
-    backend: dist.ProcessGroup
-    store: dist.TCPStore
+    backend: dist.ProcessGroupGloo | dist.ProcessGroupNCCL
+    store: TCPStore
     device: torch.device
     world_size: int
 
@@ -141,10 +142,11 @@ class EngineWeightSync:
         num_bytes = self._push_disk(Path(model_dir), weight_version)
         self._report(weight_version, "disk", started, num_bytes, fallback_error)
 
-    def open(self) -> None:
+    def open(self) -> _Group:
         """Form the weight-update group now (the first distributed push does it otherwise)."""
         if self._group is None:
             self._group = self._open_group()
+        return self._group
 
     def close(self) -> None:
         """Give up the group (the engines are asked to destroy their side, best effort)."""
@@ -183,8 +185,7 @@ class EngineWeightSync:
 
     def _push_distributed(self, model_dir: Path, weight_version: int) -> int:
         tensors = self._tensors(model_dir)
-        self.open()
-        group = self._group
+        group = self.open()
         body = {"names": [name for name, _ in tensors],
                 "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
                 "shapes": [list(t.shape) for _, t in tensors],
@@ -211,8 +212,8 @@ class EngineWeightSync:
         early (refused before receiving) makes it fail instead of waiting for the timeout."""
         timeout = timedelta(seconds=self.config.group_timeout_s)
         try:
-            works = [group.backend.broadcast(t.to(group.device).contiguous(), 0, timeout)
-                     for _, t in tensors]
+            works = [group.backend.broadcast(  # pyright: ignore[reportAttributeAccessIssue]  # torch's stubs leave it out of Backend
+                t.to(group.device).contiguous(), 0, timeout) for _, t in tensors]
             for work in works:
                 while not work.is_completed():
                     _raise_if_failed(updates, "update_weights_from_distributed")
@@ -243,7 +244,7 @@ class EngineWeightSync:
         port = c.master_port or _free_port(c.master_address)
         timeout = timedelta(seconds=c.group_timeout_s)
         try:
-            store = dist.TCPStore(c.master_address, port, world_size, is_master=True,
+            store = TCPStore(c.master_address, port, world_size, is_master=True,
                                   timeout=timeout, wait_for_workers=False)
         except (RuntimeError, OSError) as error:
             raise WeightSyncError(f"cannot serve the group's store at {c.master_address}:"
@@ -267,13 +268,13 @@ class EngineWeightSync:
                 raise WeightSyncError(f"{url} did not join the group: {reply.get('message')}")
         return group
 
-    def _join(self, store: dist.TCPStore, world_size: int) -> _Group:
+    def _join(self, store: TCPStore, world_size: int) -> _Group:
         c = self.config
         device = "cuda" if c.backend == "nccl" else "cpu"
         # The prefixes SGLang's side gets from init_custom_process_group and torch's
         # _new_process_group_helper (see the module docstring).
-        prefixed = dist.PrefixStore(f"{device}/", dist.PrefixStore(
-            f"{c.group_name}/", dist.PrefixStore(c.group_name, store)))
+        prefixed = PrefixStore(f"{device}/", PrefixStore(
+            f"{c.group_name}/", PrefixStore(c.group_name, store)))
         timeout = timedelta(seconds=c.group_timeout_s)
         if c.backend == "gloo":
             backend = dist.ProcessGroupGloo(prefixed, 0, world_size, timeout)

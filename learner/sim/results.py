@@ -119,7 +119,7 @@ def summarise(sim: "Simulator") -> SimResult:
                    for role in busy}
     total_s = sim.num_cells * sim.now_s
     utilisation["overall"] = (sim.rollout_busy_s + sim.learner.busy_cell_s) / total_s
-    durations = np.array([s.finished_s - s.started_s for s in sim.sessions.values() if s.done])
+    durations = np.array([s.duration_s for s in sim.sessions.values() if s.done])
     num_tokens = sum(record.num_unique_tokens for record in sim.records)
     work_cell_s = (durations.sum() / sim.workload.engine.num_session_slots
                    + num_tokens / sim.workload.trainer.tokens_per_s_per_cell)

@@ -39,6 +39,13 @@ class SessionRun:
     def done(self) -> bool:
         return self.finished_s is not None
 
+    @property
+    def duration_s(self) -> float:
+        """From its start to its end (a done session)."""
+        if self.started_s is None or self.finished_s is None:
+            raise RuntimeError(f"session {self.plan.session_id} has not run to its end")
+        return self.finished_s - self.started_s
+
     def turn_steps(self, engine: EngineModel) -> float:
         turn = self.plan.turns[self.turn_index]
         return engine.turn_steps(turn.prefill_tokens, turn.completion_tokens)

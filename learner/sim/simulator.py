@@ -163,7 +163,7 @@ class Simulator:
         if session.done:
             return
         if session.generating:
-            engine = self.engines[session.engine_id]
+            engine = self._engine_of(session)
             engine.stop_generation(session_id, self.now_s)
             session.generating = False
             self._schedule_engine(engine)
@@ -193,8 +193,14 @@ class Simulator:
 
     # ---- sessions
 
+    def _engine_of(self, session: SessionRun) -> SimEngine:
+        """The engine whose slot `session` holds (it must hold one)."""
+        if session.engine_id is None:
+            raise RuntimeError(f"session {session.plan.session_id} holds no engine slot")
+        return self.engines[session.engine_id]
+
     def _run_turn(self, session: SessionRun, num_steps: float) -> None:
-        engine = self.engines[session.engine_id]
+        engine = self._engine_of(session)
         prefill = session.plan.turns[session.turn_index].prefill_tokens
         engine.start_generation(session.plan.session_id, num_steps,
                                 session.context_tokens + prefill, self.now_s)
@@ -258,11 +264,13 @@ class Simulator:
     def _schedule_learner(self) -> None:
         learner = self.learner
         if learner.phase in (Phase.OPTIMIZER, Phase.SYNC):
+            assert learner.phase_ends_s is not None, "`begin` set it"
             # Re-armed after every change, since each change retires the learner's old events.
             self._push(learner.phase_ends_s, "learner", 0, learner.version)
             return
         if learner.phase is not Phase.TRAINING:
             return
+        assert learner.step is not None, "`open` set it"
         if learner.pending_tokens > 0:
             empty_s = learner.queue_empty_s()
             if empty_s is not None:

@@ -83,6 +83,8 @@ class Learner:
 
     def close(self, now_s: float) -> int:
         """Publish: returns the step that finished; the learner is idle again."""
+        if self.step is None:
+            raise RuntimeError("the learner has no open step to publish")
         self.advance(now_s)
         step, self.step, self.phase, self.phase_ends_s = self.step, None, Phase.IDLE, None
         self.version += 1

@@ -16,6 +16,7 @@ that of the masked distribution, the one the token was drawn from.
 
 import random
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -70,7 +71,10 @@ class RequestSampling:
         return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
 
 
-def _number(name: str, value, kind: type):
+_Number = TypeVar("_Number", int, float)
+
+
+def _number(name: str, value, kind: type[_Number]) -> _Number:
     ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
     if not ok or isinstance(value, bool):
         raise BadRequest(f"sampling_params.{name} must be a {kind.__name__}, got {value!r}")

@@ -207,16 +207,16 @@ class ProcessMembers:
         """The cell's processes, rank 0 its leader, meeting at a store served here."""
         import datetime
 
-        import torch.distributed as dist
+        from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public in torch's docs; re-exported without __all__
 
         from undertow.learner.elastic.devices import process_device_index
         from undertow.learner.elastic.sharded_cell import cell_main
         from undertow.learner.elastic.step import HOST
 
         size = self.processes_per_cell
-        cell_store = dist.TCPStore(HOST, 0, world_size=size + 1, is_master=True,
-                                   wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+        cell_store = TCPStore(HOST, 0, world_size=size + 1, is_master=True,
+                              wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=self.timeout_s))
         running = _RunningMember([], [], cell_store)
         for rank in range(size):
             inbox = self.context.Queue()

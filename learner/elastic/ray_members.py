@@ -200,7 +200,9 @@ class RayMembers:
                 f"one node) within {self.placement_timeout_s} s; the cluster has "
                 f"{_available()} free: declare the resources (ray start --num-gpus/--resources) "
                 "or move another cell out of training first")
-        actors = [
+        # Ray handles are Any here: ray is imported only when used, so MemberActor's
+        # methods cannot carry `ray.method`'s typed `.remote`.
+        actors: list[Any] = [
             self.actor_class.options(
                 num_cpus=cell.num_cpus_per_member, num_gpus=cell.num_gpus_per_member,
                 resources=dict(cell.resources_per_member),
@@ -219,14 +221,15 @@ class RayMembers:
     def stop(self, cell_id: int) -> None:
         """Waits up to `timeout_s` for the cell's queued steps, then ends its group."""
         import ray
+        from ray.exceptions import GetTimeoutError, RayError
 
         group = self.groups.pop(cell_id)
         try:
             ray.get(group.pending, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError as error:
+        except GetTimeoutError as error:
             raise CellPoolError(f"the members of cell {cell_id} did not finish within "
                                 f"{self.timeout_s} s and were killed") from error
-        except ray.exceptions.RayError as error:
+        except RayError as error:
             raise CellPoolError(f"the members of cell {cell_id} failed: {error}") from error
         finally:
             _remove(group)

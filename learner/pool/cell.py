@@ -72,7 +72,7 @@ def change_role(cell: Cell, to: Role, heading: Role | None = None) -> Cell:
                                     f"{expected.value}, not {heading}")
         return dataclasses.replace(cell, role=to, heading=heading, num_sessions=0)
     if cell.heading is not to:
-        raise IllegalTransition(f"cell {cell.cell_id} is switching to {cell.heading.value}, "
+        raise IllegalTransition(f"cell {cell.cell_id} is switching to {_heading(cell).value}, "
                                 f"it cannot arrive in {to.value}")
     return dataclasses.replace(cell, role=to, heading=None)
 
@@ -81,13 +81,18 @@ def begin_switch(cell: Cell) -> Cell:
     """Rollout -> switching towards training, or training -> switching towards rollout."""
     if cell.role is Role.SWITCHING:
         raise IllegalTransition(f"cell {cell.cell_id} is already switching to "
-                                f"{cell.heading.value}; wait until it arrives")
+                                f"{_heading(cell).value}; wait until it arrives")
     heading = Role.TRAINING if cell.role is Role.ROLLOUT else Role.ROLLOUT
     return change_role(cell, Role.SWITCHING, heading)
 
 
 def finish_switch(cell: Cell) -> Cell:
     """A switching cell arrives in the role it was heading to."""
-    if cell.role is not Role.SWITCHING:
+    return change_role(cell, _heading(cell))
+
+
+def _heading(cell: Cell) -> Role:
+    """Where a switching cell is heading (set exactly while it switches)."""
+    if cell.heading is None:
         raise IllegalTransition(f"cell {cell.cell_id} is in {cell.role.value}, not switching")
-    return change_role(cell, cell.heading)
+    return cell.heading

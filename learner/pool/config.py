@@ -1,9 +1,10 @@
 """The `pool` section of a run config: how `undertow train` splits this machine into cells.
 
 Without a `pool` section `undertow train` runs one cell that never moves (one engine, the
-learner training in its own process: `learner/loop.py`, `one_cell`). With one, the machine is `num_cells` cells of `threads_per_cell` CPU threads each; a cell
-either serves one built-in engine (rollout) or runs one member of the elastic learner
-(training), and `policy` moves cells between the two (`policy.py`).
+learner training in its own process: `learner/loop.py`, `one_cell`). With one, the machine
+is `num_cells` cells of `threads_per_cell` CPU threads each; a cell either serves one
+built-in engine (rollout) or runs one member of the elastic learner (training), and
+`policy` moves cells between the two (`policy.py`).
 """
 
 from __future__ import annotations

@@ -116,8 +116,9 @@ class Split:
         dispatch = _dispatch_within_staleness(state, self.max_staleness)
         decisions += dispatch
         if not state.training_open and (state.batches or dispatch):
+            # With no batch yet, the step to train is the one `dispatch` opens.
             decisions.append(StartTraining(state.batches[0].step if state.batches
-                                           else dispatch[0].step))
+                                           else state.next_step))
         return decisions
 
 

@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from undertow.gateway.errors import PoolBusy, PoolUnavailable
@@ -57,7 +57,7 @@ class Admission:
         self._gate.set()
         await self.fleet.notify()
 
-    async def admit(self, session_id: str, token_ids: list[int], rid: str, *,
+    async def admit(self, session_id: str, token_ids: Sequence[int], rid: str, *,
                     admitted: bool, waits: bool) -> Attempt:
         """Waits while paused, then routes and registers the attempt (no await between
         the two, so that admission bounds hold). A generation `admitted` before (a
@@ -71,8 +71,9 @@ class Admission:
             decision = self.router.route(session_id, token_ids, self._loads(),
                                          bounded=not admitted)
             if decision.engine_id is not None and self._gate.is_set():
-                return self._register(self.fleet.get(decision.engine_id), session_id,
-                                      token_ids, rid)
+                engine = self.fleet.get(decision.engine_id)
+                assert engine is not None  # the router routes to the fleet's engines only
+                return self._register(engine, session_id, token_ids, rid)
             if decision.engine_id is not None:
                 continue
             if not waits:
@@ -86,7 +87,7 @@ class Admission:
                                       f"within {self.resume_timeout_s} s")
             await self.fleet.wait_for_change(deadline - loop.time())
 
-    def _register(self, engine: EngineRecord, session_id: str, token_ids: list[int],
+    def _register(self, engine: EngineRecord, session_id: str, token_ids: Sequence[int],
                   rid: str) -> Attempt:
         self.router.assign(session_id, engine.engine_id, token_ids)
         attempt = Attempt(rid, engine, session_id=session_id, token_ids=token_ids)
@@ -103,7 +104,7 @@ class Admission:
             if self.fleet.has_waiters:  # a pause, drain or removal waits on the change
                 self._spawn(self.fleet.notify())
 
-    def route_now(self, session_id: str, token_ids: list[int]) -> EngineRecord | None:
+    def route_now(self, session_id: str, token_ids: Sequence[int]) -> EngineRecord | None:
         """Routes the session now, past the admission bounds, and pins it there (the engine
         its next attempt will use); None when no healthy engine is left."""
         decision = self.router.route(session_id, token_ids, self._loads(), bounded=False)

@@ -25,6 +25,7 @@ from typing import Any
 from undertow.gateway.call_types import CallRequest, Choice, Outcome, Sampled
 from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.head_replay import head_record, message_of_events
+from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.render import Renderer
 from undertow.gateway.sessions import Session, SessionRegistry
 from undertow.gateway.store import TreeStore
@@ -36,7 +37,7 @@ class CallRecorder:
     """Records calls into one store's trees and one registry's sessions."""
 
     def __init__(self, *, store: TreeStore, renderer: Renderer, sessions: SessionRegistry,
-                 metrics) -> None:
+                 metrics: GatewayMetrics) -> None:
         self.store, self.renderer, self.sessions = store, renderer, sessions
         self.metrics = metrics
 

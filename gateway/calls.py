@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 
 from undertow.gateway.call_record import CallRecorder
 from undertow.gateway.call_types import (
@@ -44,6 +44,8 @@ from undertow.gateway.errors import (
     PoolUnavailable,
     Unavailable,
 )
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.pool import EnginePool
 from undertow.gateway.render import Renderer
 from undertow.gateway.sampler import ChoiceSampler, StopTrimmer, new_call_id
 from undertow.gateway.sessions import Session, SessionRegistry
@@ -64,9 +66,9 @@ __all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled",
 class CallRunner:
     """Runs calls for every API against one pool, store, renderer and session registry."""
 
-    def __init__(self, *, pool, store: TreeStore, renderer: Renderer, sessions: SessionRegistry,
-                 metrics, context_length: int, default_max_tokens: int, tool_parser: str,
-                 token_truth: str = VERBATIM):
+    def __init__(self, *, pool: EnginePool, store: TreeStore, renderer: Renderer,
+                 sessions: SessionRegistry, metrics: GatewayMetrics, context_length: int,
+                 default_max_tokens: int, tool_parser: str, token_truth: str = VERBATIM):
         if token_truth not in TOKEN_TRUTH_POLICIES:
             raise ValueError(f"token_truth={token_truth!r}: choose one of "
                              f"{TOKEN_TRUTH_POLICIES}")
@@ -85,6 +87,7 @@ class CallRunner:
     def prompt(self, session: Session, request: CallRequest) -> Prompt:
         if request.prompt_ids is not None:
             return Prompt(list(request.prompt_ids), None, None, 0, (), "")
+        assert request.messages is not None  # a chat call (`CallRequest`: one or the other)
         # a head's path IDs are its own (`Head.token_ids`, shared, never changed); the
         # tree is read only for a head that did not keep them (an older one, a restart)
         prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
@@ -115,10 +118,11 @@ class CallRunner:
         outcome = None
         async for item in self.stream(session, request, live=False):
             outcome = item if isinstance(item, Outcome) else outcome
+        assert outcome is not None  # `stream` ends with one, or raises
         return outcome
 
     async def stream(self, session: Session, request: CallRequest, live: bool = True
-                     ) -> AsyncIterator[Delta | Outcome]:
+                     ) -> AsyncGenerator[Delta | Outcome, None]:
         """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
         replay = await self._earlier_reply(session, request)
         if replay is not None:
@@ -152,7 +156,7 @@ class CallRunner:
         return session.replies.get(request.fingerprint)
 
     async def _generate(self, session: Session, request: CallRequest, live: bool
-                        ) -> AsyncIterator[Delta | Outcome]:
+                        ) -> AsyncGenerator[Delta | Outcome, None]:
         self._check_prompt_ids(request)
         prompt = self.prompt(session, request)
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ class Attempt:
     engine: EngineRecord
     interrupted_by: str | None = None
     session_id: str = ""
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: Sequence[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     handover: asyncio.Event | None = None
     staged: StagedResume | None = None

@@ -32,7 +32,7 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,9 +95,9 @@ class InFlight:
         self.background = background
         self.config = config
 
-    async def generate(self, session_id: str, input_ids: list[int], params: SamplingParams,
+    async def generate(self, session_id: str, input_ids: Sequence[int], params: SamplingParams,
                        rid: str, *, input_ids_json: TokenIdsJson | None = None,
-                       live: bool = True) -> AsyncIterator[GenerationChunk]:
+                       live: bool = True) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation's new tokens; see `pool.py`'s module doc for the contract.
         `input_ids_json`, the JSON array of `input_ids` where the caller has it, is sent
         as it is (a resume, whose input has grown, is serialised anew). Each chunk holds
@@ -118,7 +118,7 @@ class InFlight:
                 return
             attempt_rid = rid if num_attempt == 0 else resume_rid(rid, num_attempt)
             attempt_params = _attempt_params(params, len(produced), num_attempt)
-            prompt_ids = input_ids + produced if produced else input_ids  # never mutated
+            prompt_ids = [*input_ids, *produced] if produced else input_ids  # never mutated
             attempt = await self.admission.admit(session_id, prompt_ids, attempt_rid,
                                                  admitted=num_attempt > 0, waits=bool(produced))
             batches = self._stream_attempt(attempt, prompt_ids, attempt_params, live, staged,
@@ -146,11 +146,11 @@ class InFlight:
                 await attempt.handover.wait()
             staged = attempt.staged
 
-    async def _stream_attempt(self, attempt: Attempt, input_ids: list[int],
+    async def _stream_attempt(self, attempt: Attempt, input_ids: Sequence[int],
                               params: SamplingParams, live: bool,
                               staged: StagedResume | None = None,
                               input_ids_json: TokenIdsJson | None = None
-                              ) -> AsyncIterator[tuple[list[GenerateChunk], float]]:
+                              ) -> AsyncGenerator[tuple[list[GenerateChunk], float], None]:
         """The engine's pieces for one attempt, in lists: all that came since the consumer
         last took them, and when the first of them came (`PieceBuffer.take`). A task reads
         the engine into the buffer, so that the attempt ends (and stops counting as in
@@ -178,7 +178,7 @@ class InFlight:
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
 
-    async def _pump(self, attempt: Attempt, input_ids: list[int], params: SamplingParams,
+    async def _pump(self, attempt: Attempt, input_ids: Sequence[int], params: SamplingParams,
                     buffer: PieceBuffer, staged: StagedResume | None = None,
                     input_ids_json: TokenIdsJson | None = None) -> None:
         engine = attempt.engine
@@ -328,8 +328,8 @@ def _attempt_params(params: SamplingParams, num_produced: int,
         return params
     max_new = params.max_new_tokens
     seed = params.sampling_seed
-    return dataclasses.replace(
-        params, max_new_tokens=None if max_new is None else max(max_new - num_produced, 0),
+    return params.evolve(
+        max_new_tokens=None if max_new is None else max(max_new - num_produced, 0),
         sampling_seed=None if seed is None else resume_seed(seed, num_attempt))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 LabelValues = tuple[str, ...]
 
@@ -68,6 +69,12 @@ class _Metric:
     def header(self) -> list[str]:
         help_text = self.help_text.replace("\\", "\\\\").replace("\n", "\\n")
         return [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
+
+    def samples(self) -> list[str]:
+        raise NotImplementedError
+
+
+MetricT = TypeVar("MetricT", bound=_Metric)
 
 
 class Counter(_Metric):
@@ -187,7 +194,7 @@ class Registry:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
 
-    def _add(self, metric: _Metric) -> _Metric:
+    def _add(self, metric: MetricT) -> MetricT:
         if metric.name in self._metrics:
             raise ValueError(f"metric {metric.name} is already registered")
         self._metrics[metric.name] = metric

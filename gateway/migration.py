@@ -3,8 +3,9 @@
 When the pool drains an engine with `migrate` (a cell moving to training), each in-flight
 generation is aborted and resumed elsewhere from prompt + partial output (`inflight.py`). Resumed
 plainly, the target re-prefills the whole history: a pause that grows with the context. When
-both engines have Undertow's `kv_transfer` extension (the built-in engine), `migrate_attempt`
-does what Llumnix does instead, and moves every step whose cost grows with the context out of
+both engines have Undertow's `kv_transfer` extension (the `KVTransfer` protocol of
+`engines/protocol.py`; the built-in engine has it), `migrate_attempt` does what Llumnix does
+instead, and moves every step whose cost grows with the context out of
 the pause:
 
 1. Pick the target and pin the session to it (the resume goes there).
@@ -32,15 +33,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
-from undertow.gateway.engines.client import PrefixDigest, StagedKV
 from undertow.gateway.engines.protocol import (
     EngineError,
     EngineRejected,
     GenerateChunk,
     GenerateRequest,
+    KVTransfer,
+    PrefixDigest,
+    StagedKV,
+    kv_transfer_of,
 )
 from undertow.gateway.fleet import Attempt, EngineRecord
 
@@ -62,10 +66,22 @@ class MigrationConfig:
 @dataclass(frozen=True)
 class StagedResume:
     """Where the next attempt of a migrated generation finds its history's KV: `kv` (with
-    the gateway's own digest of its prefix) staged on `engine`."""
+    the gateway's own digest of its prefix) staged on `engine`, whose driver's KV transfer
+    is `transfer`."""
 
     engine: EngineRecord
+    transfer: KVTransfer
     kv: StagedKV
+
+
+@dataclass(frozen=True)
+class KVCopy:
+    """The two ends of one KV copy, each engine with its driver as a `KVTransfer`."""
+
+    source: EngineRecord
+    target: EngineRecord
+    source_kv: KVTransfer
+    target_kv: KVTransfer
 
 
 async def migrate_attempt(attempt: Attempt, target: EngineRecord | None, config: MigrationConfig,
@@ -73,38 +89,51 @@ async def migrate_attempt(attempt: Attempt, target: EngineRecord | None, config:
     """Move `attempt` to `target` as in the module doc; `interrupt` aborts it on its engine
     and returns once it has ended. Returns the number of tokens whose KV waits staged on
     the target for the resume (0 when it was not copied)."""
-    source = attempt.engine
-    if (not config.kv_transfer or target is None
-            or not await source.client.supports_kv_transfer()
-            or not await target.client.supports_kv_transfer()):
+    copy = await _kv_copy(attempt.engine, target, config)
+    if copy is None:
         await interrupt([attempt])
         return 0
     attempt.handover = asyncio.Event()
     digest = PrefixDigest()
     staged: StagedKV | None = None
     try:
-        staged = await _stage_while_running(attempt, source, target, config, digest)
-        return await _cut_over(attempt, source, target, staged, digest, interrupt)
+        staged = await _stage_while_running(attempt, copy, config, digest)
+        return await _cut_over(attempt, copy, staged, digest, interrupt)
     except EngineError as error:
         log.warning("KV copy of %s to %s failed (%s); it resumes by re-prefill",
-                    attempt.rid, target.engine_id, error)
+                    attempt.rid, copy.target.engine_id, error)
         attempt.staged = None
         await interrupt([attempt])
         if staged is not None:
-            await _release_quietly(target, staged.handle)
+            await _release_quietly(copy.target_kv, staged.handle)
         return 0
     finally:
         attempt.handover.set()
 
 
-async def _stage_while_running(attempt: Attempt, source: EngineRecord, target: EngineRecord,
-                               config: MigrationConfig, digest: PrefixDigest) -> StagedKV:
+async def _kv_copy(source: EngineRecord, target: EngineRecord | None,
+                   config: MigrationConfig) -> KVCopy | None:
+    """The ends of a KV copy from `source` to `target`; None when there is no target, the
+    config turns KV transfer off, or either engine lacks it (the target is asked only when
+    the source has it)."""
+    if not config.kv_transfer or target is None:
+        return None
+    source_kv = await kv_transfer_of(source.client)
+    target_kv = await kv_transfer_of(target.client) if source_kv is not None else None
+    if source_kv is None or target_kv is None:
+        return None
+    return KVCopy(source, target, source_kv, target_kv)
+
+
+async def _stage_while_running(attempt: Attempt, copy: KVCopy, config: MigrationConfig,
+                               digest: PrefixDigest) -> StagedKV:
     """Stages of the copy while the source decodes; returns the staging so far."""
     staged: StagedKV | None = None
     for _ in range(config.max_stages):
         start = 0 if staged is None else staged.num_tokens
-        payload = await source.client.export_kv(rid=attempt.rid, start=start, span_ids=True)
-        staged = await target.client.stage_kv(payload, None if staged is None else staged.handle)
+        payload = await copy.source_kv.export_kv(rid=attempt.rid, start=start, span_ids=True)
+        staged = await copy.target_kv.stage_kv(payload,
+                                               None if staged is None else staged.handle)
         _digest_known(attempt, digest, staged.num_tokens)
         if payload.end - start <= config.max_delta_tokens:
             break
@@ -112,25 +141,24 @@ async def _stage_while_running(attempt: Attempt, source: EngineRecord, target: E
     return staged
 
 
-async def _cut_over(attempt: Attempt, source: EngineRecord, target: EngineRecord, staged: StagedKV,
-                    digest: PrefixDigest,
+async def _cut_over(attempt: Attempt, copy: KVCopy, staged: StagedKV, digest: PrefixDigest,
                     interrupt: Callable[[list[Attempt]], Awaitable[None]]) -> int:
     """Stop on the source with the last delta, stage it, and leave the staging to the resume."""
     attempt.interrupted_by = INTERRUPT_CAUSE  # before the stop: its abort is to be resumed
     started = time.perf_counter()
-    payload = await source.client.export_kv(rid=attempt.rid, start=staged.num_tokens,
-                                            span_ids=True, stop=True)
+    payload = await copy.source_kv.export_kv(rid=attempt.rid, start=staged.num_tokens,
+                                             span_ids=True, stop=True)
     stopped = time.perf_counter()
-    staged, _ = await asyncio.gather(target.client.stage_kv(payload, staged.handle),
+    staged, _ = await asyncio.gather(copy.target_kv.stage_kv(payload, staged.handle),
                                      interrupt([attempt]))
     _digest_known(attempt, digest, staged.num_tokens)  # the attempt has ended: all IDs known
     if digest.num_tokens != staged.num_tokens:
         raise EngineRejected(f"the source staged {staged.num_tokens} tokens, the gateway knows "
                              f"{digest.num_tokens} of them")
-    attempt.staged = StagedResume(target, StagedKV(staged.handle, staged.num_tokens,
-                                                   digest.hexdigest()))
+    attempt.staged = StagedResume(copy.target, copy.target_kv, StagedKV(
+        staged.handle, staged.num_tokens, digest.hexdigest()))
     log.info("moved %s from %s to %s with %d tokens of KV (last delta: %d; stop %.1f ms, "
-             "stage %.1f ms)", attempt.rid, source.engine_id, target.engine_id,
+             "stage %.1f ms)", attempt.rid, copy.source.engine_id, copy.target.engine_id,
              staged.num_tokens, payload.end - payload.start, 1000 * (stopped - started),
              1000 * (time.perf_counter() - stopped))
     return staged.num_tokens
@@ -147,19 +175,19 @@ def _digest_known(attempt: Attempt, digest: PrefixDigest, end: int) -> None:
 
 
 def resume_stream(engine: EngineRecord, request: GenerateRequest,
-                  staged: StagedResume | None) -> AsyncIterator[GenerateChunk]:
+                  staged: StagedResume | None) -> AsyncGenerator[GenerateChunk, None]:
     """The engine's stream for an attempt: from the staged KV when a migration staged the
     history on this engine, else (or when the engine refuses the staging) a plain one."""
-    if (staged is None or staged.engine is not engine
+    if (staged is None or staged.engine is not engine or request.input_ids is None
             or len(request.input_ids) <= staged.kv.num_tokens):
         return engine.client.generate_stream(request)
     return _staged_stream(engine, request, staged)
 
 
 async def _staged_stream(engine: EngineRecord, request: GenerateRequest,
-                         staged: StagedResume) -> AsyncIterator[GenerateChunk]:
+                         staged: StagedResume) -> AsyncGenerator[GenerateChunk, None]:
     refused: EngineRejected | None = None
-    pieces = engine.client.generate_staged_stream(request, staged.kv)
+    pieces = staged.transfer.generate_staged_stream(request, staged.kv)
     async with contextlib.aclosing(pieces):
         try:
             async for piece in pieces:
@@ -171,12 +199,12 @@ async def _staged_stream(engine: EngineRecord, request: GenerateRequest,
             refused = error
     log.warning("%s refused the staged KV of %s (%s); it re-prefills", engine.engine_id,
                 request.rid, refused.message)
-    await _release_quietly(engine, staged.kv.handle)
+    await _release_quietly(staged.transfer, staged.kv.handle)
     async for piece in engine.client.generate_stream(request):
         yield piece
 
 
-async def _release_quietly(engine: EngineRecord, handle: str) -> None:
+async def _release_quietly(transfer: KVTransfer, handle: str) -> None:
     with contextlib.suppress(EngineError, TimeoutError):
         async with asyncio.timeout(RELEASE_TIMEOUT_S):
-            await engine.client.release_kv(handle)
+            await transfer.release_kv(handle)

@@ -53,8 +53,9 @@ the engines' lifecycle (add, drain, remove) and composes one collaborator per co
 - `weight_updates.WeightUpdates`: pause, resume and weight updates;
 - `fleet.Fleet`: the engine records, their health checks and the pool's weights;
 - `background.BackgroundTasks`: the tasks the pool does not await, cancelled on close.
-Engines are driven through the `EngineRecord` protocol of `engines/protocol.py`
-(`SGLangClient` by default; pass `driver_factory` for another driver, e.g. vLLM's).
+Engines are driven through the `EngineDriver` protocol of `engines/protocol.py`
+(`SGLangClient` by default; pass `driver_factory` for another driver, e.g. vLLM's), and
+migration moves KV through its `KVTransfer` protocol where both engines have it.
 
 Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`, defined in
 `errors.py` under the gateway's root (raised here and in `admission.py`).
@@ -63,7 +64,7 @@ Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`, defin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,9 +174,9 @@ class EnginePool:
     async def close_session(self, session_id: str) -> None:
         self.router.unpin(session_id)
 
-    def generate(self, session_id: str, input_ids: list[int], params: SamplingParams,
+    def generate(self, session_id: str, input_ids: Sequence[int], params: SamplingParams,
                  rid: str, *, input_ids_json: TokenIdsJson | None = None, live: bool = True
-                 ) -> AsyncIterator[GenerationChunk]:
+                 ) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation's new tokens; see the module doc for the contract
         (`InFlight.generate` runs it). `live=False`: chunks only as attempts end, for a
         consumer that needs the whole reply before it answers."""

@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from undertow.gateway.call_types import CallRequest, Delta, Sampled
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.pool import EnginePool
 from undertow.gateway.render import Detokenizer, Renderer
 from undertow.gateway.tokentruth import Prompt
-from undertow.gateway.toolparsers import Content, Unparsed, create_parser
+from undertow.gateway.toolparsers import Content, Event, Unparsed, create_parser
 
 
 def new_call_id() -> str:
@@ -38,13 +40,14 @@ def new_call_id() -> str:
 class ChoiceSampler:
     """Samples choices on one pool, with one renderer and the gateway's tool parser."""
 
-    def __init__(self, *, pool, renderer: Renderer, metrics, tool_parser: str) -> None:
+    def __init__(self, *, pool: EnginePool, renderer: Renderer, metrics: GatewayMetrics,
+                 tool_parser: str) -> None:
         self.pool, self.renderer, self.metrics = pool, renderer, metrics
         self.tool_parser = tool_parser
 
     def sample_all(self, session_id: str, request: CallRequest, prompt: Prompt,
                    max_new_tokens: int, call_id: str | None = None, live: bool = True
-                   ) -> AsyncIterator[Delta | Sampled]:
+                   ) -> AsyncGenerator[Delta | Sampled, None]:
         """Every choice's deltas, each choice's `Sampled` after its deltas. One choice
         (nearly every call) is sampled in the caller's task, `request.n` in tasks.
         `call_id` names choice 0 (its engine `rid`); the other choices get new IDs.
@@ -57,7 +60,7 @@ class ChoiceSampler:
 
     async def _choices(self, session_id: str, request: CallRequest, prompt: Prompt,
                        max_new_tokens: int, call_id: str, live: bool
-                       ) -> AsyncIterator[Delta | Sampled]:
+                       ) -> AsyncGenerator[Delta | Sampled, None]:
         """The deltas of `request.n` choices sampled side by side, as they come, and each
         choice's result after its deltas."""
         queue: asyncio.Queue = asyncio.Queue()
@@ -93,7 +96,7 @@ class ChoiceSampler:
 
     async def sample(self, session_id: str, request: CallRequest, prompt: Prompt, index: int,
                      call_id: str, max_new_tokens: int, live: bool = True
-                     ) -> AsyncIterator[Delta | Sampled]:
+                     ) -> AsyncGenerator[Delta | Sampled, None]:
         """One choice's `Delta`s as sampled (`live=False`: once the engine is done), then
         its `Sampled` (for the record)."""
         parser = self._parser(request, prompt) if request.messages is not None else None
@@ -113,7 +116,8 @@ class ChoiceSampler:
                 finish_reason = chunk.finish_reason or finish_reason
                 cached = max(cached, chunk.cached_tokens)
                 text = stops.push(detokenizer.push(chunk.token_ids))
-                events = (parser.feed(text) if parser else [Content(text)]) if text else []
+                events: list[Event] = ((parser.feed(text) if parser else [Content(text)])
+                                       if text else [])
                 all_events += events
                 yield Delta(index, call_id, events, list(chunk.token_ids), list(chunk.logprobs))
         text = stops.push(detokenizer.flush(), final=True)

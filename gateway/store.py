@@ -87,7 +87,7 @@ class StoreDamaged(GatewayError, ValueError):
         self.path, self.line, self.reason = path, line, reason
 
 
-def check_group(group: str) -> str:
+def check_group(group: object) -> str:
     if not isinstance(group, str) or not GROUP_PATTERN.match(group):
         raise BadRequest(f"group {group!r} must be 1-128 characters of letters, digits, '.', "
                          "'_' or '-', starting with a letter or digit", param="group")

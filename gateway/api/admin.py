@@ -24,6 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.errors import BadRequest, NotFound
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.pool import EnginePool
 from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.store import TreeStore, check_group
 from undertow.gateway.tree import tree_to_json
@@ -54,7 +56,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 class _SessionHandlers:
-    def __init__(self, sessions: SessionRegistry, store: TreeStore, pool, metrics):
+    def __init__(self, sessions: SessionRegistry, store: TreeStore, pool: EnginePool,
+                 metrics: GatewayMetrics) -> None:
         self.sessions, self.store, self.pool, self.metrics = sessions, store, pool, metrics
 
     async def open(self, request: web.Request) -> web.Response:
@@ -117,8 +120,8 @@ class _SessionHandlers:
         return web.json_response(tree_to_json(self.store.tree(group)))
 
 
-def add_routes(app: web.Application, sessions: SessionRegistry, store: TreeStore, pool,
-               metrics, admin_auth) -> None:
+def add_routes(app: web.Application, sessions: SessionRegistry, store: TreeStore,
+               pool: EnginePool, metrics: GatewayMetrics, admin_auth) -> None:
     handlers = _SessionHandlers(sessions, store, pool, metrics)
     routes = [("POST", "/admin/sessions", handlers.open),
               ("GET", "/admin/sessions", handlers.list),

@@ -51,8 +51,10 @@ from undertow.gateway.api.output_options import (
     single_call,
 )
 from undertow.gateway.api.sealed_reasoning import MARKER, seal, unseal
-from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome
+from undertow.gateway.calls import CallRequest, CallRunner, Choice, Delta, Outcome
+from undertow.gateway.config import GatewayConfig
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
 # Every accepted field, and how each is honoured (or why refused), is in the README's
@@ -353,7 +355,8 @@ class MessageStream:
             sse({"type": "message_stop"}, "message_stop")]
 
 
-def add_routes(app: web.Application, runner, sessions, config) -> None:
+def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegistry,
+               config: GatewayConfig) -> None:
     async def messages(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
@@ -368,7 +371,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
         body, _ = await read_json(request, config.max_body_bytes)
         call = parse_request(body, count_only=True, tool_parser=runner.tool_parser)
         text = runner.renderer.with_kwargs(call.template_kwargs).render(
-            call.messages, call.tools, add_generation_prompt=True)
+            call.messages or [], call.tools, add_generation_prompt=True)
         return web.json_response({"input_tokens": len(runner.renderer.encode(text))})
 
     for prefix in ("", "/s/{session}"):

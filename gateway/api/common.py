@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ import orjson
 import xxhash
 from aiohttp import web
 
-from undertow.gateway.calls import CallRequest, Delta, Outcome
+from undertow.gateway.calls import CallRequest, CallRunner, Delta, Outcome
 from undertow.gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from undertow.gateway.sessions import Session, SessionRegistry
 
@@ -109,21 +109,26 @@ class EventFormatter(Protocol):
 
     def begin(self, call_id: str) -> list[bytes]:
         """The events before the call's first output (written once)."""
+        ...
 
     def delta(self, delta: Delta) -> list[bytes]:
         """The events of new output."""
+        ...
 
     def finish(self, outcome: Outcome) -> list[bytes]:
         """The closing events, once the call is recorded."""
+        ...
 
     def keepalive(self) -> bytes:
         """What is written after `keepalive_s` of silence."""
+        ...
 
     def error(self, error: GatewayError) -> bytes:
         """The event that ends a stream which fails after its first byte."""
+        ...
 
 
-async def stream_events(request: web.Request, items: AsyncIterator, keepalive_s: float,
+async def stream_events(request: web.Request, items: AsyncGenerator, keepalive_s: float,
                         formatter: EventFormatter) -> web.StreamResponse:
     """Writes a call's `Delta`s and `Outcome` (`CallRunner.stream`) as the formatter's
     events, as they come, with keep-alives. An error before the first byte is raised
@@ -181,8 +186,9 @@ def client_left(request: web.Request, response: web.StreamResponse | None) -> bo
             and (request.transport is None or request.transport.is_closing()))
 
 
-async def reply_to_call(request: web.Request, runner, session: Session, call: CallRequest,
-                        stream: bool, keepalive_s: float, body_of: Callable[[Outcome], Any],
+async def reply_to_call(request: web.Request, runner: CallRunner, session: Session,
+                        call: CallRequest, stream: bool, keepalive_s: float,
+                        body_of: Callable[[Outcome], Any],
                         formatter: Callable[[], EventFormatter]) -> web.StreamResponse:
     """The reply every scaffold API gives a call: one JSON body made by `body_of` from
     the recorded outcome, or (`stream`) the formatter's events as the call runs."""
@@ -191,10 +197,10 @@ async def reply_to_call(request: web.Request, runner, session: Session, call: Ca
     return await stream_events(request, runner.stream(session, call), keepalive_s, formatter())
 
 
-async def with_keepalive(items: AsyncIterator, interval_s: float) -> AsyncIterator:
+async def with_keepalive(items: AsyncGenerator, interval_s: float) -> AsyncGenerator:
     """Yields the items, and `KEEPALIVE` after each `interval_s` of silence. The
     pending `__anext__` is never cancelled by a keep-alive, only waited on again."""
-    iterator = aiter(items)
+    iterator = items  # an async generator: closed with `aclose` at the end
     pending: asyncio.Task | None = None
     try:
         while True:

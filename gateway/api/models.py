@@ -5,9 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from undertow.gateway.api.common import session_of
+from undertow.gateway.config import GatewayConfig
+from undertow.gateway.sessions import SessionRegistry
 
 
-def add_routes(app: web.Application, sessions, config) -> None:
+def add_routes(app: web.Application, sessions: SessionRegistry, config: GatewayConfig) -> None:
     async def list_models(request: web.Request) -> web.Response:
         session_of(request, sessions)
         return web.json_response({"object": "list", "data": [

@@ -35,8 +35,10 @@ from undertow.gateway.api.output_options import (
     template_variable,
 )
 from undertow.gateway.api.resent_body import KnownBody, parse_resent
-from undertow.gateway.calls import CallRequest, Choice, Delta, Outcome, SamplingParams
+from undertow.gateway.calls import CallRequest, CallRunner, Choice, Delta, Outcome, SamplingParams
+from undertow.gateway.config import GatewayConfig
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
 ACCEPTED = {"model", "messages", "tools", "tool_choice", "n", "stop", "logprobs", "top_logprobs",
@@ -245,7 +247,7 @@ def tool_call_id(call_id: str, index: int) -> str:
     return f"call_{call_id.removeprefix('call-')}_{index}"
 
 
-def logprobs_content(runner, token_ids: list[int], logprobs: list[float]) -> list[dict]:
+def logprobs_content(runner: CallRunner, token_ids: list[int], logprobs: list[float]) -> list[dict]:
     items = []
     for token_id, logprob in zip(token_ids, logprobs, strict=True):
         text = runner.renderer.decode([token_id], skip_special_tokens=False)
@@ -254,7 +256,8 @@ def logprobs_content(runner, token_ids: list[int], logprobs: list[float]) -> lis
     return items
 
 
-def completion_body(runner, request: CallRequest, outcome: Outcome, want_logprobs: bool) -> dict:
+def completion_body(runner: CallRunner, request: CallRequest, outcome: Outcome,
+                    want_logprobs: bool) -> dict:
     choices = []
     for choice in outcome.choices:
         message = dict(choice.message)
@@ -281,7 +284,8 @@ class ChatStream:
     """Formats deltas and the outcome as `chat.completion.chunk` SSE events (an
     `EventFormatter`)."""
 
-    def __init__(self, runner, request: CallRequest, want_logprobs: bool, include_usage: bool):
+    def __init__(self, runner: CallRunner, request: CallRequest, want_logprobs: bool,
+                 include_usage: bool):
         self.runner, self.request = runner, request
         self.want_logprobs, self.include_usage = want_logprobs, include_usage
         self.chunk_id: str | None = None
@@ -335,7 +339,8 @@ class ChatStream:
         return out + [sse("[DONE]")]
 
 
-def add_routes(app: web.Application, runner, sessions, config) -> None:
+def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegistry,
+               config: GatewayConfig) -> None:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         raw = await read_body(request, config.max_body_bytes)
@@ -344,7 +349,7 @@ def add_routes(app: web.Application, runner, sessions, config) -> None:
                                         whole=json_object)
         call = parse_request(body, config.max_n, known, runner.tool_parser,
                              runner.renderer.reads)
-        session.known_messages["chat"] = KnownMessages(body["messages"], call.messages,
+        session.known_messages["chat"] = KnownMessages(body["messages"], call.messages or [],
                                                        known_body)
         call = mark_retry(call, request, raw, known_body.digest if known_body else None)
         want_logprobs = bool(body.get("logprobs"))

@@ -22,8 +22,10 @@ from undertow.gateway.api.common import (
 from undertow.gateway.api.errors import openai_error
 from undertow.gateway.api.openai_chat import parse_sampling, usage
 from undertow.gateway.api.output_options import stream_options
-from undertow.gateway.calls import CallRequest, Delta, Outcome
+from undertow.gateway.calls import CallRequest, CallRunner, Delta, Outcome
+from undertow.gateway.config import GatewayConfig
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.toolparsers import Content
 
 ACCEPTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
@@ -31,7 +33,7 @@ ACCEPTED = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n
             "presence_penalty", "logit_bias", "echo", "best_of", "suffix"}
 
 
-def _prompt_ids(runner, prompt: Any) -> list[int]:
+def _prompt_ids(runner: CallRunner, prompt: Any) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
@@ -45,7 +47,7 @@ def _prompt_ids(runner, prompt: Any) -> list[int]:
                      param="prompt")
 
 
-def parse_request(runner, body: dict[str, Any], max_n: int) -> CallRequest:
+def parse_request(runner: CallRunner, body: dict[str, Any], max_n: int) -> CallRequest:
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
@@ -73,13 +75,14 @@ def _finish(choice) -> str:
     return "length" if (choice.finish_reason or {}).get("type") == "length" else "stop"
 
 
-def _logprobs(runner, token_ids: list[int], logprobs: list[float]) -> dict:
+def _logprobs(runner: CallRunner, token_ids: list[int], logprobs: list[float]) -> dict:
     tokens = [runner.renderer.decode([t], skip_special_tokens=False) for t in token_ids]
     return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
             "text_offset": []}
 
 
-def completion_body(runner, call: CallRequest, outcome: Outcome, want_logprobs: bool) -> dict:
+def completion_body(runner: CallRunner, call: CallRequest, outcome: Outcome,
+                    want_logprobs: bool) -> dict:
     return {"id": f"cmpl-{outcome.choices[0].call_id}", "object": "text_completion",
             "created": outcome.created_s, "model": call.model,
             "choices": [{"index": c.index, "text": c.text, "finish_reason": _finish(c),
@@ -88,7 +91,8 @@ def completion_body(runner, call: CallRequest, outcome: Outcome, want_logprobs: 
             "usage": usage(outcome)}
 
 
-def add_routes(app: web.Application, runner, sessions, config) -> None:
+def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegistry,
+               config: GatewayConfig) -> None:
     async def completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
@@ -108,7 +112,8 @@ class CompletionStream:
     """Formats deltas and the outcome as `text_completion` SSE events (an
     `EventFormatter`); the stream has no opening event."""
 
-    def __init__(self, runner, call: CallRequest, want_logprobs: bool, include_usage: bool):
+    def __init__(self, runner: CallRunner, call: CallRequest, want_logprobs: bool,
+                 include_usage: bool):
         self.runner, self.call = runner, call
         self.want_logprobs, self.include_usage = want_logprobs, include_usage
 

@@ -119,7 +119,7 @@ def _splice(raw: bytes, known: KnownBody, loads
     """The body, where its history ends, the fields after and before the array; None
     where `raw` does not extend `known` (module doc)."""
     end = known.end
-    if not raw.startswith(memoryview(known.raw)[:end]):
+    if end is None or not raw.startswith(memoryview(known.raw)[:end]):
         return None
     before = known.before if known.before is not None else _proved_before(known, loads)
     if before is None:
@@ -169,7 +169,7 @@ def _find_end(raw: bytes, body: dict, key: str, loads) -> tuple[int | None, dict
         past = _past_object(raw, end)
         if past is not None:
             after = _fields_after(raw[end:], loads)
-            if after == expected and list(after) == list(expected):
+            if after is not None and after == expected and list(after) == list(expected):
                 return past, after
         stop = end
     return None, {}

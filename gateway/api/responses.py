@@ -44,8 +44,10 @@ from undertow.gateway.api.output_options import (
     template_variable,
 )
 from undertow.gateway.api.sealed_reasoning import seal, unseal
-from undertow.gateway.calls import CallRequest, Delta, Outcome
+from undertow.gateway.calls import CallRequest, CallRunner, Delta, Outcome
+from undertow.gateway.config import GatewayConfig
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
+from undertow.gateway.sessions import SessionRegistry
 from undertow.gateway.toolparsers import Content, Reasoning, ToolCall
 
 ACCEPTED = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens",
@@ -372,6 +374,7 @@ class ResponseStream:
                 name = ("response.reasoning_summary_text.delta" if kind == "reasoning"
                         else "response.output_text.delta")
                 index = {"summary_index": 0} if kind == "reasoning" else {"content_index": 0}
+                assert self.item is not None  # `_open` set it
                 out.append(self.event(name, item_id=self.item["id"],
                                       output_index=self.output_index, delta=event.text, **index))
             elif isinstance(event, ToolCall):
@@ -385,13 +388,15 @@ class ResponseStream:
         return out
 
     def finish(self, outcome: Outcome) -> list[bytes]:
+        assert self.call_id is not None  # `begin` set it
         response = response_body(self.call, self.body, outcome, self.call_id)
         kind = "response.completed" if response["status"] == "completed" else \
             "response.incomplete"
         return self._close() + [self.event(kind, response=response)]
 
 
-def add_routes(app: web.Application, runner, sessions, config) -> None:
+def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegistry,
+               config: GatewayConfig) -> None:
     async def create_response(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)

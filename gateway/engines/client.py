@@ -48,11 +48,11 @@ Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumula
 `--incremental-streaming-output`; `SGLangClient.generate_stream` yields deltas either way
 (`meta_info.completion_tokens` tells which form a chunk has).
 
-Undertow's own extension of the built-in engine, KV transfer (`export_kv`, `import_kv`,
-`stage_kv`, `release_kv`, `generate_staged_stream`, `KVPayload`, `StagedKV`, `PrefixDigest`;
-`supports_kv_transfer()`, declared on the `EngineDriver` protocol, asks the engine), is optional:
-a real SGLang server reports it unsupported, and the vLLM driver answers False and has none
-of the other methods.
+Undertow's own extension of the built-in engine, KV transfer (the `KVTransfer` protocol:
+`export_kv`, `import_kv`, `stage_kv`, `release_kv`, `generate_staged_stream`, with the
+protocol's `KVPayload`, `StagedKV` and `PrefixDigest`; `supports_kv_transfer()`, declared on
+the `EngineDriver` protocol, asks the engine), is optional: a real SGLang server reports it
+unsupported, and the vLLM driver answers False and has none of the other methods.
 
 `transport.py` holds what it shares with the vLLM driver in `vllm.py` (requests, SSE, errors);
 `sglang_replies.py` reads SGLang's replies into the protocol's results and deltas.
@@ -61,12 +61,9 @@ of the other methods.
         result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
 """
 
-import array
-import hashlib
 import json
-import sys
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -78,9 +75,12 @@ from undertow.gateway.engines.protocol import (
     GenerateChunk,
     GenerateRequest,
     GenerateResult,
+    KVPayload,
     ModelInfo,
     PauseMode,
+    PrefixDigest,
     SamplingParams,
+    StagedKV,
     WeightsNotUpdated,
     random_seed,
 )
@@ -157,52 +157,9 @@ def _sglang_fields(request: GenerateRequest, stream: bool) -> dict[str, Any]:
     return body
 
 
-@dataclass(frozen=True)
-class KVPayload:
-    """The KV of token positions [start, end) of one sequence, as exported by an engine with
-    Undertow's `kv_transfer` extension (`engines/builtin/undertow_kv.py`); `data` is opaque
-    here and goes as it is to another engine's `import_kv`."""
-
-    data: bytes
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class StagedKV:
-    """A staged KV import on an engine (Undertow's `kv_transfer` extension): the KV of the
-    first `num_tokens` tokens of a sequence whose IDs have the `PrefixDigest` `digest`, held
-    in a slot of its own until a `generate_staged_stream` names its `handle`."""
-
-    handle: str
-    num_tokens: int
-    digest: str
-
-
-class PrefixDigest:
-    """A running digest of a sequence's first `num_tokens` token IDs (BLAKE2b of int64
-    little-endian), fed span by span: the same IDs give the same digest however they were cut
-    into spans. Both ends of a KV staging compute it, each from its own record of the IDs, so
-    that a resume can only continue the prefix it names."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.blake2b(digest_size=16)
-        self.num_tokens = 0
-
-    def update(self, token_ids: Sequence[int]) -> None:
-        data = array.array("q", token_ids)
-        if sys.byteorder != "little":
-            data.byteswap()
-        self._hash.update(data)
-        self.num_tokens += len(token_ids)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-
 class SGLangClient(HttpEngine):
     """The `EngineDriver` protocol over SGLang's native HTTP API (SGLang 0.5.23, or the built-in
-    engine)."""
+    engine), and the `KVTransfer` protocol over the built-in engine's extension of it."""
 
     def __init__(self, url: str, session: aiohttp.ClientSession | None = None):
         super().__init__(url, session)
@@ -215,11 +172,11 @@ class SGLangClient(HttpEngine):
         reply = await self._http.request("POST", "/generate", sglang_body(request, stream=False))
         return read_result(reply, request)
 
-    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         return self._chunks("/generate", sglang_body_pieces(request, stream=True), request)
 
     async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
-                      ) -> AsyncIterator[GenerateChunk]:
+                      ) -> AsyncGenerator[GenerateChunk, None]:
         """The deltas of a streamed `/generate`-shaped reply (`sglang_replies.StreamReader`),
         one per event less those a later event of the same read holds (`latest_events`)."""
         reader = StreamReader(request.rid, num_prompt_ids(request))
@@ -374,12 +331,13 @@ class SGLangClient(HttpEngine):
         await self._http.request("POST", "/undertow/release_kv", {"handle": handle})
 
     async def generate_staged_stream(self, request: GenerateRequest,
-                                     staged: StagedKV) -> AsyncIterator[GenerateChunk]:
+                                     staged: StagedKV) -> AsyncGenerator[GenerateChunk, None]:
         """Undertow extension: `generate_stream` of `request`, whose first `staged.num_tokens`
         input IDs are staged on the engine: only the IDs after them are sent, with the
         staging's handle and the digest of the prefix they continue. A 404 (no such
         staging) or 409 (it holds another prefix; it is kept) raises `EngineRejected`
         before any chunk."""
+        assert request.input_ids is not None  # a staging continues token IDs (migration.py)
         suffix = replace(request, input_ids=list(request.input_ids[staged.num_tokens:]),
                          input_ids_json=None)  # the whole prompt's JSON is not needed
         body = sglang_body(suffix, stream=True)

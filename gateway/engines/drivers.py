@@ -9,11 +9,14 @@ each engine stays visible in `/admin/engines`; the same URLs work for
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import EngineDriver
 from undertow.gateway.engines.vllm import VLLMClient
 
-DRIVERS = {"sglang": SGLangClient, "vllm": VLLMClient}
+DRIVERS: dict[str, Callable[[str], EngineDriver]] = {"sglang": SGLangClient,
+                                                   "vllm": VLLMClient}
 
 
 def driver_for_url(url: str) -> EngineDriver:

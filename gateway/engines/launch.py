@@ -97,11 +97,19 @@ class Launcher(Protocol):
     cannot start before the cell's learner member has left them, and a node must have them).
     """
 
-    name: str
-    needs_port: bool
-    ready_timeout_s: float
-    ready_path: str
     uses_gpus: ClassVar[bool]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_port(self) -> bool: ...
+
+    @property
+    def ready_timeout_s(self) -> float: ...
+
+    @property
+    def ready_path(self) -> str: ...
 
     def check(self) -> None: ...
 
@@ -358,6 +366,7 @@ class VLLMLauncher:
 
     async def after_ready(self, driver: EngineDriver) -> None:
         # vLLM takes no weight version on its command line; its default is "default".
+        assert isinstance(driver, VLLMClient)  # what `driver` makes
         await driver.set_weight_version(self.weight_version)
 
 
@@ -497,7 +506,7 @@ async def start_engines(launchers: list[Launcher], model_dir: Path | str, *,
     if failures:
         await asyncio.gather(*(r.stop() for r in results if isinstance(r, RunningEngine)))
         raise failures[0]
-    return list(results)
+    return [r for r in results if isinstance(r, RunningEngine)]
 
 
 @contextlib.asynccontextmanager

@@ -49,11 +49,13 @@ def read_result(reply: dict, request: GenerateRequest) -> GenerateResult:
     length stands in for the first, and the second is unknown (None)."""
     meta = reply["meta_info"]
     prompt_tokens = meta.get("prompt_tokens")
+    finish_reason = FinishReason.from_sglang(meta.get("finish_reason"))
+    if finish_reason is None:
+        raise EngineUnavailable(f"the engine's reply to {request.rid} has no finish_reason")
     return GenerateResult(
         rid=meta.get("id", request.rid), output_ids=list(reply.get("output_ids") or ()),
-        text=reply.get("text") or "",
-        finish_reason=FinishReason.from_sglang(meta.get("finish_reason")),
-        output_token_logprobs=logprob_pairs(meta.get("output_token_logprobs") or ()),
+        text=reply.get("text") or "", finish_reason=finish_reason,
+        output_token_logprobs=logprob_pairs(meta.get("output_token_logprobs") or []),
         prompt_tokens=num_prompt_ids(request) if prompt_tokens is None else prompt_tokens,
         completion_tokens=meta.get("completion_tokens", 0),
         cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))

@@ -4,7 +4,8 @@ errors mapped to `EngineError`s (`HttpTransport`), and what the SGLang and vLLM 
 
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import aiohttp
 import orjson
@@ -102,8 +103,9 @@ class HttpTransport:
         raise EngineUnavailable(f"{self.url}{path} answered {status}: {message}")
 
     async def request(self, method: str, path: str, body: dict | None = None,
-                      params: dict | None = None) -> dict | str:
-        """Send one request; return the parsed JSON reply (or its text if not JSON)."""
+                      params: dict | None = None) -> Any:
+        """Send one request; return the parsed JSON reply (any JSON value: each caller
+        reads the shape its path answers), or its text if not JSON."""
         try:
             async with self._client().request(method, self.url + path, json=body,
                                               params=params) as reply:
@@ -117,7 +119,7 @@ class HttpTransport:
         except ValueError:
             return text
 
-    async def sse(self, path: str, body: dict | list[bytes]) -> AsyncIterator[dict]:
+    async def sse(self, path: str, body: dict | list[bytes]) -> AsyncGenerator[dict, None]:
         """POST `body` (a JSON object, or its bytes in pieces) and yield each `data:` event
         of the SSE reply until `[DONE]` (`sse_batches`, one by one)."""
         async for events in self.sse_batches(path, body):
@@ -125,7 +127,7 @@ class HttpTransport:
                 yield event
 
     async def sse_batches(self, path: str, body: dict | list[bytes]
-                          ) -> AsyncIterator[list[dict]]:
+                          ) -> AsyncGenerator[list[dict], None]:
         """POST `body` (a JSON object, or its bytes in pieces) and yield the `data:` events
         of the SSE reply until `[DONE]`, in lists: those that arrived together (one read
         of the connection), so that a reader may skip what a later one repeats.

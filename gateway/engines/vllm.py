@@ -37,7 +37,7 @@ Read against vLLM 0.32.0's own code (`.venv-vllm`, `vllm/...`), for the points w
   but whose cache reset or version failed is `WeightsNotUpdated` with `loaded=True`.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import aiohttp
 
@@ -134,18 +134,22 @@ class VLLMClient(HttpEngine):
         reply = await self._http.request("POST", "/inference/v1/generate",
                                          await self._body(request, stream=False))
         choice = reply["choices"][0]
-        output_ids = list(choice.get("token_ids") or ())
+        output_ids: list[int] = list(choice.get("token_ids") or ())
         usage = reply.get("usage") or {}
+        finish_reason = _finish_reason(choice, output_ids)
+        if finish_reason is None:
+            raise EngineUnavailable(f"vLLM's reply to {request.rid} has no finish_reason")
         return GenerateResult(
             rid=request.rid, output_ids=output_ids, text=choice.get("text") or "",
-            finish_reason=_finish_reason(choice, output_ids),
+            finish_reason=finish_reason,
             output_token_logprobs=_logprobs(choice, output_ids) if request.return_logprob else [],
             prompt_tokens=usage.get("prompt_tokens", len(request.input_ids or ())),
             completion_tokens=usage.get("completion_tokens", len(output_ids)),
             cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
             weight_version=_weight_version(choice))
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate_stream(self, request: GenerateRequest
+                              ) -> AsyncGenerator[GenerateChunk, None]:
         body = await self._body(request, stream=True)
         num_ids = 0
         last_ids: list[int] = []
@@ -162,7 +166,7 @@ class VLLMClient(HttpEngine):
             if pending is not None:
                 yield pending
             choice = event["choices"][0]
-            output_ids = list(choice.get("token_ids") or ())
+            output_ids: list[int] = list(choice.get("token_ids") or ())
             num_ids += len(output_ids)
             last_ids = output_ids or last_ids
             pending = GenerateChunk(

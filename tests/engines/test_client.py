@@ -3,15 +3,21 @@ and incremental streams, long events) and the faults it must name (4xx with the 
 message, 5xx, a refused connection, a stream that breaks off)."""
 
 import json
+import socket
 
 import pytest
 from aiohttp import web
 
 from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.drivers import DRIVERS
 from undertow.gateway.engines.protocol import (
+    EngineDriver,
     EngineRejected,
     EngineUnavailable,
     GenerateRequest,
+    KVTransfer,
+    SamplingParams,
+    kv_transfer_of,
     result_from_chunks,
 )
 from undertow.gateway.engines.sglang_replies import latest_events
@@ -188,3 +194,29 @@ async def test_a_refused_connection_raises_unavailable_and_health_is_false(unuse
         assert not await client.health()
         with pytest.raises(EngineUnavailable, match="unreachable"):
             await client.generate(REQUEST)
+
+
+async def test_every_driver_is_an_engine_driver_and_the_sglang_one_a_kv_transfer():
+    """The pool drives every engine through `EngineDriver` and migration moves KV through
+    `KVTransfer`, which only the SGLang driver implements; `kv_transfer_of` gives it only
+    where the engine has the extension (nothing listens here: None, no error)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    for kind, make_driver in DRIVERS.items():
+        async with make_driver(url) as driver:
+            assert isinstance(driver, EngineDriver), kind
+            assert isinstance(driver, KVTransfer) == (kind == "sglang")
+            assert await kv_transfer_of(driver) is None
+
+
+async def test_a_choice_gets_its_bound_and_seed_and_the_call_keeps_its_own():
+    call = SamplingParams(max_new_tokens=None, temperature=0.5, stop=("END",), sampling_seed=40)
+    choice = call.for_choice(2, 64)
+    assert choice == SamplingParams(max_new_tokens=64, temperature=0.5, stop=("END",),
+                                    sampling_seed=42)
+    assert call.max_new_tokens is None and call.sampling_seed == 40
+    unseeded = SamplingParams().for_choice(0, 8)
+    assert unseeded.sampling_seed is not None and unseeded.max_new_tokens == 8
+    with pytest.raises(TypeError, match="seed"):
+        call.evolve(seed=1)

@@ -18,8 +18,13 @@ from tests.engines.builtin_client import generate, prompt
 from tests.engines.conftest import start_builtin_engine
 from tests.gateway.capture import calls_of, captured
 from undertow.gateway.app import POOL_KEY
-from undertow.gateway.engines.client import PrefixDigest, SGLangClient, StagedKV
-from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.protocol import (
+    GenerateRequest,
+    PrefixDigest,
+    SamplingParams,
+    StagedKV,
+)
 from undertow.gateway.fleet import EngineRecord
 from undertow.gateway.migration import MigrationConfig, StagedResume, resume_stream
 
@@ -121,7 +126,7 @@ async def test_resume_refused_for_another_prefix_falls_back_to_the_whole_ids(eng
                                   sampling_params=SamplingParams(max_new_tokens=20,
                                                                  temperature=0.0))
         pieces = [piece async for piece in resume_stream(engine, request, StagedResume(
-            engine, StagedKV(staging.handle, staging.num_tokens, digest.hexdigest())))]
+            engine, target, StagedKV(staging.handle, staging.num_tokens, digest.hexdigest())))]
         async with http.get(target_url + "/get_server_info") as reply:
             num_staged = (await reply.json())["num_staged_tokens"]
     assert [t for p in pieces for t in p.output_ids] == expected["output_ids"]

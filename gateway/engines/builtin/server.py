@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -139,6 +139,7 @@ class BuiltinEngine:
         return await asyncio.wrap_future(self.scheduler.call(fn))
 
     def _publish(self, updates: list[Update]) -> None:
+        assert self._loop is not None  # `start` set it before the scheduler ran
         self._loop.call_soon_threadsafe(self._deliver, updates)
 
     def _deliver(self, updates: list[Update]) -> None:
@@ -147,7 +148,7 @@ class BuiltinEngine:
             if queue is not None:
                 queue.put_nowait((num_tokens, finished))
 
-    async def updates(self, request: Request) -> AsyncIterator[tuple[int, bool]]:
+    async def updates(self, request: Request) -> AsyncGenerator[tuple[int, bool], None]:
         """Submit `request`; yield (number of output tokens, finished) as it progresses, skipping
         stale intermediate states. Leaving early (client gone) aborts the request."""
         queue: asyncio.Queue = asyncio.Queue()
@@ -246,7 +247,7 @@ async def _serve(config: EngineConfig) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]
     print(f"undertow engine listening on http://{config.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -247,8 +247,21 @@ def test_policies_are_chosen_by_name_or_plain_dict():
         make_policy("waterfall")
     with pytest.raises(ValueError, match="bad parameters"):
         make_policy({"name": "elastic", "ratio": 2})
-    with pytest.raises(PolicyConfigError, match="at least 1"):
-        make_policy({"name": "split", "num_training_cells": 0})
+    with pytest.raises(PolicyConfigError, match="give 0 or more"):
+        make_policy({"name": "split", "num_training_cells": -1})
+
+
+def test_split_with_no_training_cell_never_moves_and_starts_each_step_at_once():
+    """The run without a pool section (`learner/loop.py`, `one_cell`): one rollout cell,
+    steps dispatched within the staleness bound and opened as soon as dispatched."""
+    policy = make_policy({"name": "split", "num_training_cells": 0, "max_staleness": 1})
+    (cell,) = rollout_cells(2)
+    assert policy.decide(PoolState((cell,), (), num_steps=3)) == [DispatchBatch(0),
+                                                                  StartTraining(0)]
+    running = PoolState((cell,), (batch(finished=0, started=True),), num_steps=3)
+    assert policy.decide(running) == [DispatchBatch(1)]
+    behind = PoolState((cell,), (batch(0, started=True), batch(0, step=1)), num_steps=3)
+    assert policy.decide(behind) == []   # step 2 would train on weights 2 behind
 
 
 def test_decide_is_pure():

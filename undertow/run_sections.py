@@ -2,9 +2,9 @@
 
 `undertow train` reads its config once (`load_sections`: the file, or on resume the latest
 checkpoint's, then the overrides) and builds every section into its part's frozen dataclass
-here; `train_run.py` takes the result and hands each part only its own section. `RunSections.resolved()` is the YAML-safe mapping the checkpoint stores as
-`config.yaml`; building it again gives the same sections, so a resume reads back the run it
-continues.
+here; `train_run.py` takes the result and hands each part only its own section.
+`RunSections.resolved()` is the YAML-safe mapping the checkpoint stores as `config.yaml`;
+building it again gives the same sections, so a resume reads back the run it continues.
 
 Sections: `run` (`RunConfig`, below), `rollout` (`rollout_source.RolloutSection`),
 `learner` (`learner/config.py` TrainConfig), `loss` (`learner/losses.py`), `advantages`

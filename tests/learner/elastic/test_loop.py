@@ -1,5 +1,6 @@
-"""The pool run's loop (`learner/loop.py` with `ElasticLearner`): it streams each step's groups into the
-open elastic step as they finish, and a stopped run resumes from its checkpoint.
+"""The run's loop (`learner/loop.py`) with `ElasticLearner` on a pool of cells: it streams
+each step's groups into the open elastic step as they finish, and a stopped run resumes
+from its checkpoint.
 
 Real parts: the elastic policy, `LocalPool` with learner members as threads
 (`ThreadMembers`), the elastic `Coordinator`, `ElasticLearner` with its checkpoints, on

@@ -5,7 +5,7 @@ the deepest node on its paths that finished sessions of the same group also went
 through. The finished sessions that share that node started the same way, so the
 mean of their rewards estimates what the cut-off session would have earned. The
 estimate uses the group tree as the gateway's admin API returns it (`tree_to_json` in
-`gateway/tree.py`: `nodes` with `id` and `parent`, `sessions` with `leaves`).
+`gateway/trees/tree.py`: `nodes` with `id` and `parent`, `sessions` with `leaves`).
 """
 
 from collections.abc import Mapping

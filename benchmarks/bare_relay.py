@@ -25,9 +25,9 @@ import time
 import orjson
 from aiohttp import web
 
-from undertow.gateway.app import event_loop_factory, tune_gc, tune_malloc
-from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.http1 import Http1Client
+from undertow.gateway.front.app import event_loop_factory, tune_gc, tune_malloc
+from undertow.gateway.front.config import GatewayConfig
 
 __all__ = ["BareRelay", "main"]
 

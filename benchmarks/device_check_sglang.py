@@ -48,8 +48,8 @@ async def group_of_sessions(url: str, model_dir: Path, store_dir: Path,
     """`group_size` sessions with one prompt through a gateway; their completions and seeds."""
     from aiohttp import web
 
-    from undertow.gateway.app import STORE_KEY, create_app
-    from undertow.gateway.config import GatewayConfig
+    from undertow.gateway.front.app import STORE_KEY, create_app
+    from undertow.gateway.front.config import GatewayConfig
 
     app = create_app(GatewayConfig(model_dir=model_dir, store_dir=store_dir,
                                    engine_urls=(url,), admin_token=ADMIN_TOKEN))

@@ -83,8 +83,8 @@ from benchmarks.proxies import (
     stop,
 )
 from undertow.gateway.engines.launch import launch_engine
+from undertow.gateway.front.store import TreeStore
 from undertow.gateway.render import Renderer
-from undertow.gateway.store import TreeStore
 
 RESULTS = Path(__file__).parent / "results" / "gateway.json"
 FORMATS_RESULTS = Path(__file__).parent / "results" / "gateway_formats.json"

@@ -87,7 +87,7 @@ def resolve_model(name_or_dir: str) -> Path:
 
 
 def build_tree(shape: dict, seed: int = 0):
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
 
     rng = random.Random(seed)
     tree = Tree("bench")

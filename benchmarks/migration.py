@@ -5,12 +5,12 @@
                                    [--reps-slow 1] [--modes kv_transfer,re_prefill]
 
 Two built-in engines on the tiny model (one torch thread each), behind the gateway's engine
-pool (`gateway/pool.py`). For each context length L and each mode, a session streams a greedy
-generation from an L-token prompt on engine e0; after 16 tokens the pool drains e0 with
+pool (`gateway/engines/pool.py`). For each context length L and each mode, a session streams a
+greedy generation from an L-token prompt on engine e0; after 16 tokens the pool drains e0 with
 `migrate=True`, and the generation continues on e1. The consumer of `pool.generate` (the code
 that streams to the scaffold) timestamps every token; the pause is the gap between the last
 token produced on e0 and the first produced on e1. Modes: `kv_transfer` (the staged copy of
-`gateway/migration.py`) and `re_prefill` (the same pool with the copy off: e1 prefills the
+`gateway/engines/migration.py`) and `re_prefill` (the same pool with the copy off: e1 prefills the
 history). e1's cache is flushed before each run, so nothing of the session is on it but what
 migration puts there; e0's prefix cache gets the prompt once per L, before the first run (that
 prefill is not part of any pause). Also reported: the median gap between tokens before the
@@ -48,10 +48,10 @@ from pathlib import Path
 
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
+from undertow.gateway.engines.migration import MigrationConfig
+from undertow.gateway.engines.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
 from undertow.gateway.metrics import GatewayMetrics
-from undertow.gateway.migration import MigrationConfig
-from undertow.gateway.pool import EnginePool, PoolConfig
 
 RESULTS = Path(__file__).parent / "results" / "migration.json"
 TOKENS_BEFORE = 16
@@ -127,8 +127,8 @@ async def measure(model_dir: Path, contexts: list[int], modes: list[str],
                   reps: dict[tuple[str, int], int]) -> list[dict]:
     launcher = BuiltinLauncher(overrides={"num_threads": 1, "cache_bytes": CACHE_BYTES})
     moved = MovedLog()
-    logging.getLogger("undertow.gateway.migration").addHandler(moved)
-    logging.getLogger("undertow.gateway.migration").setLevel(logging.INFO)
+    logging.getLogger("undertow.gateway.engines.migration").addHandler(moved)
+    logging.getLogger("undertow.gateway.engines.migration").setLevel(logging.INFO)
     rows = []
     async with launch_engine(launcher, model_dir) as first, \
             launch_engine(launcher, model_dir) as second:

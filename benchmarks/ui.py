@@ -29,8 +29,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import Tree
+from undertow.gateway.front.store import TreeStore
+from undertow.gateway.trees.tree import Tree
 
 RESULTS_DIR = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parents[1]

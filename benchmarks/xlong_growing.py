@@ -21,7 +21,7 @@ work in calls `OWN_WORK_START` .. `OWN_WORK_START + WINDOW - 1`.
 
 What the two do differently, for reading the ratio: the relay parses every body whole
 (orjson) and sends its engine a fixed ~2,000-token prompt; the gateway parses only what a
-body adds (`gateway/api/resent_body.py`), tokenizes the new observation, sends its engine
+body adds (`gateway/front/api/resent_body.py`), tokenizes the new observation, sends its engine
 the whole history's IDs (3.8 MB of JSON at 1M tokens), detokenizes and parses the ~116
 streamed tokens of each reply, and records the call (tree, write-ahead log, heads).
 `costs` measures, in this process after the run, what of that can be timed apart on the
@@ -55,8 +55,8 @@ from benchmarks.proxies import (
     stop,
 )
 from benchmarks.xlong_session import Texts, rss_bytes
-from undertow.gateway.api.resent_body import parse_resent
 from undertow.gateway.engines.scripted import ScriptedEngine
+from undertow.gateway.front.api.resent_body import parse_resent
 from undertow.gateway.render import Renderer
 
 NUM_CALLS = 500

@@ -64,7 +64,7 @@ def _ids(rng: random.Random, num: int) -> list[int]:
 
 def group_tree(seed: int = 0):
     """Part (a)'s sessions at CPU scale: a shared task, growing histories, condensed."""
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
 
     rng = random.Random(seed)
     tree = Tree("xlong")
@@ -85,7 +85,7 @@ def group_tree(seed: int = 0):
 
 def path_tree(num_tokens: int, seed: int = 0):
     """One session whose single path has `num_tokens` tokens, 15% sampled."""
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
 
     rng = random.Random(seed)
     tree = Tree("xlong-path")

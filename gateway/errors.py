@@ -1,7 +1,7 @@
 """The gateway package's exceptions, one tree with one root (`tests/test_layering.py`
 checks it). The API errors' status codes are fixed here, and each API formats them in its
 own SDKs' error shape (`api/errors.py`); the others are translated into API errors where
-they reach a scaffold's call, once, with `isinstance` (`calls.py`).
+they reach a scaffold's call, once, with `isinstance` (`front/calls.py`).
 
     GatewayError                 500  (anything unexpected)
     ├── BadRequest               400  malformed JSON, bad fields, template refusal
@@ -12,7 +12,7 @@ they reach a scaffold's call, once, with `isinstance` (`calls.py`).
     ├── PayloadTooLarge          413  body over `max_body_bytes`
     ├── Busy                     429  engine pool at its admission limit (Retry-After)
     ├── Unavailable              503  no engine alive
-    ├── PoolError                     the engine pool (`pool.py`), below
+    ├── PoolError                     the engine pool (`engines/pool.py`), below
     │   ├── PoolBusy             429  every engine at its admission limit -> Busy
     │   ├── PoolUnavailable      503  no healthy engine -> Unavailable
     │   └── UnknownEngine        404  (also a KeyError) no engine with this ID
@@ -22,8 +22,7 @@ they reach a scaffold's call, once, with `isinstance` (`calls.py`).
     │   │   └── WeightsNotUpdated     a weight update did not complete
     │   ├── EngineLaunchError         a launcher could not start an engine
     │   └── HttpError                 the connection failed or broke HTTP/1.1 (`engines/http1.py`)
-    ├── TreeError                     (also a ValueError) a call that does not fit (`tree.py`)
-    ├── StoreDamaged                  (also a ValueError) a damaged line (`store.py`)
+    ├── StoreDamaged                  (also a ValueError) a damaged line (`front/store.py`)
     └── BuiltinEngineError            the built-in engine's server (`engines/builtin/errors.py`)
         ├── BadRequest                its HTTP 400
         ├── WeightLoadError           weights that do not fit the served model
@@ -31,6 +30,9 @@ they reach a scaffold's call, once, with `isinstance` (`calls.py`).
         └── TransferConflict          KV not where a transfer assumes (`builtin/undertow_kv.py`)
 
 `status` is the HTTP status the gateway answers with when such an error reaches a client.
+The tree data model's `TreeError` (a `ValueError`) is no `GatewayError`: it is the root of
+`trees/errors.py`, so that the learner imports the trees without this tree. Where the front
+records a call (`front/call_record.py`) it becomes a `GatewayError` (500), once.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class Unavailable(GatewayError):
 
 
 class PoolError(GatewayError):
-    """Base of the engine pool's errors (`pool.py`)."""
+    """Base of the engine pool's errors (`engines/pool.py`)."""
 
 
 class PoolBusy(PoolError):

@@ -7,7 +7,7 @@ torch into the gateway).
 them, `generation_config.json`); a call with tools renders the `tool_use` template when
 the model has one. Token truth,
 which decides when a prompt reuses a session's earlier token IDs, is in
-`tokentruth.py`; this module only renders and codes.
+`front/tokentruth.py`; this module only renders and codes.
 
 `Detokenizer` turns a growing list of sampled IDs into text deltas without decoding
 the whole completion at every token, and holds back a trailing partial UTF-8
@@ -27,7 +27,7 @@ from jinja2 import meta
 from tokenizers import Tokenizer
 
 from undertow.gateway.errors import BadRequest
-from undertow.gateway.template_env import (
+from undertow.gateway.trees.template_env import (
     chat_template_environment,
     read_chat_templates,
     special_token_text,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 
 SCALES = ("std", "none")
 TIMEOUT_REWARDS = ("partial_credit", "tree_value")

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import yaml
 
-from undertow.gateway.template_env import CHAT_TEMPLATE_DIR
-from undertow.gateway.tree import tree_from_json, tree_to_json
+from undertow.gateway.trees.template_env import CHAT_TEMPLATE_DIR
+from undertow.gateway.trees.tree import tree_from_json, tree_to_json
 from undertow.learner.causal_lm import CausalLM
 
 CHECKPOINTS = "checkpoints"

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from undertow.gateway.tree import Tree, tree_from_json
+from undertow.gateway.trees.tree import Tree, tree_from_json
 from undertow.learner.errors import LearnerError
 
 

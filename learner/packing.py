@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from undertow.gateway.tree import ROOT, Tree
+from undertow.gateway.trees.tree import ROOT, Tree
 from undertow.learner.errors import EmptyStepError
 
 SessionKey = tuple[str, str]

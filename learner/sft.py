@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.checkpoint import write_model_dir
 from undertow.learner.config import SFTConfig, torch_dtype
 from undertow.learner.losses import LossConfig, step_weights

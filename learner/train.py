@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
 from undertow.learner.checkpoint import (
     PendingGroup,

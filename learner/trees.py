@@ -1,6 +1,6 @@
 """Group trees as the learner reads them from a gateway store, and their staleness.
 
-The learner may import only the tree data model of the gateway (`undertow.gateway.tree`),
+The learner may import only the tree data model of the gateway (`undertow.gateway.trees.tree`),
 which also holds the JSON form of trees (`tree_to_json`, `tree_from_json`: the admin
 API's answer, and the form checkpoints keep); this module reads the other form the gateway
 writes:
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from undertow.gateway.tree import Tree, replay_log
+from undertow.gateway.trees.tree import Tree, replay_log
 
 
 def load_store_tree(path: Path) -> Tree:

@@ -13,9 +13,9 @@ from undertow.cli import build_parser, main
 from undertow.commands.engine import engine_config
 from undertow.commands.gateway import gateway_config
 from undertow.commands.rollout import rollout_command
-from undertow.gateway.config import AutoSessionsConfig, GatewayConfig
 from undertow.gateway.engines.builtin.server import EngineConfig
-from undertow.gateway.router import RouterConfig
+from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.front.config import AutoSessionsConfig, GatewayConfig
 from undertow.rollout_run import RolloutCommand
 
 REPO = Path(__file__).resolve().parents[1]

@@ -51,7 +51,7 @@ def test_make_device_check_without_cuda_prints_not_run_rows():
 
 
 def test_model_flops_of_one_causal_chain_are_the_hand_count():
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
     from undertow.learner.packing import pack_step
 
     tree = Tree("g")

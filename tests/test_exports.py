@@ -8,7 +8,7 @@ import pytest
 
 from undertow.cli import main
 from undertow.exports import read_sft_trees, sft_records
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.trees import load_store_trees
 
 GOLD = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x\n+y\n"

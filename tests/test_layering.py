@@ -131,14 +131,10 @@ def test_package_import_edges(package):
 
 
 def test_learner_uses_only_the_gateway_tree_model():
-    """The tree data model, the exception root its `TreeError` hangs from, and the one
-    chat-template environment (the learner renders its built models' template in it)."""
-    allowed = ("undertow.gateway.tree", "undertow.gateway.errors",
-               "undertow.gateway.template_env")
+    """The learner, imported, loads no gateway module outside `undertow.gateway.trees`."""
     for module in _all_modules("undertow.learner"):
-        imported = _imported_by(module)
-        gateway = [m for m in imported if m.startswith("undertow.gateway.")
-                   and m not in allowed]
+        gateway = [m for m in _imported_by(module) if m.startswith("undertow.gateway.")
+                   and not m.startswith("undertow.gateway.trees")]
         assert not gateway, f"{module} imports gateway internals {gateway[:3]}"
 
 
@@ -152,7 +148,8 @@ def test_package_root_does_not_import_torch(package):
 # (no import), so function-level imports count and a cycle is found even where Python's
 # import order happens to hide it. Imports under `if TYPE_CHECKING:` never run: left out.
 
-PACKAGES = ("undertow.gateway", "undertow.adapters", "undertow.learner", "undertow.sandboxes")
+PACKAGES = ("undertow.gateway.trees", "undertow.gateway",
+            "undertow.adapters", "undertow.learner", "undertow.sandboxes")
 
 
 @functools.cache
@@ -370,3 +367,61 @@ def test_one_exception_root_per_package_in_its_errors_module(package):
     assert len(roots) == 1 and roots[0].startswith(f"{package}.errors:"), (
         f"{package} has exception roots {roots}; it should have one, in {package}.errors, "
         "and every other exception of the package under it")
+
+
+# importer -> (the gateway modules it must never import, at any level, as `_imports` reads
+# them; the ones of those it may). The gateway's root modules are those the three share.
+GATEWAY_EDGES = {
+    "undertow.learner": (("undertow.gateway",), ("undertow.gateway.trees",)),
+    "undertow.gateway.trees": (("undertow.gateway",), ("undertow.gateway.trees",)),
+    "undertow.gateway.engines": (("undertow.gateway.front",), ()),
+    "undertow.gateway": (("undertow.gateway.front", "undertow.gateway.engines"), ()),
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _gateway_edge_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """The imports in `graph` that GATEWAY_EDGES forbids, as "a imports b"."""
+    breaks = []
+    for module, imported in sorted(graph.items()):
+        importer = next((p for p in GATEWAY_EDGES if _within(module, p)), None)
+        if importer == "undertow.gateway" and module.count(".") > 2:
+            continue   # the front (a subpackage not listed), which may import all of it
+        if importer is None:
+            continue
+        forbidden, allowed = GATEWAY_EDGES[importer]
+        breaks += [f"{module} imports {target}" for target in sorted(imported)
+                   if target != "undertow.gateway"
+                   and any(_within(target, p) for p in forbidden)
+                   and not any(_within(target, p) for p in allowed)]
+    return breaks
+
+
+def test_gateway_edge_check_finds_each_kind_of_break():
+    graph = {"undertow.learner.train": {"undertow.gateway.trees.tree",
+                                        "undertow.gateway.errors"},
+             "undertow.gateway.trees.tree": {"undertow.gateway.trees.errors",
+                                             "undertow.gateway.metrics"},
+             "undertow.gateway.engines.pool": {"undertow.gateway.front.store",
+                                               "undertow.gateway.errors"},
+             "undertow.gateway.render": {"undertow.gateway.engines.protocol",
+                                         "undertow.gateway.trees.template_env"},
+             "undertow.gateway.front.app": {"undertow.gateway.engines.pool",
+                                            "undertow.gateway.render"}}
+    assert _gateway_edge_breaks(graph) == [
+        "undertow.gateway.engines.pool imports undertow.gateway.front.store",
+        "undertow.gateway.render imports undertow.gateway.engines.protocol",
+        "undertow.gateway.trees.tree imports undertow.gateway.metrics",
+        "undertow.learner.train imports undertow.gateway.errors"]
+
+
+def test_gateway_packages_import_only_downwards():
+    """front -> engines -> the gateway's root -> trees; the learner -> trees alone."""
+    graph = {module: _imports(module) for module in _sources()}
+    assert "undertow.gateway.trees.tree" in graph["undertow.learner.packing"]
+    assert "undertow.gateway.engines.pool" in graph["undertow.gateway.front.app"]
+    breaks = _gateway_edge_breaks(graph)
+    assert not breaks, "imports docs/design.md (\"Layout\") forbids:\n" + "\n".join(breaks)

@@ -148,14 +148,14 @@ def _add_trees(commands) -> None:
 
 
 def _trees_show(args) -> int:
-    from undertow.gateway.trees_cli import show
+    from undertow.gateway.front.trees_cli import show
 
     print(show(args.store, group=args.group, session=args.session, max_tokens=args.max_tokens))
     return 0
 
 
 def _trees_stats(args) -> int:
-    from undertow.gateway.trees_cli import stats
+    from undertow.gateway.front.trees_cli import stats
 
     print(stats(args.store))
     return 0

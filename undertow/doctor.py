@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from undertow.gateway.template_env import read_chat_templates
+from undertow.gateway.trees.template_env import read_chat_templates
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = REPO / "system-packages.txt"

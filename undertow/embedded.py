@@ -34,8 +34,8 @@ async def serve_gateway(model_dir: Path, store_dir: Path, engine_urls: Sequence[
     an empty `admin_token` is replaced by a fresh one."""
     from aiohttp import web
 
-    from undertow.gateway.app import create_app
-    from undertow.gateway.config import GatewayConfig
+    from undertow.gateway.front.app import create_app
+    from undertow.gateway.front.config import GatewayConfig
 
     token = admin_token or secrets.token_hex(16)
     gateway_config = GatewayConfig(model_dir=Path(model_dir), store_dir=Path(store_dir),

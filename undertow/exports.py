@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.sandboxes.artefacts import without_new_artefacts
 
 # adapters/rollout.py keeps the last 20,000 characters of a session's diff.

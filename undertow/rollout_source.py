@@ -157,7 +157,7 @@ class ThreadedGroupSource:
         return None
 
     def _tree(self, outcome: GroupOutcome):
-        from undertow.gateway.tree import Tree
+        from undertow.gateway.trees.tree import Tree
 
         return self.admin.group_tree(outcome.group) if outcome.num_opened else \
             Tree(outcome.group)

@@ -42,7 +42,7 @@ def imitation_trees(tasks, model_dir: Path) -> list:
     """One tree per task that lists replies: a closed session per reply, each reply's
     tokens (and the turn end) as sampled tokens after the rendered prompt."""
     from undertow.gateway.render import Renderer
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
 
     renderer = Renderer(model_dir)
     (turn_end_id,) = renderer.encode(renderer.turn_end.strip())

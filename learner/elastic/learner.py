@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.elastic.step import Coordinator, ElasticStepResult
 from undertow.learner.errors import EmptyStepError
 from undertow.learner.train import Learner

@@ -16,14 +16,14 @@ That is what lets the gateway extend a session's token IDs instead of
 re-tokenizing it.
 
 `render_chat` renders in the gateway's chat-template environment
-(`gateway/template_env.py`: the Jinja settings of `transformers`' `apply_chat_template`),
+(`gateway/trees/template_env.py`: the Jinja settings of `transformers`' `apply_chat_template`),
 the one the gateway and the built-in engine render every template in.
 '''
 
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from undertow.gateway.template_env import chat_template_environment
+from undertow.gateway.trees.template_env import chat_template_environment
 from undertow.learner.errors import LearnerError
 
 CHAT_TEMPLATE = """\

@@ -101,7 +101,7 @@ async def test_failed_sessions_are_rerun_closed_as_failures_and_never_trained(
     assert "say-it" in crashed.error and "crash_first" in crashed.error
 
     tree = await scripted_gateway.admin.group_tree("g-faults")
-    from undertow.gateway.tree import tree_from_json
+    from undertow.gateway.trees.tree import tree_from_json
 
     tree = tree_from_json(tree)
     # The crashed session opened, called and closed: it is in the tree, marked.

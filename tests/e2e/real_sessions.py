@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from tests.e2e.engine_recorder import Generation
 from tests.gateway.capture import captured
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 
 ASSISTANT_ITEMS = ("function_call", "reasoning")  # Responses items the model wrote
 MARK = "\x00MARK\x00"

@@ -53,7 +53,7 @@ from tests.e2e.real_sessions import assert_token_truth
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.embedded import serve_gateway
 from undertow.gateway.engines.launch import BuiltinLauncher, VLLMLauncher, start_engine
-from undertow.gateway.tree import tree_from_json
+from undertow.gateway.trees.tree import tree_from_json
 
 # A test's time includes its class's engine start: vLLM's took 4-7 minutes here under load.
 pytestmark = [pytest.mark.slow, pytest.mark.qwen, pytest.mark.agents, pytest.mark.timeout(2400),

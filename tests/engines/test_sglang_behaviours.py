@@ -18,6 +18,7 @@ from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
 from tests.gateway.capture import captured
 from tests.gateway.conftest import make_gateway, renderer  # noqa: F401 (fixtures)
 from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.protocol import (
     EngineError,
     GenerateChunk,
@@ -26,7 +27,6 @@ from undertow.gateway.engines.protocol import (
     WeightsNotUpdated,
     result_from_chunks,
 )
-from undertow.gateway.pool import EnginePool, PoolConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

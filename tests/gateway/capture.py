@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 
 
 @dataclass

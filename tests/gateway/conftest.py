@@ -15,8 +15,8 @@ from aiohttp import web
 
 from tests.engines.conftest import start_builtin_engine
 from tests.gateway.scripted_engine import ScriptedEngine
-from undertow.gateway.app import STORE_KEY, create_app
-from undertow.gateway.config import GatewayConfig
+from undertow.gateway.front.app import STORE_KEY, create_app
+from undertow.gateway.front.config import GatewayConfig
 from undertow.gateway.render import Renderer
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

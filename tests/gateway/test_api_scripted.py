@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.gateway.capture import calls_of, captured
-from undertow.gateway.app import SESSIONS_KEY
+from undertow.gateway.front.app import SESSIONS_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

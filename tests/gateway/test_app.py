@@ -1,4 +1,4 @@
-"""The gateway process's settings (`gateway/app.py`): what `serve` changes process-wide."""
+"""The gateway process's settings (`gateway/front/app.py`): what `serve` changes process-wide."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 # bytes) 20 times, and prints the minor page faults per body.
 READ_BODIES = """
 import resource, sys
-from undertow.gateway.app import tune_malloc
+from undertow.gateway.front.app import tune_malloc
 if sys.argv[1] == "tuned":
     assert tune_malloc()
 piece = bytes(256 * 1024)

@@ -1,4 +1,4 @@
-"""Auto-sessions (`gateway/auto_sessions.py`): unknown keys open their own sessions.
+"""Auto-sessions (`gateway/front/auto_sessions.py`): unknown keys open their own sessions.
 
 A gateway with `auto_sessions` in front of the scripted engine, reached by the real
 OpenAI and Anthropic SDKs with keys the gateway never issued. Checked: two clients on
@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of, captured
-from undertow.gateway.app import AUTO_SESSIONS_KEY, SESSIONS_KEY
-from undertow.gateway.config import AutoSessionsConfig
-from undertow.gateway.trees_cli import show
+from undertow.gateway.front.app import AUTO_SESSIONS_KEY, SESSIONS_KEY
+from undertow.gateway.front.config import AutoSessionsConfig
+from undertow.gateway.front.trees_cli import show
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 GROUP = "interactive"

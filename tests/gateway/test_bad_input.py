@@ -10,10 +10,10 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of
-from undertow.gateway.api.openai_chat import KnownMessages, parse_messages
-from undertow.gateway.app import POOL_KEY, SESSIONS_KEY
+from undertow.gateway.engines.router import RouterConfig
 from undertow.gateway.errors import BadRequest
-from undertow.gateway.router import RouterConfig
+from undertow.gateway.front.api.openai_chat import KnownMessages, parse_messages
+from undertow.gateway.front.app import POOL_KEY, SESSIONS_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -11,8 +11,8 @@ import pytest
 
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.test_api_scripted import script
-from undertow.gateway.app import RUNNER_KEY, SESSIONS_KEY
-from undertow.gateway.calls import CallRequest, Delta, SamplingParams
+from undertow.gateway.front.app import RUNNER_KEY, SESSIONS_KEY
+from undertow.gateway.front.calls import CallRequest, Delta, SamplingParams
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from undertow.gateway.calls import api_error_of
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.http1 import HttpError
 from undertow.gateway.engines.protocol import (
@@ -29,8 +28,9 @@ from undertow.gateway.errors import (
     Unavailable,
     UnknownEngine,
 )
-from undertow.gateway.store import StoreDamaged
-from undertow.gateway.tree import TreeError
+from undertow.gateway.front.calls import api_error_of
+from undertow.gateway.front.store import StoreDamaged
+from undertow.gateway.trees.tree import TreeError
 
 
 def test_pool_errors_become_the_api_errors_a_scaffold_gets():
@@ -62,11 +62,12 @@ def test_one_root_and_the_status_each_would_answer_with():
                                                             url="http://e"))
     assert (PoolBusy(1.0).status, PoolUnavailable("x").status, UnknownEngine("e").status) == (
         429, 503, 404)
-    for error in (EngineUnavailable("x"), HttpError("x"), PoolBusy(1.0), TreeError("x"),
+    for error in (EngineUnavailable("x"), HttpError("x"), PoolBusy(1.0),
                   StoreDamaged(Path("store/g.jsonl"), 3, "torn")):
         assert isinstance(error, GatewayError) and isinstance(error.status, int)
     assert isinstance(UnknownEngine("e"), PoolError | KeyError)
     assert isinstance(HttpError("x"), EngineError)
+    assert not isinstance(TreeError("x"), GatewayError)
     assert isinstance(TreeError("x"), ValueError) and isinstance(
         StoreDamaged(Path("store/g.jsonl"), 1, "r"), ValueError)
 
@@ -90,7 +91,7 @@ async def test_a_5xx_error_is_logged_with_its_trace_and_a_4xx_is_not(caplog):
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from undertow.gateway.api.errors import error_middleware
+    from undertow.gateway.front.api.errors import error_middleware
 
     async def engine_down(request):
         raise EngineUnavailable("engine http://10.0.0.9:30000 is unreachable")
@@ -102,7 +103,7 @@ async def test_a_5xx_error_is_logged_with_its_trace_and_a_4xx_is_not(caplog):
     app.router.add_post("/v1/chat/completions", engine_down)
     app.router.add_post("/v1/messages", bad_json)
     async with TestClient(TestServer(app)) as client:
-        with caplog.at_level("ERROR", logger="undertow.gateway.api.errors"):
+        with caplog.at_level("ERROR", logger="undertow.gateway.front.api.errors"):
             down = await client.post("/v1/chat/completions", json={})
             refused = await client.post("/v1/messages", json={})
             body = await down.json()

@@ -30,15 +30,15 @@ from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.mini_swe_agent import MiniSweAgent
 from undertow.adapters.rollout import Rollout, RolloutConfig
 from undertow.embedded import serve_gateway
-from undertow.gateway.api.openai_chat import parse_messages
-from undertow.gateway.app import STORE_KEY
 from undertow.gateway.engines.scripted import ScriptedEngine
-from undertow.gateway.head_replay import message_of_events
+from undertow.gateway.front.api.openai_chat import parse_messages
+from undertow.gateway.front.app import STORE_KEY
+from undertow.gateway.front.head_replay import message_of_events
+from undertow.gateway.front.sessions import Session
+from undertow.gateway.front.tokentruth import Head, build_prompt
+from undertow.gateway.front.toolparsers import PARSERS, create_parser, parser_of_template
 from undertow.gateway.render import Renderer, TemplateError
-from undertow.gateway.sessions import Session
-from undertow.gateway.tokentruth import Head, build_prompt
-from undertow.gateway.toolparsers import PARSERS, create_parser, parser_of_template
-from undertow.gateway.tree import Tree, tree_from_json
+from undertow.gateway.trees.tree import Tree, tree_from_json
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command",

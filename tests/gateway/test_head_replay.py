@@ -15,7 +15,7 @@ from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.test_api_scripted import OPENAI_TOOLS, TOOL_TEXT, script
 from tests.gateway.test_calls import LONG, SHORT, conversations
-from undertow.gateway.app import STORE_KEY
+from undertow.gateway.front.app import STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -15,16 +15,16 @@ import tracemalloc
 import openai
 import pytest
 
-from undertow.gateway.token_path import TokenPath
-from undertow.gateway.tree import ROOT, Tree, tree_from_json, tree_to_json
+from undertow.gateway.front.token_path import TokenPath
+from undertow.gateway.trees.tree import ROOT, Tree, tree_from_json, tree_to_json
 
 NUM_CALLS = 40
 NUM_WORDS = 300
 # where a call's token IDs are kept between calls: heads, prompts, paths and the tree.
 # (The engine request's JSON, in `engines/protocol.py`, is kept in at most 64 pieces,
 # joined once every 32 calls of a session: a copy amortised over those calls.)
-STATE_FILES = ("call_record.py", "calls.py", "sessions.py", "tokentruth.py",
-               "token_path.py", "tree.py")
+STATE_FILES = ("front/call_record.py", "front/calls.py", "front/sessions.py", "front/tokentruth.py",
+               "front/token_path.py", "trees/tree.py")
 WORDS = ["file", "test", "error", "line", "return", "value", "import", "class", "patch"]
 
 
@@ -144,7 +144,7 @@ async def test_a_growing_session_parses_only_the_messages_each_call_adds(gateway
         for call in range(1, NUM_CALLS + 1):
             request = client.chat.completions.create(model="m", messages=messages)
             if call in (10, NUM_CALLS):
-                reply, sizes = await traced(request, ("*/gateway/api/*",))
+                reply, sizes = await traced(request, ("*/gateway/front/api/*",))
                 kept[call] = sum(sizes)
             else:
                 reply = await request

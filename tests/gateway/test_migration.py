@@ -17,16 +17,16 @@ import pytest
 from tests.engines.builtin_client import generate, prompt
 from tests.engines.conftest import start_builtin_engine
 from tests.gateway.capture import calls_of, captured
-from undertow.gateway.app import POOL_KEY
 from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.fleet import EngineRecord
+from undertow.gateway.engines.migration import MigrationConfig, StagedResume, resume_stream
 from undertow.gateway.engines.protocol import (
     GenerateRequest,
     PrefixDigest,
     SamplingParams,
     StagedKV,
 )
-from undertow.gateway.fleet import EngineRecord
-from undertow.gateway.migration import MigrationConfig, StagedResume, resume_stream
+from undertow.gateway.front.app import POOL_KEY
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
@@ -65,7 +65,7 @@ async def test_drained_engines_session_continues_with_its_tree_exact(
     session = await gateway.open_session()
     client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"])
     pieces, drained = [], None
-    caplog.set_level(logging.INFO, logger="undertow.gateway.migration")
+    caplog.set_level(logging.INFO, logger="undertow.gateway.engines.migration")
     try:
         stream = await client.completions.create(model="m", prompt=input_ids, stream=True,
                                                  max_tokens=NUM_TOKENS, temperature=0.0)
@@ -98,8 +98,11 @@ async def test_drained_engines_session_continues_with_its_tree_exact(
     else:
         assert moved == []
     # The resume started from the staging (no fallback to re-prefill), which is used up.
-    assert [r.getMessage() for r in caplog.records
-            if r.name == "undertow.gateway.migration" and r.levelno >= logging.WARNING] == []
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "undertow.gateway.engines.migration" and r.levelno >= logging.WARNING
+    ] == []
     async with aiohttp.ClientSession() as http:
         for url in engine_pair:
             async with http.get(url + "/get_server_info") as reply:

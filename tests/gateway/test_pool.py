@@ -26,12 +26,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.scripted_engine import ScriptedEngine
-from undertow.gateway.api.engines_admin import add_engine_routes
-from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
-from undertow.gateway.inflight import InFlightConfig
-from undertow.gateway.metrics import GatewayMetrics
-from undertow.gateway.migration import MigrationConfig
-from undertow.gateway.pool import (
+from undertow.gateway.engines.inflight import InFlightConfig
+from undertow.gateway.engines.migration import MigrationConfig
+from undertow.gateway.engines.pool import (
     EnginePool,
     GenerationChunk,
     PoolBusy,
@@ -39,7 +36,10 @@ from undertow.gateway.pool import (
     PoolUnavailable,
     UnknownEngine,
 )
-from undertow.gateway.router import EngineState, RouterConfig
+from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.router import EngineState, RouterConfig
+from undertow.gateway.front.api.engines_admin import add_engine_routes
+from undertow.gateway.metrics import GatewayMetrics
 
 PROMPT = [5, 17, 42, 99, 123, 7, 64, 300]
 

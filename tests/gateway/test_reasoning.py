@@ -18,7 +18,7 @@ import pytest
 from tests.gateway.capture import calls_of
 from tests.gateway.conftest import ADMIN_TOKEN, Gateway, start_gateway
 from tests.gateway.thinking_template import HARMONY, thinking_model_dir
-from undertow.gateway.app import METRICS_KEY, RUNNER_KEY, STORE_KEY
+from undertow.gateway.front.app import METRICS_KEY, RUNNER_KEY, STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

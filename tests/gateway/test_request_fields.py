@@ -16,8 +16,8 @@ import pytest
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import Gateway, start_gateway
 from tests.gateway.thinking_template import TEMPLATE, thinking_model_dir
-from undertow.gateway.api.sealed_reasoning import MARKER, seal, unseal
 from undertow.gateway.errors import BadRequest
+from undertow.gateway.front.api.sealed_reasoning import MARKER, seal, unseal
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
 

@@ -1,4 +1,4 @@
-"""A re-sent body is parsed and hashed where it is new (`gateway/api/resent_body.py`): the
+"""A re-sent body is parsed and hashed where it is new (`gateway/front/api/resent_body.py`): the
 result is always what parsing the whole body gives, its digest always the whole body's
 XXH3, and a body that extends the previous one costs the parser and the hash its new
 bytes, not its history (counted: the bytes handed to them)."""
@@ -10,7 +10,7 @@ import orjson
 import pytest
 import xxhash
 
-from undertow.gateway.api.resent_body import KnownBody, parse_resent
+from undertow.gateway.front.api.resent_body import KnownBody, parse_resent
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run [a] {command}",

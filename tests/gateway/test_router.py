@@ -2,7 +2,7 @@
 
 import pytest
 
-from undertow.gateway.router import (
+from undertow.gateway.engines.router import (
     Decision,
     EngineLoad,
     EngineState,

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of, captured
-from undertow.gateway.toolparsers import forced_calls_schema
+from undertow.gateway.front.toolparsers import forced_calls_schema
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

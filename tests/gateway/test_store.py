@@ -22,10 +22,10 @@ import pytest
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.test_api_scripted import script
-from undertow.gateway.app import SESSIONS_KEY, STORE_KEY
-from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import tree_to_json
-from undertow.gateway.trees_cli import show, stats
+from undertow.gateway.front.app import SESSIONS_KEY, STORE_KEY
+from undertow.gateway.front.store import TreeStore
+from undertow.gateway.front.trees_cli import show, stats
+from undertow.gateway.trees.tree import tree_to_json
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LISTENING = "undertow gateway listening on "

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
-from undertow.gateway.app import METRICS_KEY, STORE_KEY
-from undertow.gateway.store import TreeStore
+from undertow.gateway.front.app import METRICS_KEY, STORE_KEY
+from undertow.gateway.front.store import TreeStore
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -1,4 +1,4 @@
-"""The one chat-template environment (`gateway/template_env.py`): the gateway's renderer,
+"""The one chat-template environment (`gateway/trees/template_env.py`): the gateway's renderer,
 the built-in engine's tokenizer and the learner's built-model template render one text,
 each with `transformers`' Jinja settings, and each refuses with its own package's error; and
 where a model directory keeps its templates (`read_chat_templates`), each form read as
@@ -11,9 +11,9 @@ import pytest
 from undertow.doctor import check_model_dir
 from undertow.gateway.engines.builtin import errors as builtin_errors
 from undertow.gateway.engines.builtin.tokenizer import Tokenizer
+from undertow.gateway.front.toolparsers.detect import parser_of_template, template_of
 from undertow.gateway.render import Renderer, TemplateError
-from undertow.gateway.template_env import chat_template_environment, read_chat_templates
-from undertow.gateway.toolparsers.detect import parser_of_template, template_of
+from undertow.gateway.trees.template_env import chat_template_environment, read_chat_templates
 from undertow.learner.modeldir.chat_template import ChatTemplateError, render_chat
 
 CONVERSATION = [

@@ -9,14 +9,13 @@ from aiohttp import web
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
-from undertow.gateway.app import STORE_KEY, create_app
-from undertow.gateway.config import GatewayConfig
 from undertow.gateway.engines.client import sglang_body, sglang_body_pieces
+from undertow.gateway.engines.pool import EnginePool
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, TokenIdsJson
-from undertow.gateway.pool import EnginePool
-from undertow.gateway.render import Detokenizer, Renderer
-from undertow.gateway.sessions import Session
-from undertow.gateway.tokentruth import (
+from undertow.gateway.front.app import STORE_KEY, create_app
+from undertow.gateway.front.config import GatewayConfig
+from undertow.gateway.front.sessions import Session
+from undertow.gateway.front.tokentruth import (
     RETRY,
     REWRITE,
     SUBAGENT,
@@ -24,7 +23,8 @@ from undertow.gateway.tokentruth import (
     build_prompt,
     message_key,
 )
-from undertow.gateway.tree import Tree
+from undertow.gateway.render import Detokenizer, Renderer
+from undertow.gateway.trees.tree import Tree
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object"}}}]

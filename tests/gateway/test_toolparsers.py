@@ -4,7 +4,7 @@ events joined must be the same every way. Also detection from a template's text.
 
 import pytest
 
-from undertow.gateway.toolparsers import (
+from undertow.gateway.front.toolparsers import (
     PARSERS,
     Content,
     Reasoning,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from undertow.gateway.tree import (
+from undertow.gateway.trees.tree import (
     ROOT,
     CallRecord,
     LogLineError,

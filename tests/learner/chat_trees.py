@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 
 SYSTEM = "You are a careful Python programmer. Answer with code only."
 TASK = "Write a function `add(a, b)` that returns the sum of two integers."

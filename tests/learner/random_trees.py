@@ -4,7 +4,7 @@ history rewrites that branch a session, for the learner's tests and benchmark.""
 
 import random
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 
 VOCAB = 6000
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import (
     AdvantageConfig,
     group_advantages,

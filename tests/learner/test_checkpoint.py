@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from undertow.gateway.tree import tree_to_json
+from undertow.gateway.trees.tree import tree_to_json
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import (
     PendingGroup,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.losses import LossConfig

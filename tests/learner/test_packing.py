@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.learner.random_trees import build_random_tree
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.errors import EmptyStepError
 from undertow.learner.packing import pack_step
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from undertow.gateway.tree import tree_from_json, tree_to_json
+from undertow.gateway.trees.tree import tree_from_json, tree_to_json
 from undertow.learner.config import SFTConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import pack_step

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import Tree
+from undertow.gateway.front.store import TreeStore
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trackers import (
     SESSION_COLUMNS,

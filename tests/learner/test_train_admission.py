@@ -6,7 +6,7 @@ session failed stops with one RunFailedError naming the cause."""
 import pytest
 
 from tests.learner.random_trees import build_random_tree
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.errors import RunFailedError

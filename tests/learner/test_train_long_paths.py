@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from undertow.config import build_section, read_config
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import LONG_PATHS, TrainConfig
 from undertow.learner.elastic.learner import ElasticLearner

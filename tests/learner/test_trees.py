@@ -6,8 +6,8 @@ import json
 import pytest
 
 from tests.gateway.test_tree import logged_group
-from undertow.gateway.store import StoreDamaged, TreeStore
-from undertow.gateway.tree import LogLineError, tree_to_json
+from undertow.gateway.front.store import StoreDamaged, TreeStore
+from undertow.gateway.trees.tree import LogLineError, tree_to_json
 from undertow.learner.trees import group_staleness, load_store_tree, load_store_trees
 
 

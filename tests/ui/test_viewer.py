@@ -301,7 +301,7 @@ def _write_group(store_dir: Path, group: str) -> None:
     """One group of NUM_SESSIONS sessions sharing a 3-token prompt; each samples 2 tokens,
     then a second call adds 2 tokens of tool output. Written as the gateway's store writes
     its log (one event per line), without an event loop: Playwright's sync API runs one."""
-    from undertow.gateway.tree import Tree
+    from undertow.gateway.trees.tree import Tree
 
     tree, events = Tree(group), []
     for n in range(NUM_SESSIONS):

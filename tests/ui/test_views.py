@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from undertow.gateway.store import TreeStore
-from undertow.gateway.tree import Tree
+from undertow.gateway.front.store import TreeStore
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.trackers import newest_groups
 from undertow.ui import runs as ui_runs
 from undertow.ui import views

@@ -1,6 +1,6 @@
 """`undertow gateway serve`: the OpenAI/Anthropic-compatible gateway in front of engines.
 
-Its configuration is `GatewayConfig` (`gateway/config.py`, nesting `router`:
+Its configuration is `GatewayConfig` (`gateway/front/config.py`, nesting `router`:
 `RouterConfig` and `auto_sessions`: `AutoSessionsConfig`): `-c FILE` and `KEY=VALUE`
 overrides (`undertow/config.py`), e.g. `router.retry_after_s=2 store_sync=fsync`;
 `--help` lists the keys and their defaults. The flags are what one types every time: the
@@ -50,7 +50,7 @@ def add(commands) -> None:
 
 
 def _config_class():
-    from undertow.gateway.config import GatewayConfig
+    from undertow.gateway.front.config import GatewayConfig
 
     return GatewayConfig
 
@@ -68,7 +68,7 @@ def gateway_config(args, admin_token: str = ""):
 
 
 def _serve(args) -> int:
-    from undertow.gateway.app import serve
+    from undertow.gateway.front.app import serve
 
     serve(gateway_config(args, os.environ.get("UNDERTOW_ADMIN_TOKEN", "")))
     return 0

@@ -1,6 +1,6 @@
 """`undertow model check DIR`: does token truth hold with this model directory's own chat
 template and tokenizer? Which tool-call and reasoning parser match it, what are its stop
-and EOS IDs, and what to set if something does not hold (`gateway/model_check.py`). No
+and EOS IDs, and what to set if something does not hold (`gateway/front/model_check.py`). No
 engine runs; run it before spending GPU hours. Exit status 0 when token truth holds,
 1 when it does not.
 """
@@ -22,7 +22,7 @@ def add(commands) -> None:
 
 
 def _check(args) -> int:
-    from undertow.gateway.model_check import check_model
+    from undertow.gateway.front.model_check import check_model
 
     if args.turns < 2:
         raise ValueError(f"--turns {args.turns}: a session needs at least 2 turns")

@@ -58,7 +58,7 @@ def auto_sessions_config(args):
     """The gateway's `AutoSessionsConfig` from the options, or None when off."""
     if args.auto_sessions is None:
         return None
-    from undertow.gateway.config import AutoSessionsConfig
+    from undertow.gateway.front.config import AutoSessionsConfig
 
     return AutoSessionsConfig(group=args.auto_sessions, idle_close_s=args.idle_close_s,
                               check_interval_s=min(10.0, args.idle_close_s / 4),
@@ -68,7 +68,7 @@ def auto_sessions_config(args):
 def _serve(args) -> int:
     import asyncio
 
-    from undertow.gateway.app import event_loop_factory, tune_gc, tune_malloc
+    from undertow.gateway.front.app import event_loop_factory, tune_gc, tune_malloc
 
     token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
     tune_gc()

@@ -1,6 +1,6 @@
 """`undertow session open|close|list`: sessions at a running gateway, for a person.
 
-They talk HTTP to the gateway's admin API (`gateway/api/admin.py`) with the admin token
+They talk HTTP to the gateway's admin API (`gateway/front/api/admin.py`) with the admin token
 from `UNDERTOW_ADMIN_TOKEN`, read here and nowhere else. `open` prints, ready to paste
 or to `eval`, the environment that points the OpenAI and Anthropic clients (and the
 tools built on them) at the new session, and the session's ID; `--json` prints the

@@ -2,7 +2,7 @@
 
 The gateway refuses to start on such a store and names the file and line; this keeps
 every record before the damage, moves the rest aside to `STORE/damaged/`, and reports
-the calls and sessions lost (`gateway/trees_cli.py`). Exit status 0 whether or not
+the calls and sessions lost (`gateway/front/trees_cli.py`). Exit status 0 whether or not
 anything was damaged; the report says which.
 """
 
@@ -21,7 +21,7 @@ def add(commands) -> None:
 
 
 def _repair(args) -> int:
-    from undertow.gateway.trees_cli import repair
+    from undertow.gateway.front.trees_cli import repair
 
     print(repair(args.store))
     return 0

@@ -5,7 +5,7 @@ A run directory (`undertow train`'s `run.run_dir`) may hold:
     metrics.jsonl             one line per step (`learner/metrics_log.py`)
     steps.jsonl               the groups each step took (`learner/trackers.py`)
     checkpoints/step-NNNNNN/  config.yaml (the resolved run config), state.json, model/
-    store/GROUP.jsonl         the gateway's tree store (`gateway/store.py`)
+    store/GROUP.jsonl         the gateway's tree store (`gateway/front/store.py`)
     rollouts/GROUP/summary.json, sessions/SESSION/trajectory.json   the rollout runner's
                               records, and the scaffold's own (mini-swe-agent's messages)
     pool_timeline.jsonl       a pool run's cells: their roles at each decision
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from undertow.errors import CommandError
-from undertow.gateway.tree import Tree
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.metrics_log import METRICS_FILE
 from undertow.learner.trackers import STEPS_FILE, newest_groups
 from undertow.learner.trees import load_store_tree

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from undertow.gateway.tree import Call, Tree
+from undertow.gateway.trees.tree import Call, Tree
 from undertow.learner.advantages import AdvantageConfig, group_advantages
 from undertow.ui.runs import Decoder, NotFoundError, RunFolder
 

@@ -13,7 +13,7 @@ import jinja2
 from tokenizers import Tokenizer as FastTokenizer
 
 from undertow.gateway.engines.builtin.errors import BadRequest
-from undertow.gateway.template_env import (
+from undertow.gateway.trees.template_env import (
     chat_template_environment,
     read_chat_templates,
     special_token_text,

@@ -3,7 +3,7 @@
 Not part of SGLang's API: these routes live under `/undertow/` and `GET /get_server_info`
 lists them in `undertow_extensions` ("kv_transfer"), which is how a driver finds out that an
 engine has them. The gateway's pool uses them to migrate a live session between engines
-without re-prefilling its history (`gateway/migration.py`):
+without re-prefilling its history (`gateway/engines/migration.py`):
 
 - `POST /undertow/export_kv` `{"rid": str}` (a running request: the KV of its prompt and output
   so far, i.e. its first `kv_length` positions) or `{"input_ids": [...]}` (the longest cached

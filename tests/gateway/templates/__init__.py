@@ -59,7 +59,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
-from undertow.gateway.template_env import read_chat_templates
+from undertow.gateway.trees.template_env import read_chat_templates
 
 REPO = Path(__file__).resolve().parents[3]
 ASSETS = REPO / ".cache" / "assets"

@@ -1,0 +1,222 @@
+"""One scaffold call, whatever its API: prompt IDs -> engine pool -> parsed output ->
+recorded into the group's tree, written ahead, before the reply is finished.
+
+Each API module translates its request into a `CallRequest` (internal chat form or
+raw prompt IDs), iterates `CallRunner.stream`, and formats what it yields:
+`Delta`s while the engine samples, then exactly one `Outcome`, which is yielded
+only after every choice is in the tree and on disk. The API sends its last byte
+after it has the `Outcome`, so a delivered reply is always recorded.
+
+A retry of a call (same request fingerprint, SDK retry header > 0) is never generated
+or recorded twice: if the original's reply was produced it is answered again from
+memory; if the original is still generating, the retry waits for it and gets its
+reply (replayed after the fact, not live); only if the original failed or was
+abandoned is the retry generated. Each chat call also stores what token truth needs
+to resume after a restart (`head_replay.py`).
+
+How it is built: `CallRunner` runs the call's flow (retry memory, prompt, context bounds,
+error translation) and composes `sampler.ChoiceSampler` (pool chunks -> `Delta`s and a
+`Sampled` per choice) and `call_record.CallRecorder` (`Sampled` -> tree, log, heads ->
+`Outcome`); the values they pass are in `call_types.py` (imported from here by the APIs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Iterator
+
+from undertow.gateway.engines.pool import EnginePool
+from undertow.gateway.engines.protocol import EngineRejected, SamplingParams
+from undertow.gateway.errors import (
+    BadRequest,
+    Busy,
+    ContextTooLong,
+    PoolBusy,
+    PoolUnavailable,
+    Unavailable,
+)
+from undertow.gateway.front.call_record import CallRecorder
+from undertow.gateway.front.call_types import (
+    CallRequest,
+    Choice,
+    Delta,
+    Outcome,
+    Sampled,
+)
+from undertow.gateway.front.sampler import ChoiceSampler, StopTrimmer, new_call_id
+from undertow.gateway.front.sessions import Session, SessionRegistry
+from undertow.gateway.front.store import TreeStore
+from undertow.gateway.front.tokentruth import (
+    TOKEN_TRUTH_POLICIES,
+    VERBATIM,
+    InFlightCall,
+    Prompt,
+    build_prompt,
+)
+from undertow.gateway.front.toolparsers import create_parser
+from undertow.gateway.metrics import GatewayMetrics
+from undertow.gateway.render import Renderer
+
+__all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled",
+           "SamplingParams", "StopTrimmer", "api_error_of"]
+
+
+class CallRunner:
+    """Runs calls for every API against one pool, store, renderer and session registry."""
+
+    def __init__(self, *, pool: EnginePool, store: TreeStore, renderer: Renderer,
+                 sessions: SessionRegistry, metrics: GatewayMetrics, context_length: int,
+                 default_max_tokens: int, tool_parser: str, token_truth: str = VERBATIM):
+        if token_truth not in TOKEN_TRUTH_POLICIES:
+            raise ValueError(f"token_truth={token_truth!r}: choose one of "
+                             f"{TOKEN_TRUTH_POLICIES}")
+        self.token_truth = token_truth
+        self.pool, self.store, self.renderer, self.sessions = pool, store, renderer, sessions
+        self.metrics = metrics
+        self.context_length = context_length
+        self.default_max_tokens = default_max_tokens
+        self.tool_parser = tool_parser
+        create_parser(tool_parser)
+        self.sampler = ChoiceSampler(pool=pool, renderer=renderer, metrics=metrics,
+                                     tool_parser=tool_parser)
+        self.recorder = CallRecorder(store=store, renderer=renderer, sessions=sessions,
+                                     metrics=metrics)
+
+    def prompt(self, session: Session, request: CallRequest) -> Prompt:
+        if request.prompt_ids is not None:
+            return Prompt(list(request.prompt_ids), None, None, 0, (), "")
+        assert request.messages is not None  # a chat call (`CallRequest`: one or the other)
+        # a head's path IDs are its own (`Head.token_ids`, shared, never changed); the
+        # tree is read only for a head that did not keep them (an older one, a restart)
+        prompt = build_prompt(self.renderer.with_kwargs(request.template_kwargs),
+                              request.messages, request.tools, session.heads,
+                              self.store.tree(session.group).path_token_ids,
+                              policy=self.token_truth,
+                              in_flight=session.calls_in_flight)
+        self.metrics.token_truth.inc(outcome="hit" if prompt.token_truth else "full_render")
+        if prompt.branch:
+            self.metrics.branches.inc(reason=prompt.branch)
+        return prompt
+
+    def max_new_tokens(self, prompt: Prompt, sampling: SamplingParams) -> int:
+        num_prompt = len(prompt.token_ids)
+        room = self.context_length - num_prompt
+        wanted = sampling.max_new_tokens
+        if room <= 0 or (wanted is not None and wanted > room):
+            raise ContextTooLong(
+                f"This model's maximum context length is {self.context_length} tokens. However, "
+                f"you requested {num_prompt + (wanted or 0)} tokens ({num_prompt} in the "
+                f"messages, {wanted or 0} in the completion). Please reduce the length of the "
+                "messages or completion.", param="messages")
+        return min(wanted if wanted is not None else self.default_max_tokens, room)
+
+    async def complete(self, session: Session, request: CallRequest) -> Outcome:
+        """The recorded `Outcome` of a call whose reply is not streamed (its deltas come
+        when the engine is done: `ChoiceSampler.sample_all`'s `live`)."""
+        outcome = None
+        async for item in self.stream(session, request, live=False):
+            outcome = item if isinstance(item, Outcome) else outcome
+        assert outcome is not None  # `stream` ends with one, or raises
+        return outcome
+
+    async def stream(self, session: Session, request: CallRequest, live: bool = True
+                     ) -> AsyncGenerator[Delta | Outcome, None]:
+        """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
+        replay = await self._earlier_reply(session, request)
+        if replay is not None:
+            for item in replay:
+                yield item
+            return
+        in_flight = asyncio.get_running_loop().create_future()
+        if request.fingerprint:
+            session.in_flight.setdefault(request.fingerprint, in_flight)
+        try:
+            async for item in self._generate(session, request, live):
+                if isinstance(item, Outcome) and request.fingerprint:
+                    in_flight.set_result(session.replies.get(request.fingerprint))
+                yield item
+        finally:
+            if not in_flight.done():
+                in_flight.set_result(None)
+            if session.in_flight.get(request.fingerprint) is in_flight:
+                del session.in_flight[request.fingerprint]
+
+    @staticmethod
+    async def _earlier_reply(session: Session, request: CallRequest) -> list | None:
+        """For an SDK retry: the reply its original produced, waiting for the original
+        when it is still generating. None when there is none (the original failed or
+        was abandoned, or this is no retry): then the retry is generated."""
+        if not (request.is_retry and request.fingerprint):
+            return None
+        original = session.in_flight.get(request.fingerprint)
+        if original is not None and request.fingerprint not in session.replies:
+            await asyncio.shield(original)
+        return session.replies.get(request.fingerprint)
+
+    async def _generate(self, session: Session, request: CallRequest, live: bool
+                        ) -> AsyncGenerator[Delta | Outcome, None]:
+        self._check_prompt_ids(request)
+        prompt = self.prompt(session, request)
+        max_new_tokens = self.max_new_tokens(prompt, request.sampling)
+        started_s, call_id = time.time(), new_call_id()
+        replay: list[Delta | Outcome] = []
+        results: list[Sampled] = []
+        items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens,
+                                        call_id, live)
+        with _in_flight(session, request, prompt, call_id, started_s):
+            async with contextlib.aclosing(items):
+                try:
+                    async for item in items:
+                        if isinstance(item, Sampled):
+                            results.append(item)
+                            continue
+                        replay.append(item)
+                        yield item
+                except Exception as error:
+                    raise api_error_of(error) from None
+            outcome = await self.recorder.record(session, request, prompt, results, started_s)
+        replay.append(outcome)
+        if request.fingerprint:
+            session.remember_reply(request.fingerprint, replay)
+        yield outcome
+
+    def _check_prompt_ids(self, request: CallRequest) -> None:
+        if request.prompt_ids is None:
+            return
+        vocab_size = self.renderer.tokenizer.get_vocab_size(with_added_tokens=True)
+        if not request.prompt_ids or not all(
+                isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
+            raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
+                             f"[0, {vocab_size})", param="prompt")
+
+
+@contextlib.contextmanager
+def _in_flight(session: Session, request: CallRequest, prompt: Prompt, call_id: str,
+               started_s: float) -> Iterator[None]:
+    """A chat call counts among its session's `calls_in_flight` (which later calls are
+    labelled against, `tokentruth.py`) from its start until it is recorded or abandoned."""
+    if request.messages is None:
+        yield
+        return
+    call = InFlightCall(call_id, prompt.message_keys, prompt.tools_key, prompt.messages,
+                        prompt.token_ids, started_s)
+    session.calls_in_flight.append(call)
+    try:
+        yield
+    finally:
+        session.calls_in_flight.remove(call)
+
+
+def api_error_of(error: BaseException) -> BaseException:
+    """Pool and engine errors as the API errors a scaffold gets (400, 429 with
+    Retry-After, 503); others unchanged. The one place a call's errors cross from the
+    engine pool to the API (`errors.py` draws both)."""
+    if isinstance(error, EngineRejected):
+        return BadRequest(f"the engine refused the request: {error}")
+    if isinstance(error, PoolBusy):
+        return Busy(str(error), retry_after_s=error.retry_after_s)
+    if isinstance(error, PoolUnavailable):
+        return Unavailable(str(error) or "no engine is available; retry later")
+    return error

@@ -133,8 +133,9 @@ test: setup lint setup-vllm setup-agents setup-openhands setup-sglang-types setu
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m undertow.cli doctor --for test
 	UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m "not qwen" $(PYTEST_ARGS)
 
-# The edit loop's tier: no Docker, no vLLM, no agents, no pretrained weights, in parallel.
-test-fast: setup
+# The edit loop's tier: no Docker, no vLLM, no agents, no pretrained weights (their tokenizers
+# and templates are read: setup-models, setup-assets), in parallel.
+test-fast: setup setup-assets setup-models
 	$(PY) -m pytest -n 2 -m "not docker and not vllm and not agents and not pretrained and not qwen \
 		and not gpu and not sglang and not slow" $(PYTEST_ARGS)
 

@@ -38,11 +38,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from undertow.gateway.engines.launch import LAUNCHERS, Launcher, RunningEngine, start_engine
 from undertow.learner.pool.config import CellPoolConfig
+
+if TYPE_CHECKING:   # the learner's modules import torch: for the annotations only
+    from undertow.learner.elastic.local import LocalPool
+    from undertow.learner.gateway_link import GatewayLink
+    from undertow.learner.loop import RolloutSide
+    from undertow.learner.pool.policy import Policy
+    from undertow.learner.train import Learner, WeightSink
 
 CellLaunchers = Callable[[int, int], Launcher]
 
@@ -199,15 +207,32 @@ async def _gather(coroutines: list) -> list:
     return await asyncio.gather(*coroutines, return_exceptions=True)
 
 
+@dataclass
 class RunParts:
-    """What `_train` runs the loop with: the gateway's URL as rollouts reach it and its
-    admin link, where weights go (`sink`), the session counts the policy reads
+    """What `train_run._train` runs the loop with: the gateway's URL as rollouts reach it
+    and its admin link, where weights go (`sink`), the session counts the policy reads
     (`sessions`), the pool and its policy, and a few words for the start line."""
 
-    def __init__(self, url: str, admin: Any, sink: Any, sessions: Any, pool: Any,
-                 policy: Any, description: str):
-        self.url, self.admin, self.sink, self.sessions = url, admin, sink, sessions
-        self.pool, self.policy, self.description = pool, policy, description
+    url: str
+    admin: GatewayLink
+    sink: WeightSink
+    sessions: RolloutSide
+    pool: LocalPool
+    policy: Policy
+    description: str
+
+
+class RunCells(Protocol):
+    """The cells of a run, as `train_run._train` uses them: `train_run.OneCell` (no `pool`
+    section) or `CellPool`. `serve` starts the gateway and the engines for a learner of
+    `learner_class` and yields the `RunParts`; `close` ends what outlives them."""
+
+    learner_class: type[Learner]
+
+    def serve(self, loop: asyncio.AbstractEventLoop, learner: Learner, model_dir: Path,
+              weights: tuple[Path, int]) -> contextlib.AbstractContextManager[RunParts]: ...
+
+    def close(self) -> None: ...
 
 
 class ResidentMembers:

@@ -38,13 +38,14 @@ are read back from the gateway's store, not run again (`rollout_source.ThreadedG
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from undertow.cells import CellPool, RunParts
+from undertow.cells import CellPool, RunCells, RunParts
 from undertow.embedded import embedded_gateway, held_on
 from undertow.rollout_source import (
     CHAT,
@@ -58,6 +59,9 @@ from undertow.rollout_source import (
 from undertow.run_report import print_results, step_printer
 from undertow.run_sections import RunConfig, RunSections
 from undertow.warm_start import WarmStartSection
+
+if TYPE_CHECKING:   # the learner's modules import torch: for the annotations only
+    from undertow.learner.train import Learner
 
 
 def base_model_dir(run: RunConfig) -> Path:
@@ -94,7 +98,7 @@ def train(sections: RunSections, resume: bool, stop: threading.Event) -> str:
 
 
 def _train(sections: RunSections, model_dir: Path, resume: bool, stop: threading.Event,
-           cells: Any) -> str:
+           cells: RunCells) -> str:
     """The run on `cells` (`OneCell` or `cells.CellPool`): the learner, the gateway and
     engines, the rollouts, and the one loop."""
     from undertow.learner.checkpoint import latest_checkpoint
@@ -140,8 +144,8 @@ class OneCell:
         self.sections, self.learner_class = sections, Learner
 
     @contextlib.contextmanager
-    def serve(self, loop, learner, model_dir: Path, weights: tuple[Path, int]
-              ) -> Iterator[RunParts]:
+    def serve(self, loop: asyncio.AbstractEventLoop, learner: Learner, model_dir: Path,
+              weights: tuple[Path, int]) -> Iterator[RunParts]:
         from undertow.learner.gateway_link import GatewayLink
         from undertow.learner.loop import OneEngine, one_cell
 
@@ -153,7 +157,7 @@ class OneCell:
                 admin.push(*weights)
             pool, policy = one_cell(learner)
             yield RunParts(gateway.url, admin, admin, OneEngine(), pool, policy,
-                              f"engines {list(gateway.engine_urls)}")
+                           f"engines {list(gateway.engine_urls)}")
 
     def close(self) -> None:
         return None

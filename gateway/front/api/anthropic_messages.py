@@ -1,12 +1,10 @@
 """`POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages API).
 
 Translation to the internal chat form is written here rather than taken from
-litellm (`LiteLLMAnthropicMessagesAdapter.translate_anthropic_to_openai`), which the
-issue prefers unless measured lossy or slow. Measured here (litellm 1.108.7, this
-machine): importing it takes 2.8-5.9 s; translating one request costs 118 us at 3
-messages and 791 us at 101 messages, growing with the history on every call (the
-gateway's added-latency target is 2 ms at p50); and for model names it does not
-know it prints a "Provider List" banner to stdout on every call. The mapping
+litellm (`LiteLLMAnthropicMessagesAdapter.translate_anthropic_to_openai`): its import
+takes seconds, its translation grows with the history on every call (hundreds of
+microseconds at a hundred messages, against the gateway's 2 ms p50 budget), and it
+prints a banner to stdout for model names it does not know. The mapping
 itself is small: system -> system message; text blocks -> content; `thinking`
 blocks -> `reasoning_content` (preserved and rendered back into the prompt);
 `tool_use` -> tool calls; `tool_result` -> tool messages.

@@ -2,10 +2,10 @@
 
 A scaffold re-sends its whole history on every call: at a million tokens each chat body
 is megabytes of JSON of which the last few kilobytes are new, and parsing it whole was
-the largest cost of a call that grew with the history (3.6 ms at 3.5 MB). A session
-keeps its last body (`KnownBody`): its bytes, where its history (the array `messages`)
-ends, and what it parsed to. When the next body has the same bytes up to that end (one
-`memcmp`, about 0.1 ms at 3.5 MB), only the rest is parsed, in two pieces split at the
+the largest cost of a call that grew with the history (measured: benchmarks/README.md,
+xLong horizon (d)). A session keeps its last body (`KnownBody`): its bytes, where its
+history (the array `messages`) ends, and what it parsed to. When the next body has the
+same bytes up to that end (one `memcmp`), only the rest is parsed, in two pieces split at the
 `]` that closes the array:
 
     b"[{}" + rest[:split] + b"]"     the new messages: `{}` leaves the parser where the

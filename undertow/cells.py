@@ -289,7 +289,7 @@ class CellPool:
 
     @contextlib.contextmanager
     def serve(self, loop: asyncio.AbstractEventLoop, learner: Any, model_dir: Path,
-              weights: tuple[Path, int]) -> Iterator[Any]:
+              weights: tuple[Path, int]) -> Iterator[RunParts]:
         from undertow.learner.elastic.local import LocalPool
         from undertow.learner.gateway_link import GatewayLink
         from undertow.learner.pool import Cell, make_policy
@@ -299,6 +299,8 @@ class CellPool:
         with engineless_gateway(loop, model_dir, run.run_dir / "store",
                                 self.backend.gateway_host) as gateway:
             admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+            # First: the Ray backend's engine slots check that their nodes reach this URL.
+            url = self.backend.advertised_url(gateway.url)
             slots = self.backend.engine_slots(loop, admin, model_dir, run.run_dir / "engines",
                                               pool.threads_per_cell, config.push_mode)
             slots.weights = weights
@@ -307,9 +309,8 @@ class CellPool:
                          for i in range(pool.num_cells)]
                 slots.start_all([cell.cell_id for cell in cells])
                 cell_pool = LocalPool(cells, slots, self.members, weight_version=weights[1])
-                yield RunParts(self.backend.advertised_url(gateway.url), admin, slots, slots,
-                                  cell_pool, make_policy(pool.policy_spec()),
-                                  f"{pool.num_cells} cells ({pool.policy}, {pool.backend})")
+                yield RunParts(url, admin, slots, slots, cell_pool, make_policy(pool.policy_spec()),
+                               f"{pool.num_cells} cells ({pool.policy}, {pool.backend})")
             finally:
                 slots.close()
 

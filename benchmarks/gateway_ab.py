@@ -70,8 +70,9 @@ def export(commit: str, work_dir: Path) -> Path:
 
 
 # Drops the installed (editable) package's finder, so that `undertow` comes from PYTHONPATH.
-BOOTSTRAP = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if not "
-             "getattr(f, '__module__', '').startswith('__editable__')]; "
+DROP_EDITABLE_HOOK = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if not "
+                      "getattr(f, '__module__', '').startswith('__editable__')]")
+BOOTSTRAP = (DROP_EDITABLE_HOOK + "; import runpy; "
              "runpy.run_module('undertow.cli', run_name='__main__', alter_sys=True)")
 
 

@@ -27,11 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.gateway_ab import export
-
-SITECUSTOMIZE = ("import sys\n"
-                 "sys.meta_path[:] = [f for f in sys.meta_path if not "
-                 "getattr(f, '__module__', '').startswith('__editable__')]\n")
+from benchmarks.gateway_ab import DROP_EDITABLE_HOOK, export
 
 
 def numbers(value, path: str = ""):
@@ -77,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="undertow-sbs-") as work:
         roots = {commit: export(commit, Path(work)) for commit in args.commits}
         for commit, root in roots.items():
-            (root / "sitecustomize.py").write_text(SITECUSTOMIZE)
+            (root / "sitecustomize.py").write_text(DROP_EDITABLE_HOOK + "\n")
             (root / "benchmarks").symlink_to(Path(work) / commit / "benchmarks")
         for round_number in range(1, args.rounds + 1):
             order = args.commits if round_number % 2 else args.commits[::-1]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.elastic.step import Coordinator, ElasticStepResult
+from undertow.learner.elastic.step import Coordinator
 from undertow.learner.errors import EmptyStepError
 from undertow.learner.train import Learner
 
@@ -31,7 +31,6 @@ class ElasticLearner(Learner):
     """
 
     coordinator: Coordinator
-    last_result: ElasticStepResult | None = None
 
     def open_step(self) -> None:
         """Opens the step that will produce weights `state.step + 1`."""
@@ -56,7 +55,7 @@ class ElasticLearner(Learner):
     def train_step(self, trees: list[Tree]) -> dict[str, Any]:
         """Finishes the open step, to which every one of `trees` has been added."""
         self.optimizer.zero_grad(set_to_none=True)
-        result = self.last_result = self.coordinator.finish_step()
+        result = self.coordinator.finish_step()
         values = self.apply_gradient(trees, result.stats)
         values.update(num_members=len(result.ranks) - 1)
         self.last_step = {"num_members": values["num_members"],

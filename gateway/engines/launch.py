@@ -9,10 +9,15 @@ new class here, not a branch elsewhere:
   weight_version=V KEY=VALUE...` (its `EngineConfig` keys as overrides, the documented style;
   it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
 - `sglang`: `python -m sglang.launch_server --model-path DIR --host 127.0.0.1 --port P` with the
-  flags RL needs (`--weight-version`, `--enable-deterministic-inference` so that logprobs
+  flags RL needs (`--weight-version`, and `--enable-deterministic-inference` so that logprobs
   are reproducible and `sampling_seed` is honoured: SGLang 0.5.23 ignores the seed without
   it, and with it gives a request without a seed the seed 42,
   `srt/sampling/sampling_batch_info.py`, which is why `SGLangClient` always sends one).
+  SGLang refuses that flag unless the attention backend is one of
+  `DETERMINISTIC_ATTENTION_BACKENDS` (`srt/arg_groups/overrides.py`), so it is passed only
+  there; on a machine without a GPU the engine runs on the CPU (`SGLANG_USE_CPU_ENGINE=1`,
+  `--device cpu --attention-backend torch_native`), where no such backend exists and seeds
+  replay nothing (the driver says so, `SGLangClient.honours_seeds`).
   Its `/health` is made cheap (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, read in
   `srt/environ.py`; by default it generates a token and blocks up to 20 s while the engine
   is paused or loading weights), and readiness is `/health_generate`, the probe that
@@ -198,18 +203,41 @@ class BuiltinLauncher:
         return None
 
 
+# SGLang 0.5.23's attention backends that `--enable-deterministic-inference` accepts
+# (`srt/arg_groups/choices.py`, checked in `srt/arg_groups/overrides.py`); with no backend
+# named, SGLang picks one of them on a GPU, and on a CPU its own default (`intel_amx`),
+# which it refuses.
+DETERMINISTIC_ATTENTION_BACKENDS = ("ascend", "fa3", "fa4", "flashinfer", "intel_xpu", "triton")
+CPU_ATTENTION_BACKEND = "torch_native"  # the one SGLang 0.5.23 serves with on any x86 CPU
+
+
+def sglang_device() -> str | None:
+    """The device SGLang runs on: `cpu` on a machine that shows no NVIDIA or AMD GPU, else
+    None (SGLang's own choice of GPU platform)."""
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    has_gpu = (nvidia.is_dir() and any(nvidia.iterdir())) or Path("/dev/kfd").exists()
+    return None if has_gpu else "cpu"
+
+
 @dataclass(frozen=True)
 class SGLangLauncher:
-    """A real SGLang server (GPU machines; `pip install undertow[gpu]`).
+    """A real SGLang server (`pip install undertow[gpu]` on GPU machines).
 
     `tp_size` GPUs serve it (tensor parallel); `mem_fraction_static` is the share of GPU
     memory SGLang takes for weights and KV (None: SGLang's own choice); `gpu_ids`, when
     given, are the only GPUs it sees (`CUDA_VISIBLE_DEVICES`), and it starts at the first
     (`--base-gpu-id 0`); None leaves the environment's GPUs and SGLang's default.
+    `device` "cpu" runs it on the CPU, None on a GPU platform (SGLang's choice), "auto" on
+    the GPUs named in `gpu_ids`, else where the machine is (`sglang_device`: `resolved_device`).
+    `attention_backend` None is SGLang's choice (on a CPU `torch_native`).
+    `deterministic` asks for `--enable-deterministic-inference`, which the command carries
+    only where SGLang accepts it (`deterministic_inference`).
     """
 
     weight_version: str = "0"
     deterministic: bool = True
+    device: str | None = "auto"
+    attention_backend: str | None = None
     mem_fraction_static: float | None = None
     tp_size: int = 1
     gpu_ids: tuple[int, ...] | None = None
@@ -244,6 +272,30 @@ class SGLangLauncher:
             raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
         if self.gpu_ids is not None and len(self.gpu_ids) != self.tp_size:
             raise ValueError(f"gpu_ids={self.gpu_ids} must name tp_size={self.tp_size} GPUs")
+        if self.device == "cpu" and self.gpu_ids is not None:
+            raise ValueError(f"device='cpu' runs on no GPU, but gpu_ids={self.gpu_ids}")
+
+    @property
+    def resolved_device(self) -> str | None:
+        """The `--device` the command names (None: SGLang's GPU platform)."""
+        if self.device != "auto":
+            return self.device
+        return None if self.gpu_ids is not None else sglang_device()
+
+    @property
+    def resolved_attention_backend(self) -> str | None:
+        """The backend the command names (None: SGLang picks one on its GPU)."""
+        if self.attention_backend is None and self.resolved_device == "cpu":
+            return CPU_ATTENTION_BACKEND
+        return self.attention_backend
+
+    @property
+    def deterministic_inference(self) -> bool:
+        """Whether the command carries `--enable-deterministic-inference`: asked for, and
+        the attention backend is one SGLang accepts with it (see the module docstring)."""
+        backend = self.resolved_attention_backend
+        return self.deterministic and (backend in DETERMINISTIC_ATTENTION_BACKENDS
+                                       or (backend is None and self.resolved_device != "cpu"))
 
     def check(self) -> None:
         if not self.python.exists():
@@ -257,7 +309,11 @@ class SGLangLauncher:
         command = [str(self.python), "-m", "sglang.launch_server", "--model-path",
                    str(model_dir), "--host", HOST, "--port", str(port),
                    "--weight-version", self.weight_version]
-        if self.deterministic:
+        if self.resolved_device is not None:
+            command += ["--device", self.resolved_device]
+        if self.resolved_attention_backend is not None:
+            command += ["--attention-backend", self.resolved_attention_backend]
+        if self.deterministic_inference:
             command.append("--enable-deterministic-inference")
         if self.mem_fraction_static is not None:
             command += ["--mem-fraction-static", str(self.mem_fraction_static)]
@@ -270,6 +326,8 @@ class SGLangLauncher:
     def environment(self) -> dict[str, str]:
         # A cheap `/health` (see the module docstring) for probes that are not this driver's.
         env = {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+        if self.resolved_device == "cpu":  # SGLang's CPU platform (`srt/platforms/__init__.py`)
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
         if self.gpu_ids is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in self.gpu_ids)
         return env

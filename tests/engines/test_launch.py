@@ -2,13 +2,18 @@
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.engines.sglang_types import REPO, find_wheel
 from undertow.gateway.engines.launch import (
+    DETERMINISTIC_ATTENTION_BACKENDS,
     LAUNCHERS,
     BuiltinLauncher,
     SGLangLauncher,
@@ -182,3 +187,61 @@ async def test_each_engine_kind_configures_its_cells_and_engine_hosts_itself(kin
     assert remote.extra_args == (*launcher.extra_args, "--host", "0.0.0.0")
     assert launcher.for_host("127.0.0.1", [4]).extra_args == launcher.extra_args
     assert LAUNCHERS["sglang"].uses_gpus and not LAUNCHERS["builtin"].uses_gpus
+
+
+def _sglang_judges(commands: list[list[str]]) -> dict:
+    """What SGLang 0.5.23's own parser and deterministic-inference rule make of each
+    command's arguments (`sglang_server_args.py`, run from the wheel in a process of its own)."""
+    wheel = find_wheel()
+    if wheel is None or not wheel.exists():
+        pytest.skip("SGLang 0.5.23's wheel is not in .cache/sglang: run `make "
+                    "setup-sglang-types` (or set UNDERTOW_SGLANG_WHEEL)")
+    arguments = [command[command.index("sglang.launch_server") + 1:] for command in commands]
+    judged = subprocess.run([sys.executable, "-m", "tests.engines.sglang_server_args", str(wheel)],
+                            input=json.dumps(arguments), capture_output=True, text=True,
+                            check=True, cwd=REPO, timeout=300)
+    return json.loads(judged.stdout)
+
+
+async def test_sglang_commands_pass_sglangs_own_argument_rules(tmp_path):
+    """On a CPU: `--device cpu --attention-backend torch_native`, without the deterministic
+    flag SGLang refuses there; on GPUs the flag wherever the backend allows it."""
+    launchers = {
+        "cpu": SGLangLauncher(device="cpu", weight_version="4"),
+        "gpu": SGLangLauncher(device=None),
+        "gpu cell": node_launchers(4, tp_size=2, mem_fraction_static=0.8)[1],
+        "gpu triton": SGLangLauncher(device=None, attention_backend="triton"),
+        "gpu torch_native": SGLangLauncher(device=None, attention_backend="torch_native"),
+        "cpu on request": SGLangLauncher(device="cpu", deterministic=False),
+    }
+    judged = _sglang_judges([launcher.command(tmp_path, 30000)
+                             for launcher in launchers.values()])
+    results = dict(zip(launchers, judged["results"], strict=True))
+    assert {name: result["error"] for name, result in results.items()} == dict.fromkeys(
+        launchers)
+    assert set(judged["deterministic_backends"]) == set(DETERMINISTIC_ATTENTION_BACKENDS)
+    cpu = results["cpu"]
+    assert (cpu["device"], cpu["attention_backend"], cpu["weight_version"]) == (
+        "cpu", "torch_native", "4")
+    assert launchers["cpu"].environment()["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert "SGLANG_USE_CPU_ENGINE" not in launchers["gpu"].environment()
+    deterministic = {name: result["enable_deterministic_inference"]
+                     for name, result in results.items()}
+    assert deterministic == {"cpu": False, "gpu": True, "gpu cell": True, "gpu triton": True,
+                             "gpu torch_native": False, "cpu on request": False}
+    assert deterministic == {name: launcher.deterministic_inference
+                             for name, launcher in launchers.items()}
+
+
+async def test_sglangs_rules_refuse_what_the_old_command_asked_on_a_cpu(tmp_path):
+    """The check itself: the deterministic flag with SGLang's CPU backend (explicit, or its
+    default there) is refused by the wheel's rule, as the server refused it (30 s, exit)."""
+    base = ["-m", "sglang.launch_server", "--model-path", str(tmp_path), "--device", "cpu"]
+    judged = _sglang_judges([[*base, "--enable-deterministic-inference"],
+                             [*base, "--attention-backend", "torch_native",
+                              "--enable-deterministic-inference"],
+                             [*base, "--no-such-flag"]])
+    errors = [result["error"] for result in judged["results"]]
+    assert all(errors), errors
+    assert "'intel_amx'" in errors[0] and "'torch_native'" in errors[1]
+    assert "no-such-flag" in errors[2]

@@ -36,7 +36,8 @@ A server is ready when `GET ready_path` (the launcher's) answers 200. Its stdout
 to a log file; when it exits early or never becomes ready, `EngineLaunchError` says so and
 ends with the log's tail.
 Stopping sends SIGTERM to the server's whole process group (vLLM and SGLang run child
-processes), then SIGKILL after a grace period.
+processes), then SIGKILL after a grace period. Every server runs under `lifetime.py`'s
+supervisor, so it also ends when the process that started it is killed.
 
     async with launch_engine("vllm", model_dir) as engine:
         async with engine.driver() as client:          # a VLLMClient
@@ -67,6 +68,7 @@ from typing import Any, ClassVar, Protocol
 import aiohttp
 
 from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engines.lifetime import supervised
 from undertow.gateway.engines.protocol import EngineDriver, EngineLaunchError
 from undertow.gateway.engines.vllm import VLLMClient
 
@@ -535,8 +537,8 @@ async def start_engine(launcher: Launcher | str, model_dir: Path | str, *,
         log_path = Path(name)
     port = _free_port() if launcher.needs_port else None
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            launcher.command(model_dir, port), stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(   # bound to this process's life (lifetime.py)
+            supervised(launcher.command(model_dir, port)), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=launcher.environment(), start_new_session=True)
     try:
         url = await _wait_ready(launcher, process, log_path, port)

@@ -35,6 +35,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 setup: system-packages $(VENV)/.installed
+	@echo "set up: undertow is in $(VENV)/bin; '. $(VENV)/bin/activate' puts it on this shell's PATH"
 
 # vLLM's CPU build pins its own versions; it lives in its own virtualenv and is
 # only ever started as a server process.
@@ -127,6 +128,7 @@ doctor: setup
 run: setup docker-daemon
 	$(PY) -m undertow.cli doctor --for run
 	$(PY) -m undertow.cli train
+	@echo "undertow is installed in $(VENV): run '. $(VENV)/bin/activate' in each new shell here"
 
 test: setup lint setup-vllm setup-agents setup-openhands setup-sglang-types setup-models \
 	setup-assets docker-daemon

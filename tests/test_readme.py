@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 MARKDOWN_FILES = [README, REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-BIN = Path(sys.executable).parent   # this interpreter's `undertow`, first on the PATH
+VENV_BIN = Path(sys.prefix) / "bin"   # this interpreter's virtualenv: a new shell lacks it
+SET_UP = "## Set-up"
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
@@ -77,12 +78,37 @@ def readme_commands() -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def section_commands(heading: str) -> list[str]:
+    """The commands of the shell blocks of one README section (up to the next `## `)."""
+    text = README.read_text()
+    section = text[text.index(heading + "\n"):]
+    section = re.split(r"^## ", section[len(heading):], maxsplit=1, flags=re.M)[0]
+    return [command for language, body in fenced_blocks(section)
+            if language in SHELL_FENCES for command in commands_of(body)]
+
+
+def activation() -> str:
+    """The Set-up section's command that puts `undertow` on a new shell's PATH."""
+    found = [c for c in section_commands(SET_UP) if re.match(r"(\.|source) \S*activate$", c)]
+    assert len(found) == 1, f"the README's {SET_UP} activates the virtualenv once: {found}"
+    return found[0]
+
+
+def new_shell(script: str, env: dict[str, str] | None = None,
+              timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """`script` by bash, from the repository, as a new shell after set-up runs it: no
+    virtualenv on the PATH, so `undertow` is found only as the README says."""
+    path = os.pathsep.join(entry for entry in os.environ.get("PATH", "").split(os.pathsep)
+                           if entry and Path(entry) != VENV_BIN)
+    base = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout_s, env={**base, "PATH": path, **(env or {})})
+
+
 def run_shell(command: str, env: dict[str, str] | None = None,
               timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """The command as written, by bash, from the repository, this `undertow` first."""
-    path = os.pathsep.join([str(BIN), os.environ.get("PATH", "")])
-    return subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, "PATH": path, **(env or {})})
+    """The command as written, in a new shell that first ran the README's activation."""
+    return new_shell(f"{activation()}\n{command}", env, timeout_s)
 
 
 def make_dry_run(target: str, *variables: str) -> list[str]:
@@ -156,8 +182,10 @@ class MakeTarget:
     def doctor_then_train() -> None:
         """Its recipe is `undertow doctor --for run`, run here, then `undertow train`, which
         is the README's default run (its own entry)."""
-        recipe = [as_undertow(line) for line in make_dry_run("run")[-2:]]
+        lines = make_dry_run("run")
+        recipe = [as_undertow(line) for line in lines if "-m undertow.cli" in line]
         assert recipe == ["undertow doctor --for run", "undertow train"], recipe
+        assert activation() in lines[-1], lines[-1]   # it ends by saying how to reach the CLI
         assert "undertow train" in readme_commands()
         check_doctor_report(run_shell("undertow doctor --for run"))
 
@@ -198,6 +226,7 @@ COVERED = {
     "make run": MakeTarget(),
     "make test": MakeTarget(),
     "make test-fast": MakeTarget(),
+    ". .venv/bin/activate": Direct(),
     "undertow doctor": Direct(doctor=True),
     "undertow model check $MODEL": Direct(settings=(("MODEL", "tiny_model_dir"),)),
     "undertow train": Training("tests/e2e/test_learning.py", "learn.yaml"),
@@ -236,6 +265,16 @@ def test_the_readme_is_a_front_door():
     lines = README.read_text().splitlines()
     assert len(lines) <= 300, len(lines)
     assert len(readme_commands()) <= 30, readme_commands()
+
+
+def test_a_new_shell_after_set_up_runs_the_first_commands():
+    """The Set-up section's commands after `make`, as written, in one new shell: `undertow`
+    is found; without the activation it is not (so the shell really is a new one)."""
+    first = [c for c in section_commands(SET_UP) if not c.startswith("make ")]
+    assert first and first[0] == activation() and "undertow doctor" in first, first
+    check_doctor_report(new_shell("\n".join(first)))
+    bare = new_shell("\n".join(first[1:]))
+    assert bare.returncode == 127 and "undertow: command not found" in bare.stderr, bare
 
 
 def test_commands_are_cut_from_shell_blocks_only():

@@ -32,6 +32,8 @@ def print_results(run_dir: Path, rollout: RolloutSection) -> None:
         print(f"undertow train: reward curve {reward_png}", flush=True)
     except (ImportError, FileNotFoundError) as error:
         print(f"undertow train: no plot ({error}); `undertow plot {run_dir}` draws it")
+    print(f"undertow train: see the run in a browser with: undertow ui --runs {run_dir}",
+          flush=True)
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return

@@ -93,3 +93,4 @@ def test_reward_of_the_sampled_policy_rises_well_above_its_start(tiny_model_dir,
     text = log.read_text()
     assert f"step {NUM_STEPS}/{NUM_STEPS} · reward" in text
     assert "reward curve " in text and "undertow chat-eval --model" in text
+    assert f"undertow ui --runs {run_dir}" in text   # where a person sees the same run

@@ -63,7 +63,7 @@ def readme_blocks() -> list[str]:
 
 def with_values(settings: str, values: dict[str, str]) -> str:
     """The settings block with its own variables' values replaced (nothing else)."""
-    line = settings.splitlines()[0]
+    line = next(line for line in settings.splitlines() if line.startswith("export "))
     names = [word.split("=", 1)[0] for word in shlex.split(line)[1:]]
     assert line.startswith("export ") and names == list(SETTINGS), line
     assignment = " ".join(f"{name}={shlex.quote(values[name])}" for name in SETTINGS)
@@ -98,12 +98,14 @@ def reply_in_tokens_of(engine: ScriptedEngine, model_dir: Path) -> None:
 
 
 def shell_env(home: Path) -> dict[str, str]:
-    """This interpreter's `undertow`, the npm CLIs and mini first on the PATH; a fresh HOME;
-    no client variables of the caller's; litellm's bundled cost map (no network here)."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), str(AGENTS_BIN),
-                            os.environ.get("PATH", "")])
+    """A new shell's: no virtualenv on the PATH (the README's settings block activates it),
+    the npm CLIs first; a fresh HOME; no client variables of the caller's; litellm's bundled
+    cost map (no network here)."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = os.pathsep.join([str(AGENTS_BIN), *(entry for entry in os.environ.get(
+        "PATH", "").split(os.pathsep) if entry and entry != venv_bin)])
     env = {k: v for k, v in os.environ.items() if not k.startswith(
-        ("OPENAI_", "ANTHROPIC_", "UNDERTOW_", "MSWEA_"))}
+        ("OPENAI_", "ANTHROPIC_", "UNDERTOW_", "MSWEA_", "VIRTUAL_ENV"))}
     return {**env, "PATH": path, "HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
@@ -164,6 +166,7 @@ async def test_the_readme_commands_capture_what_the_engine_sent(scripted_engine,
         "ENGINES": f"--engine {scripted_engine.url}"})
     env, cwd = shell_env(tmp_path / "home"), tmp_path / "work"
     cwd.mkdir()
+    (cwd / ".venv").symlink_to(sys.prefix)   # the folder stands in for the checkout
     (tmp_path / "home").mkdir()
     (cwd / "README.md").write_text("A smal project.\n")
 

@@ -39,7 +39,7 @@ from undertow.gateway.front.api import (
     responses,
 )
 from undertow.gateway.front.api.common import client_left
-from undertow.gateway.front.api.errors import error_middleware
+from undertow.gateway.front.api.errors import REPLY_STATUS_KEY, error_middleware
 from undertow.gateway.front.auto_sessions import AutoSessions
 from undertow.gateway.front.calls import CallRunner
 from undertow.gateway.front.config import GatewayConfig
@@ -78,8 +78,10 @@ def context_length_of(model_dir: Path, renderer: Renderer, configured: int) -> i
 
 
 def _metrics_middleware(metrics: GatewayMetrics):
-    """Counts each scaffold call by API and status, or as a client disconnect when its
-    client left before the reply's end (`client_left`): a client's choice, no 5xx."""
+    """Counts each scaffold call by API and the status its client effectively got (a
+    stream that an error event ended counts with the error's status, `REPLY_STATUS_KEY`,
+    not its head's 200), or as a client disconnect when its client left before the reply's
+    end (`client_left`): a client's choice, no 5xx."""
     @web.middleware
     async def record(request: web.Request, handler):
         api = next((name for suffix, name in _API_NAMES if request.path.endswith(suffix)), None)
@@ -87,7 +89,7 @@ def _metrics_middleware(metrics: GatewayMetrics):
         status, response = 500, None
         try:
             response = await handler(request)
-            status = response.status
+            status = request.get(REPLY_STATUS_KEY, response.status)
             return response
         except web.HTTPException as error:
             status = error.status

@@ -19,6 +19,13 @@ reward (the admin API; trained on) or expires without one (an idle auto session,
 `expired`; not trained until a reward is set by closing it). Either way the session
 refuses calls from then on; auto-sessions may reopen its key as a new session (a key
 names its newest session).
+
+A session that met a failure of Undertow's own (an error reply: 5xx, 429, 529, an error
+event ending a stream; an engine lost past the resume timeout; a record the store could
+not keep) has it noted by reason (`Session.note_infra_error`), and is closed as an infra
+failure whatever its closer says (`Session.close_meta`): the scaffold's outcome is then
+Undertow's doing, not the policy's, so the learner never trains it and the rollout runs its
+slot again. The notes live in memory until the close, whose stored meta keeps them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ from undertow.gateway.errors import BadRequest, NotFound, Unauthorized
 from undertow.gateway.front.tokentruth import Head, InFlightCall
 
 NUM_REMEMBERED_REPLIES = 4
+# Distinct reasons a session keeps (counts of the others go to OTHER_REASON): a session
+# that meets a thousand errors keeps a bounded record of them.
+MAX_INFRA_REASONS = 16
+OTHER_REASON = "other"
+INFRA_CAUSE = "error:gateway"
 
 
 def hash_key(key: str) -> str:
@@ -62,6 +74,30 @@ class Session:
     auto: bool = False
     last_used_s: float = field(default_factory=time.monotonic)
     expired: bool = False
+    infra_errors: dict[str, int] = field(default_factory=dict)
+
+    def note_infra_error(self, reason: str) -> None:
+        """Counts a failure of Undertow's own that this session's scaffold met (`reason`,
+        a few words: `"503 StoreUnavailable"`); the session closes as an infra failure."""
+        if reason not in self.infra_errors and len(self.infra_errors) >= MAX_INFRA_REASONS:
+            reason = OTHER_REASON
+        self.infra_errors[reason] = self.infra_errors.get(reason, 0) + 1
+
+    def close_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The meta the session is closed with: its closer's, and where Undertow failed
+        it (`infra_errors`), `infra_failure: true` with the reasons. A closer that did
+        not call it an infra failure keeps its cause as `scaffold_cause`, and the cause
+        becomes `error:gateway` (the error that cause had was the gateway's)."""
+        if not self.infra_errors:
+            return dict(meta)
+        reasons = ", ".join(f"{reason} x{n}" for reason, n in self.infra_errors.items())
+        closed = {**meta, "infra_failure": True, "infra_errors": dict(self.infra_errors)}
+        if not meta.get("infra_failure"):
+            said = str(meta.get("error") or "")
+            closed.update(cause=INFRA_CAUSE, scaffold_cause=meta.get("cause"),
+                          error=f"Undertow failed this session: {reasons}"
+                          + (f"; {said}" if said else ""))
+        return closed
 
     def add_head(self, head: Head, num_heads: int) -> None:
         """Adds a head in the order its call started (`Head.started_s`: last, unless a
@@ -88,7 +124,8 @@ class Session:
     def summary(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "group": self.group, "closed": self.closed,
                 "reward": self.reward, "num_calls": self.num_calls, "meta": self.meta,
-                "created_s": self.created_s, "auto": self.auto}
+                "created_s": self.created_s, "auto": self.auto,
+                "infra_errors": dict(self.infra_errors)}
 
 
 class SessionRegistry:

@@ -5,7 +5,10 @@
   group, base_url}` (201)
 - `GET /admin/sessions?group=G` -> `{"sessions": [...]}`
 - `GET /admin/sessions/{id}` -> the session's summary
-- `POST /admin/sessions/{id}/close` `{"reward", "meta"?}` -> the closed session's summary
+- `POST /admin/sessions/{id}/close` `{"reward", "meta"?}` -> the closed session's summary;
+  a session that met failures of Undertow's own (`infra_errors` in its summary) is closed
+  with `infra_failure: true`, cause `error:gateway` and the reasons in its meta
+  (`Session.close_meta`), whatever the closer's meta says
 - `GET /admin/sessions/{id}/tree` -> its paths of the group tree (JSON, `tree.tree_to_json`)
 - `GET /admin/groups` -> groups with token counts (every group of the store: a group whose
   tree was let go from memory is listed from the summary the store kept of it)
@@ -88,7 +91,7 @@ class _SessionHandlers:
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(
                 reward):
             raise BadRequest(f"reward must be a finite number, got {reward!r}", param="reward")
-        meta = body.get("meta") or body.get("metadata") or {}
+        meta = session.close_meta(body.get("meta") or body.get("metadata") or {})
         await self.store.append(session.group, {"kind": "session_close",  # written ahead
                                                 "session_id": session.session_id,
                                                 "reward": float(reward), "meta": meta})

@@ -19,6 +19,7 @@ import xxhash
 from aiohttp import web
 
 from undertow.gateway.errors import BadRequest, GatewayError, PayloadTooLarge
+from undertow.gateway.front.api.errors import SESSION_KEY, note_infra_error
 from undertow.gateway.front.calls import CallRequest, CallRunner, Delta, Outcome
 from undertow.gateway.front.sessions import Session, SessionRegistry
 
@@ -36,8 +37,11 @@ def request_key(request: web.Request) -> str | None:
 
 
 def session_of(request: web.Request, sessions: SessionRegistry) -> Session:
-    """The session from the path (`/s/{session}/v1/...`) or from the key alone."""
-    return sessions.authenticate(request.match_info.get("session"), request_key(request))
+    """The session from the path (`/s/{session}/v1/...`) or from the key alone, kept on
+    the request (`SESSION_KEY`: an error reply of Undertow's own is noted on it)."""
+    session = sessions.authenticate(request.match_info.get("session"), request_key(request))
+    request[SESSION_KEY] = session
+    return session
 
 
 async def read_json(request: web.Request, max_body_bytes: int) -> tuple[dict[str, Any], bytes]:
@@ -132,7 +136,9 @@ async def stream_events(request: web.Request, items: AsyncGenerator, keepalive_s
                         formatter: EventFormatter) -> web.StreamResponse:
     """Writes a call's `Delta`s and `Outcome` (`CallRunner.stream`) as the formatter's
     events, as they come, with keep-alives. An error before the first byte is raised
-    (an ordinary error response); after it, the formatter's error event ends the stream.
+    (an ordinary error response); after it, the formatter's error event ends the stream
+    (the call then counts with the error's status, and an error of Undertow's own is noted
+    on its session: `errors.note_infra_error`).
     The last byte follows the `Outcome`, so a delivered reply is always recorded.
 
     A client that closes the connection mid-reply is no error: the call's iteration is
@@ -148,6 +154,7 @@ async def stream_events(request: web.Request, items: AsyncGenerator, keepalive_s
             except GatewayError as error:
                 if not response.prepared:
                     raise
+                note_infra_error(request, error, streamed=True)
                 await response.write(formatter.error(error))
         await response.write_eof()
     except ConnectionError:  # aiohttp's ClientConnectionResetError: the client has gone

@@ -8,6 +8,12 @@ Anthropic (messages):
 `error_middleware` turns every `GatewayError` (and anything unexpected, as a 500)
 raised by a handler into the right body for the route's API family, with
 `Retry-After` on a 429; malformed input never takes down other calls.
+
+An error reply of Undertow's own (a 5xx, 429 or 529, also as the event that ends a
+stream: `note_infra_error`) is noted on the session the request reached
+(`SESSION_KEY`, set by `common.session_of`), which makes it an infra failure at its
+close (`sessions.py`), and the status the client effectively got is kept on the request
+(`REPLY_STATUS_KEY`) for the calls counter (`app._metrics_middleware`).
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import math
 from aiohttp import web
 
 from undertow.gateway.errors import Busy, ContextTooLong, GatewayError, UnsupportedParameter
+from undertow.gateway.front.sessions import Session
 
 log = logging.getLogger(__name__)
+SESSION_KEY = web.RequestKey("session", Session)
+REPLY_STATUS_KEY = web.RequestKey("reply_status", int)
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                  404: "invalid_request_error", 413: "invalid_request_error",
@@ -58,10 +67,33 @@ def error_body(family: str, error: GatewayError) -> dict:
     return anthropic_error(error) if family == "anthropic" else openai_error(error)
 
 
-def error_response(family: str, error: GatewayError) -> web.Response:
-    status = error.status
+def client_status(family: str, error: GatewayError) -> int:
+    """The HTTP status a client of `family` gets for `error`."""
     if family == "anthropic":
-        status = _ANTHROPIC_STATUS.get(status, status)
+        return _ANTHROPIC_STATUS.get(error.status, error.status)
+    return error.status
+
+
+def is_undertows(status: int) -> bool:
+    """Whether a reply with `status` is a failure of Undertow's own, not of the request:
+    a 5xx (no engine, an engine lost, the store unwritable, a bug), a 429 (admission)."""
+    return status >= 500 or status == 429
+
+
+def note_infra_error(request: web.Request, error: GatewayError, streamed: bool) -> int:
+    """Keeps the status `request`'s client gets for `error` (`REPLY_STATUS_KEY`) and, for
+    a failure of Undertow's own, notes it on the request's session; returns the status."""
+    status = client_status(api_family(request.path), error)
+    request[REPLY_STATUS_KEY] = status
+    session = request.get(SESSION_KEY)
+    if session is not None and is_undertows(status):
+        session.note_infra_error(f"{status} {type(error).__name__}"
+                                 + (" in a stream" if streamed else ""))
+    return status
+
+
+def error_response(family: str, error: GatewayError) -> web.Response:
+    status = client_status(family, error)
     headers = {}
     if isinstance(error, Busy):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
@@ -78,14 +110,17 @@ async def error_middleware(request: web.Request, handler):
         if error.status >= 500:   # Undertow's own failure or an engine's: keep its trace
             log.error("%s %s failed: %s", request.method, request.path, error,
                       exc_info=error)
+        note_infra_error(request, error, streamed=False)
         return error_response(family, error)
     except web.HTTPException as error:
         if error.status < 400 or request.path.startswith("/admin"):
             raise
         wrapped = GatewayError(error.text or error.reason)
         wrapped.status = error.status
+        note_infra_error(request, wrapped, streamed=False)
         return error_response(family, wrapped)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(family, GatewayError("the gateway failed on this request; "
-                                                   "see its log"))
+        error = GatewayError("the gateway failed on this request; see its log")
+        note_infra_error(request, error, streamed=False)
+        return error_response(family, error)

@@ -15,6 +15,7 @@ they reach a scaffold's call, once, with `isinstance` (`front/calls.py`).
     ├── PoolError                     the engine pool (`engines/pool.py`), below
     │   ├── PoolBusy             429  every engine at its admission limit -> Busy
     │   ├── PoolUnavailable      503  no healthy engine -> Unavailable
+    │   ├── CallerLeft           499  the client left while its call waited for admission
     │   └── UnknownEngine        404  (also a KeyError) no engine with this ID
     ├── EngineError              502  an engine driver or launcher (`engines/protocol.py`)
     │   ├── EngineUnavailable         no answer, a dropped stream, a 5xx, an unreadable reply
@@ -102,8 +103,11 @@ class PoolBusy(PoolError):
     status = 429
     kind = "rate_limit"
 
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"all engines are at their admission limit; retry in {retry_after_s} s")
+    def __init__(self, retry_after_s: float, waited_s: float = 0.0):
+        waited = (f" for the {waited_s:g} s the call waited (router.admission_wait_s)"
+                  if waited_s else "")
+        super().__init__(f"all engines are at their admission limit{waited}; retry in "
+                         f"{retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -112,6 +116,14 @@ class PoolUnavailable(PoolError):
 
     status = 503
     kind = "overloaded"
+
+
+class CallerLeft(PoolError):
+    """The client closed its connection while its call waited for admission (nginx's
+    499: nobody reads the reply; counted as a client disconnect)."""
+
+    status = 499
+    kind = "client_closed_request"
 
 
 class UnknownEngine(PoolError, KeyError):

@@ -241,6 +241,8 @@ class GatewayMetrics:
     engine_in_flight: Gauge
     engine_state: Gauge
     admission_refusals: Counter
+    admission_waiting: Gauge
+    admission_wait_s: Histogram
     unparsed_tool_calls: Counter
     store_trees_in_memory: Gauge
     store_tree_loads: Counter
@@ -284,7 +286,15 @@ class GatewayMetrics:
                                  "1 for the engine's current state (healthy, draining, dead).",
                                  ("engine", "state")),
             admission_refusals=r.counter("undertow_admission_refusals_total",
-                                         "Generations refused with 429 (pool at its limit)."),
+                                         "Generations refused with 429 (pool at its limit "
+                                         "past router.admission_wait_s)."),
+            admission_waiting=r.gauge("undertow_admission_waiting",
+                                      "Calls waiting for admission (every engine at its bound, "
+                                      "or the pool paused)."),
+            admission_wait_s=r.histogram(
+                "undertow_admission_wait_seconds", "Time calls waited for admission, by how "
+                "the wait ended (admitted, refused, left, failed); calls admitted at once are "
+                "not counted.", ("outcome",)),
             unparsed_tool_calls=r.counter("undertow_unparsed_tool_calls_total",
                                           "Tool calls the parser could not read (returned to the "
                                           "scaffold as text).", ("parser",)),

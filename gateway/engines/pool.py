@@ -12,11 +12,14 @@ Contract with the API (the only thing it uses):
   exactly the sampled completion: no token is duplicated or lost. A chunk holds every
   token that came since the consumer took the previous one (one engine event or many);
   with `live=False`, all that an attempt brought, once it is over.
-- Before the first chunk it may raise `PoolBusy` (admission limit reached: answer
-  429 with `Retry-After: exc.retry_after_s`) or `PoolUnavailable` (no healthy
-  engine: 503); after tokens were delivered, `PoolUnavailable` only when no engine
-  is healthy again within `resume_timeout_s`. `EngineRejected` from the engine
-  driver (bad input, 400) passes through unchanged.
+- Before the first chunk it may wait for admission (every engine at its bound: the call
+  queues, fairly across groups and sessions, `admission.py`), then raise `PoolBusy` (still
+  no room after `RouterConfig.admission_wait_s`: answer 429 with `Retry-After:
+  exc.retry_after_s`), `CallerLeft` (its client left while it waited) or
+  `PoolUnavailable` (no healthy engine, or the pool closes: 503); after tokens were
+  delivered, `PoolUnavailable` only when no engine is healthy again within
+  `resume_timeout_s`. `EngineRejected` from the engine driver (bad input, 400) passes
+  through unchanged.
 - `params` are the call's `engines.protocol.SamplingParams`, handed to the engine driver
   as they are (a resume's with its own seed and bound); `max_new_tokens` (128 by default,
   as in SGLang; None: the context's room) bounds the whole generation, across resumes.
@@ -42,7 +45,9 @@ Contract with the API (the only thing it uses):
   the pool converts it with `int()`, and maps a string that is not an integer to
   -1 ("unknown", the same value the tree gives prompt tokens).
 
-New generations wait (they are not refused) while the pool is paused.
+New generations wait (they are not refused) while the pool is paused. Who a generation
+is for (its group, whether its client is still there) is `admission.CALLER`, which the API
+sets for the call's task.
 
 How it is built: `EnginePool` is the facade the API and the learner's link use; it owns
 the engines' lifecycle (add, drain, remove) and composes one collaborator per concern:
@@ -57,8 +62,8 @@ Engines are driven through the `EngineDriver` protocol of `engines/protocol.py`
 (`SGLangClient` by default; pass `driver_factory` for another driver, e.g. vLLM's), and
 migration moves KV through its `KVTransfer` protocol where both engines have it.
 
-Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `UnknownEngine`, defined in
-`errors.py` under the gateway's root (raised here and in `admission.py`).
+Exceptions: `PoolError` <- `PoolBusy`, `PoolUnavailable`, `CallerLeft`, `UnknownEngine`,
+defined in `errors.py` under the gateway's root (raised here and in `admission.py`).
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ class EnginePool:
             self.fleet.run_health_checks(self.config.health_interval_s), name="engine-health")
 
     async def close(self) -> None:
+        self.admission.close()
         await self._background.cancel_all(*([self._health_task] if self._health_task else []))
         await self.fleet.close()
 
@@ -173,6 +179,7 @@ class EnginePool:
 
     async def close_session(self, session_id: str) -> None:
         self.router.unpin(session_id)
+        self.admission.forget_session(session_id)
 
     def generate(self, session_id: str, input_ids: Sequence[int], params: SamplingParams,
                  rid: str, *, input_ids_json: TokenIdsJson | None = None, live: bool = True
@@ -192,11 +199,13 @@ class EnginePool:
         if engine is not None:
             if engine.state is EngineState.DRAINING:
                 await self.fleet.set_state(engine, EngineState.HEALTHY)
+                self.admission.admit_waiting()
             return engine
         engine = await self.fleet.add(url, require_healthy=require_healthy)
         if engine is None:
             raise PoolUnavailable(f"engine at {url} does not answer /health or cannot load the "
                                   f"pool's weights {self.fleet.weights}; start it first")
+        self.admission.admit_waiting()  # waiting calls get its slots
         return engine
 
     async def drain_engine(self, engine_id: str, *, migrate: bool = False) -> EngineRecord:
@@ -208,6 +217,7 @@ class EnginePool:
         if engine.state is EngineState.HEALTHY:
             await self.fleet.set_state(engine, EngineState.DRAINING)
         self.router.unpin_engine(engine_id)
+        self.admission.admit_waiting()  # fails the waiting calls if no healthy engine is left
         if migrate:
             await self.inflight.migrate(engine)
         return engine

@@ -14,8 +14,9 @@ the generation went with `Router.assign`. The policy:
    then the fewest pinned sessions, then the earliest added.
 
 Admission is bounded per engine (`max_in_flight_per_engine`) and overall
-(`max_in_flight_total`); past either, the decision is a refusal with
-`retry_after_s`, which the API turns into a 429 with `Retry-After`.
+(`max_in_flight_total`); past either, the decision is a refusal ("busy"): the call waits
+for room in `admission.py`'s fair queue for up to `admission_wait_s`, and only past that
+is it answered 429 with `Retry-After: retry_after_s`.
 
 Invariants:
 - A session is pinned to at most one engine; `num_pinned(engine)` counts exactly
@@ -53,12 +54,16 @@ class EngineLoad:
 @dataclass(frozen=True)
 class RouterConfig:
     """Admission bounds and affinity knobs. `max_in_flight_total=None` means the
-    sum of the per-engine bounds. `prefix_lengths` are the leading-token counts
-    whose hashes identify a prompt's prefix (a prompt shorter than the first one
-    is keyed by its whole length)."""
+    sum of the per-engine bounds. `admission_wait_s`: how long a call that finds every
+    engine at its bound waits in the admission queue (fair across groups and sessions,
+    `admission.py`) before it is answered 429 with `Retry-After: retry_after_s`; 0
+    refuses it at once. `prefix_lengths` are the leading-token counts whose hashes
+    identify a prompt's prefix (a prompt shorter than the first one is keyed by its
+    whole length)."""
 
     max_in_flight_per_engine: int = 64
     max_in_flight_total: int | None = None
+    admission_wait_s: float = 60.0
     retry_after_s: float = 1.0
     prefix_lengths: tuple[int, ...] = (64, 512, 4096)
     num_prefixes_per_engine: int = 4096
@@ -75,6 +80,9 @@ class RouterConfig:
             raise ValueError(f"prefix_lengths must be increasing, got {self.prefix_lengths}")
         if self.retry_after_s <= 0:
             raise ValueError(f"retry_after_s must be > 0, got {self.retry_after_s}")
+        if not 0 <= self.admission_wait_s < float("inf"):
+            raise ValueError(f"admission_wait_s must be >= 0 seconds (0 refuses at once), got "
+                             f"{self.admission_wait_s}")
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,10 @@ class GatewayConfig:
     and their file open, least recently used let go first (default 64; 0 lets every idle
     tree go); a group let go is loaded back from its file when next used, with the same
     answers. Groups with an open session always stay; see `store.py`.
-    `router`: admission bounds (past them a call gets a 429 with `Retry-After`) and
-    routing affinity; see `engines/router.py`.
+    `router`: admission bounds (past them a call waits in a queue fair across groups and
+    sessions, up to `router.admission_wait_s` seconds, 60 by default, then gets a 429 with
+    `Retry-After`; 0 refuses at once) and routing affinity; see `engines/router.py` and
+    `engines/admission_queue.py`.
     `auto_sessions`: None (the default) refuses unknown keys; see `AutoSessionsConfig`.
     `token_truth`: "verbatim" (the default: a call's prompt reuses the session's sampled IDs
     verbatim) or "template" (every prompt is the template's full render); see

@@ -62,7 +62,7 @@ async def until_in_flight(pool, num: int) -> None:
 
 async def test_a_full_pool_answers_429_with_retry_after_and_no_engine_503(make_gateway,
                                                                           scripted):
-    router = RouterConfig(max_in_flight_per_engine=1, retry_after_s=2.5)
+    router = RouterConfig(max_in_flight_per_engine=1, retry_after_s=2.5, admission_wait_s=0)
     gateway = await make_gateway([scripted.url], router=router)
     pool = gateway.app[POOL_KEY]
     session = await gateway.open_session()

@@ -164,10 +164,10 @@ async def test_sessions_stick_and_new_sessions_spread(engines):
         assert pool.router.pinned("s1") is None
 
 
-async def test_admission_refuses_past_the_limit(engines):
+async def test_admission_without_a_wait_refuses_past_the_limit(engines):
     urls = [e.url for e in engines(2)]
-    async with running_pool(urls, router={"max_in_flight_per_engine": 1,
-                                          "retry_after_s": 2.5}) as pool:
+    async with running_pool(urls, router={"max_in_flight_per_engine": 1, "retry_after_s": 2.5,
+                                          "admission_wait_s": 0}) as pool:
         params = greedy(30)
         streams = [pool.generate(f"s{n}", PROMPT, params, f"r{n}") for n in range(2)]
         firsts = [await anext(stream) for stream in streams]

@@ -18,6 +18,7 @@ import orjson
 import xxhash
 from aiohttp import web
 
+from undertow.gateway.engines.admission import CALLER, Caller
 from undertow.gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from undertow.gateway.front.api.errors import SESSION_KEY, note_infra_error
 from undertow.gateway.front.calls import CallRequest, CallRunner, Delta, Outcome
@@ -198,7 +199,10 @@ async def reply_to_call(request: web.Request, runner: CallRunner, session: Sessi
                         body_of: Callable[[Outcome], Any],
                         formatter: Callable[[], EventFormatter]) -> web.StreamResponse:
     """The reply every scaffold API gives a call: one JSON body made by `body_of` from
-    the recorded outcome, or (`stream`) the formatter's events as the call runs."""
+    the recorded outcome, or (`stream`) the formatter's events as the call runs. The pool
+    learns who the call is for (`CALLER`: its group, whether its client is connected)."""
+    CALLER.set(Caller(session.group, lambda: not (request.transport is None
+                                                   or request.transport.is_closing())))
     if not stream:
         return json_reply(body_of(await runner.complete(session, call)))
     return await stream_events(request, runner.stream(session, call), keepalive_s, formatter())

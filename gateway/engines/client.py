@@ -13,6 +13,9 @@ and what the driver does about it (each is read from the file named, and has a t
 1. Seeds. With `--enable-deterministic-inference` a request without `sampling_seed` gets
    the seed 42 (`srt/sampling/sampling_batch_info.py`), so every request carries one
    (`sglang_sampling_params`; the gateway picks and records it, `SamplingParams.for_choice`).
+   Without that flag no seed tensor is built and `sampling_seed` does nothing (the same
+   file): `honours_seeds()` reads `enable_deterministic_inference` from `/server_info`,
+   says once in the log whether seeds replay, and the pool records it with each call.
 2. Noise is keyed on (seed, absolute position) (`srt/layers/sampler.py`,
    `multinomial_with_seed`): a resume with the same seed repeats itself, so the pool gives
    each resume a seed of its own (`inflight.py`).
@@ -62,6 +65,7 @@ unsupported, and the vLLM driver answers False and has none of the other methods
 """
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
@@ -95,6 +99,8 @@ from undertow.gateway.engines.transport import HttpEngine, HttpTransport
 __all__ = ["KV_TRANSFER", "HttpTransport", "KVPayload", "PrefixDigest", "SGLangClient",
            "StagedKV", "sglang_body", "sglang_body_pieces", "sglang_sampling_params"]
 
+log = logging.getLogger(__name__)
+
 KV_TRANSFER = "kv_transfer"  # Undertow's extension of the built-in engine (undertow_kv.py)
 # How SGLang 0.5.23's refused flush after a weight load begins (`weight_updater.py`).
 WEIGHTS_LOADED_CACHE_KEPT = "Weights were updated, but the cache was not flushed"
@@ -118,6 +124,8 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
         wire["regex"] = params.regex
     if params.ebnf is not None:
         wire["ebnf"] = params.ebnf
+    if params.structural_tag is not None:
+        wire["structural_tag"] = params.structural_tag
     wire["sampling_seed"] = (random_seed() if params.sampling_seed is None
                              else params.sampling_seed)
     return wire
@@ -167,6 +175,7 @@ class SGLangClient(HttpEngine):
         self._pause_mode: PauseMode | None = None  # as this driver last left the engine
         self._ready_path = "/ready"
         self._missing_paths: set[str] = set()
+        self._seeds_said: bool | None = None  # what the log last said of this engine's seeds
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         reply = await self._http.request("POST", "/generate", sglang_body(request, stream=False))
@@ -277,6 +286,28 @@ class SGLangClient(HttpEngine):
 
     async def server_info(self) -> dict:
         return await self._get_info("/server_info", "/get_server_info")
+
+    async def honours_seeds(self) -> bool | None:
+        """`enable_deterministic_inference` as `/server_info` reports it (the module
+        docstring, item 1); None when it is not reported. Logged once, and again when it
+        changes (a server restarted with other flags)."""
+        try:
+            info = await self.server_info()
+        except EngineError:
+            return None
+        value = info.get("enable_deterministic_inference") if isinstance(info, dict) else None
+        honours = value if isinstance(value, bool) else None
+        if honours is not None and honours != self._seeds_said:
+            self._seeds_said = honours
+            if honours:
+                log.info("engine at %s runs with deterministic inference: a call's recorded "
+                         "sampling_seed replays it", self.url)
+            else:
+                log.warning("engine at %s runs without --enable-deterministic-inference: it "
+                            "ignores sampling_seed, so the seeds recorded with its calls replay "
+                            "nothing (restart it with the flag, on an attention backend that "
+                            "allows it, to replay them)", self.url)
+        return honours
 
     async def supports_kv_transfer(self) -> bool:
         """True when the engine has Undertow's `kv_transfer` extension (the built-in engine;

@@ -19,7 +19,9 @@ Errors, one hierarchy for all drivers and launchers, under the gateway's root
     ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx,
     │                            or a reply the driver cannot read (a null logprob)
     ├── EngineRejected           the engine refused the request (4xx); `.message` is its reason
-    │   └── WeightsNotUpdated    a weight update did not complete (`.loaded`, `.weight_version`)
+    │   ├── WeightsNotUpdated    a weight update did not complete (`.loaded`, `.weight_version`)
+    │   └── IncompatibleCheckpoint  a checkpoint refused before any engine got it
+    │                            (`checkpoints.py`: it does not fit the served model)
     └── EngineLaunchError        a launcher could not start an engine (`launch.py`)
 """
 
@@ -49,6 +51,7 @@ __all__ = [
     "GenerateChunk",
     "GenerateRequest",
     "GenerateResult",
+    "IncompatibleCheckpoint",
     "KVPayload",
     "KVTransfer",
     "ModelInfo",
@@ -123,6 +126,17 @@ class WeightsNotUpdated(EngineRejected):
 SEED_BITS = 31  # a seed every engine takes (SGLang: int64; vLLM and torch: up to 2**64 - 1)
 
 
+class IncompatibleCheckpoint(EngineRejected):
+    """A weight update refused before any engine got it: the checkpoint does not fit the
+    model the engines serve (`checkpoints.check_checkpoint`, which names the mismatch)."""
+
+    status = 400
+
+    def __init__(self, message: str):
+        EngineError.__init__(self, message)  # the gateway's refusal, no engine's
+        self.message, self.url = message, None
+
+
 def random_seed() -> int:
     """A fresh `sampling_seed`, for a request whose caller gave none."""
     return secrets.randbits(SEED_BITS)
@@ -138,8 +152,9 @@ class SamplingParams:
     `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
     `max_new_tokens=None` fills the context (as in SGLang; the gateway's call runner sets
     the bound itself, `CallRunner.max_new_tokens`). At most one of the structured-output
-    fields is set (SGLang's own: a JSON schema as JSON text, a regular expression, or an
-    EBNF grammar that the output must match).
+    fields is set (SGLang's own: a JSON schema as JSON text, a regular expression, an
+    EBNF grammar, or a structural tag as JSON text, xgrammar's format, that the output
+    must match).
 
     `sampling_seed` makes sampling reproducible: the same seed and inputs give the same
     output. None means "any": the SGLang driver then draws a fresh random seed for the
@@ -163,11 +178,14 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None
 
     @property
     def constrained(self) -> bool:
-        """Whether the output is held to a JSON schema, regular expression or grammar."""
-        return not (self.json_schema is None and self.regex is None and self.ebnf is None)
+        """Whether the output is held to a JSON schema, regular expression, grammar or
+        structural tag."""
+        return not (self.json_schema is None and self.regex is None and self.ebnf is None
+                    and self.structural_tag is None)
 
     def for_choice(self, index: int, max_new_tokens: int) -> SamplingParams:
         """These parameters for choice `index` of a call, bounded to `max_new_tokens`, with
@@ -406,6 +424,13 @@ class EngineDriver(Protocol):
         running request's KV, stage it on another engine, generate from it there), which
         migration uses to move a generation without prefilling it again. An optional
         capability: False on engines without it (SGLang, vLLM); never raises."""
+        ...
+
+    async def honours_seeds(self) -> bool | None:
+        """Whether a request's `sampling_seed` decides its sample, so that the seed recorded
+        with a call replays it (SGLang 0.5.23 honours it only with
+        `--enable-deterministic-inference`); None when the engine does not say or does not
+        answer. Never raises."""
         ...
 
     async def close(self) -> None: ...

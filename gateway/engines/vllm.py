@@ -73,7 +73,8 @@ def _sampling_params(params: SamplingParams, return_logprob: bool) -> dict:
     }
     if params.sampling_seed is not None:
         mapped["seed"] = params.sampling_seed
-    structured = {"json": params.json_schema, "regex": params.regex, "grammar": params.ebnf}
+    structured = {"json": params.json_schema, "regex": params.regex, "grammar": params.ebnf,
+                  "structural_tag": params.structural_tag}
     structured = {name: value for name, value in structured.items() if value is not None}
     if structured:  # vLLM's StructuredOutputsParams
         mapped["structured_outputs"] = structured
@@ -250,6 +251,10 @@ class VLLMClient(HttpEngine):
 
     async def health(self) -> bool:
         return await self._http.ok("/health")
+
+    async def honours_seeds(self) -> bool | None:
+        """True: vLLM seeds a generator of the request's own with `seed` (module docstring)."""
+        return True
 
     async def server_info(self) -> dict:
         info = await self._http.request("GET", "/server_info")

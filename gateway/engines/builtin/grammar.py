@@ -1,6 +1,6 @@
-"""Structured output for the built-in engine: SGLang's `json_schema`, `regex` and `ebnf`
-sampling parameters enforced with xgrammar (the grammar library SGLang itself uses by
-default), as a mask on the logits.
+"""Structured output for the built-in engine: SGLang's `json_schema`, `regex`, `ebnf` and
+`structural_tag` sampling parameters enforced with xgrammar (the grammar library SGLang itself
+uses by default), as a mask on the logits.
 
 `Grammars` compiles a request's constraint once (compiled grammars are cached by their
 text, so an agent's repeated tool schema compiles once) and gives the request a
@@ -11,6 +11,12 @@ allowed, so the request ends with one of them.
 
 JSON schemas compile without free whitespace (`any_whitespace=False`): the output is
 compact JSON, so a model cannot spend its token budget on blank space inside the object.
+
+A `structural_tag` is read as SGLang 0.5.23 reads it (`XGrammarGrammarBackend.
+dispatch_structural_tag`): xgrammar's format (`{"type": "structural_tag", "format": ...}`), or
+the legacy one (`structures` of begin/schema/end, `triggers`, `at_least_one`), which becomes
+xgrammar's triggered tags; a missing JSON schema is any JSON. The gateway sends one to force
+a tool call in the model's own syntax (`front/toolparsers/forced.py`).
 xgrammar (and transformers, for the vocabulary) are imported on the first constrained
 request, so that an engine that never sees one starts as fast as before.
 """
@@ -46,6 +52,41 @@ class GrammarState:
         return self._matcher.is_terminated() or self._matcher.accept_token(token_id)
 
 
+def structural_tag_of(text: str) -> xgrammar.StructuralTag:
+    """A `structural_tag` sampling parameter as xgrammar's structural tag, legacy or not,
+    as SGLang 0.5.23 converts it; BadRequest when it is neither."""
+    import xgrammar
+
+    try:
+        tag = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"sampling_params.structural_tag is not JSON: {error}") from None
+    if not isinstance(tag, dict) or not (isinstance(tag.get("format"), dict)
+                                         or isinstance(tag.get("structures"), list)):
+        raise BadRequest("sampling_params.structural_tag must be an object with a 'format' "
+                         "(xgrammar's structural tag) or 'structures' and 'triggers' (the "
+                         "legacy form)")
+    if "format" in tag:
+        _fill_schemas(tag["format"])
+        return xgrammar.StructuralTag.model_validate(tag)
+    items = [xgrammar.StructuralTagItem(begin=item["begin"], end=item["end"],
+                                        schema=json.dumps(item.get("schema") or {}))
+             for item in tag["structures"]]
+    legacy = xgrammar.StructuralTag.from_legacy_structural_tag(items, tag.get("triggers") or [])
+    legacy.format.at_least_one = bool(tag.get("at_least_one", False))  # type: ignore[union-attr]
+    return legacy
+
+
+def _fill_schemas(fmt) -> None:
+    """A `json_schema` format without its schema is any JSON, as in SGLang (in place)."""
+    if not isinstance(fmt, dict):
+        return
+    if fmt.get("type") == "json_schema" and fmt.get("json_schema") is None:
+        fmt["json_schema"] = {}
+    for child in [fmt.get("content"), *fmt.get("elements", ()), *fmt.get("tags", ())]:
+        _fill_schemas(child)
+
+
 class Grammars:
     """Compiles constraints for one model directory's tokenizer (thread-safe: compiling
     runs off the event loop, the scheduler only uses finished states)."""
@@ -77,6 +118,8 @@ class Grammars:
             return self._compiler.compile_json_schema(text, any_whitespace=False)
         if kind == "regex":
             return self._compiler.compile_regex(text)
+        if kind == "structural_tag":
+            return self._compiler.compile_structural_tag(structural_tag_of(text))
         return self._compiler.compile_grammar(text)
 
     def state(self, constraint: tuple[str, str]) -> GrammarState:

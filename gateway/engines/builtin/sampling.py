@@ -9,9 +9,9 @@ absent) and draws exactly one uniform number per sampled token, then picks the t
 CDF over its own row. So a seeded request samples the same tokens whether it runs alone or in
 any batch.
 
-Structured output (SGLang's `json_schema`, `regex` and `ebnf`, at most one per request) is
-enforced by `grammar.py` as a mask on the logits before `sample`; the reported logprob is then
-that of the masked distribution, the one the token was drawn from.
+Structured output (SGLang's `json_schema`, `regex`, `ebnf` and `structural_tag`, at most one per
+request) is enforced by `grammar.py` as a mask on the logits before `sample`; the reported logprob
+is then that of the masked distribution, the one the token was drawn from.
 """
 
 import random
@@ -26,10 +26,10 @@ GREEDY_EPS = 1e-6
 
 # SGLang fields the engine accepts only at their neutral value.
 _NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-            "n": 1, "structural_tag": None,
+            "n": 1,
             "logit_bias": None, "custom_params": None, "stop_regex": None}
 _IGNORED = {"spaces_between_special_tokens", "stream_interval"}
-CONSTRAINTS = ("json_schema", "regex", "ebnf")
+CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class RequestSampling:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None
 
     @property
     def constraint(self) -> tuple[str, str] | None:

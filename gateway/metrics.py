@@ -246,6 +246,9 @@ class GatewayMetrics:
     unparsed_tool_calls: Counter
     store_trees_in_memory: Gauge
     store_tree_loads: Counter
+    store_damaged_groups: Gauge
+    store_held_bytes: Gauge
+    store_dropped_lines: Counter
 
     @classmethod
     def create(cls, registry: Registry | None = None) -> GatewayMetrics:
@@ -304,4 +307,12 @@ class GatewayMetrics:
             store_tree_loads=r.counter("undertow_store_tree_loads_total",
                                        "Group trees loaded back from their log file after "
                                        "being let go (start-up replay not counted)."),
+            store_damaged_groups=r.gauge(
+                "undertow_store_damaged_groups", "1 for each group set aside at start-up: its "
+                "log is damaged (`undertow trees repair`); the other groups serve.", ("group",)),
+            store_held_bytes=r.gauge("undertow_store_held_bytes", "Bytes of streamed calls' "
+                                     "log lines held in memory until the disk takes them."),
+            store_dropped_lines=r.counter(
+                "undertow_store_dropped_lines_total", "Held log lines dropped past the hold's "
+                "bounds (their sessions are infra failures)."),
         )

@@ -1,18 +1,20 @@
 """Group trees as the learner reads them from a gateway store, and their staleness.
 
-The learner may import only the tree data model of the gateway (`undertow.gateway.trees.tree`),
-which also holds the JSON form of trees (`tree_to_json`, `tree_from_json`: the admin
+The learner may import only the tree data model of the gateway (`undertow.gateway.trees`):
+`tree.py` also holds the JSON form of trees (`tree_to_json`, `tree_from_json`: the admin
 API's answer, and the form checkpoints keep); this module reads the other form the gateway
 writes:
 - the store's write-ahead files (`STORE/<group>.jsonl`: CallRecord lines and session
-  events), replayed with the tree model's `replay_log`, the replay the gateway runs.
+  events), replayed with `group_log.replay_log`, the replay the gateway runs (checksums
+  verified).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from undertow.gateway.trees.tree import Tree, replay_log
+from undertow.gateway.trees.group_log import replay_log
+from undertow.gateway.trees.tree import Tree
 
 
 def load_store_tree(path: Path) -> Tree:

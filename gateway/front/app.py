@@ -114,7 +114,8 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
     sessions = SessionRegistry(config.num_heads_per_session)
     store = TreeStore(config.store_dir, sync=config.store_sync,
                       max_idle_trees=config.store_max_idle_trees, is_active=sessions.has_open,
-                      metrics=metrics)
+                      metrics=metrics, hold_max_bytes=config.store_hold_max_bytes,
+                      hold_max_s=config.store_hold_max_s)
     sessions.on_group_idle = store.group_idle  # its last session closed: maybe let it go
     tool_parser = resolve_parser(config.tool_parser, config.model_dir)
     heads = HeadReplay(renderer, sessions, tool_parser)

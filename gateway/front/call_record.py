@@ -8,7 +8,11 @@ waits for the write, and returns the `Outcome` the API formats.
 
 Invariants:
 - All choices are recorded or none: a failed write undoes the tree's change and raises
-  `StoreUnavailable` (a 503), and no head is left.
+  `StoreUnavailable` (a 503), and no head is left. A streamed call (`live`: its client
+  has the text) is the exception: its lines are held until the disk takes them (the
+  store's hold, bounded); if the store drops them, its session is noted an infra failure
+  (`Session.note_infra_error`: never trained, re-run) and loses its heads, whose leaves
+  left the tree with them (so does the path a call still running was to extend).
 - Choice 0's head is left last, so that it is the newest: a scaffold that continues
   choice 0 (as they do) extends the newest head, with no branch (`HeadReplay` keeps that
   order after a restart).
@@ -18,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from typing import Any
@@ -42,21 +47,26 @@ class CallRecorder:
                  metrics: GatewayMetrics) -> None:
         self.store, self.renderer, self.sessions = store, renderer, sessions
         self.metrics = metrics
+        self._lost: set[str] = set()  # sessions whose held records the store dropped
 
     async def record(self, session: Session, request: CallRequest, prompt: Prompt,
-                     results: list[Sampled], started_s: float) -> Outcome:
-        """Applies the choices' records to the tree and writes their lines, all or none,
-        then leaves the session's heads, choice 0's last (see the module doc)."""
+                     results: list[Sampled], started_s: float, live: bool = False) -> Outcome:
+        """Applies the choices' records to the tree and writes their lines, all or none
+        (held, for a `live` call), then leaves the session's heads, choice 0's last (see
+        the module doc)."""
         tree = self.store.tree(session.group)
         num_prompt = len(prompt.token_ids)
         head = (head_record(prompt, session.heads, request.parses_tools)
                 if request.messages is not None else None)
         results = sorted(results, key=lambda item: item.index)
+        extends_leaf = None if session.session_id in self._lost else prompt.extends_leaf
+        on_lost = functools.partial(self._records_lost, session) if live else None
         try:
             with tree.transaction():
                 records = [self._add_call(tree, session, request, prompt, result, head,
-                                          started_s) for result in results]
-                written = self.store.submit(session.group, *(r.to_json() for r in records))
+                                          started_s, extends_leaf) for result in results]
+                written = self.store.submit(session.group, *(r.to_json() for r in records),
+                                            on_lost=on_lost)
         except TreeError as error:   # the trees' own root, met here: the gateway's 500
             raise GatewayError(f"the call does not fit its group's tree: {error}") from error
         leaves = [call.leaf for call in tree.calls[-len(results):]]
@@ -70,6 +80,13 @@ class CallRecorder:
         self._count(request, num_prompt, choices, results, started_s)
         return Outcome(choices, num_prompt, max(result.cached_tokens for result in results))
 
+    def _records_lost(self, session: Session, reason: str) -> None:
+        """The store dropped this session's held records: it is an infra failure, and
+        its heads (and a running call's path) hang on nodes its tree no longer has."""
+        session.note_infra_error(reason)
+        session.heads.clear()
+        self._lost.add(session.session_id)
+
     def _count(self, request: CallRequest, num_prompt: int, choices: list[Choice],
                results: list[Sampled], started_s: float) -> None:
         self.metrics.prompt_tokens.inc(num_prompt, api=request.api)
@@ -81,7 +98,7 @@ class CallRecorder:
 
     @staticmethod
     def _add_call(tree, session: Session, request: CallRequest, prompt: Prompt, result: Sampled,
-                  head: dict | None, started_s: float):
+                  head: dict | None, started_s: float, extends_leaf: int | None):
         branch = prompt.branch if result.index == 0 else "sample"
         meta = {"api": request.api, "model": request.model,
                 "finish_reason": result.finish_reason, "sampling": sampling_meta(result.sampling),
@@ -92,7 +109,7 @@ class CallRecorder:
                             "end_s": time.time()}}
         return tree.add_call(result.call_id, session.session_id, prompt.token_ids,
                              result.token_ids, result.logprobs, result.weight_versions,
-                             branch=branch, meta=meta, extends_leaf=prompt.extends_leaf)
+                             branch=branch, meta=meta, extends_leaf=extends_leaf)
 
     def _leave_head(self, session: Session, request: CallRequest, prompt: Prompt,
                     choice: Choice, leaf: int, num_prompt: int, started_s: float) -> None:

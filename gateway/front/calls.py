@@ -176,7 +176,8 @@ class CallRunner:
                         yield item
                 except Exception as error:
                     raise api_error_of(error) from None
-            outcome = await self.recorder.record(session, request, prompt, results, started_s)
+            outcome = await self.recorder.record(session, request, prompt, results, started_s,
+                                                 live)
         replay.append(outcome)
         if request.fingerprint:
             session.remember_reply(request.fingerprint, replay)

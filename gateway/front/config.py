@@ -85,6 +85,10 @@ class GatewayConfig:
     and their file open, least recently used let go first (default 64; 0 lets every idle
     tree go); a group let go is loaded back from its file when next used, with the same
     answers. Groups with an open session always stay; see `store.py`.
+    `store_hold_max_bytes`, `store_hold_max_s`: a streamed call whose lines the disk refuses
+    (its client has the text) is held in memory and written when the disk takes it, within
+    these bounds (64 MiB in all, 300 s; `store_hold_max_bytes=0` holds nothing); past them
+    its session is an infra failure. See `store.py`.
     `router`: admission bounds (past them a call waits in a queue fair across groups and
     sessions, up to `router.admission_wait_s` seconds, 60 by default, then gets a 429 with
     `Retry-After`; 0 refuses at once) and routing affinity; see `engines/router.py` and
@@ -111,6 +115,8 @@ class GatewayConfig:
     num_heads_per_session: int = 16
     store_sync: str = "flush"
     store_max_idle_trees: int = 64
+    store_hold_max_bytes: int = 64 * 2**20
+    store_hold_max_s: float = 300.0
     router: RouterConfig = field(default_factory=RouterConfig)
     auto_sessions: AutoSessionsConfig | None = None
     token_truth: str = "verbatim"

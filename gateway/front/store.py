@@ -28,11 +28,27 @@ line is cut off again) and answers the scaffold with `StoreUnavailable`, a retry
 Either way a group's file holds its records in the order they were applied to the
 tree, which replay needs to rebuild the same node IDs.
 
-On start-up `replay` reads every file; a torn last line (the process died while
-writing it; its reply was never sent) is cut off. A line that is damaged anywhere
-else (not JSON, not an event, or a record that does not fit the tree) stops replay
-with `StoreDamaged`, naming the file and line; `repair_store` (`undertow trees repair
-STORE`) keeps the records before it and moves the rest aside.
+Held records: a streamed call's client has its text (and a 200) before the call is
+recorded, and no SDK retries the error event that would end it. So when a streamed
+call's lines cannot be written (`submit` with `on_lost`), the store holds them in
+memory, the tree keeps the call and the stream ends normally; they are written, in order,
+as soon as the disk takes them (retried every `HOLD_RETRY_S`, and before any later line
+of the group: a later line never lands before a held one, and one that cannot wait,
+not streamed, is refused with the 503 as above). Held lines are only as safe as the
+gateway's memory. The hold is bounded: a line that would take the held bytes past
+`hold_max_bytes` is refused (the stream ends in the error event, its session an infra
+failure), and a group whose oldest held line waited `hold_max_s` is given up: its held
+lines are dropped, each one's `on_lost` is told (the recorder notes its session an infra
+failure: never trained, re-run), and its tree is read back from its file.
+
+On start-up `replay` reads every file, verifying each line's checksum
+(`trees.group_log`); a torn last line (the process died while writing it; its reply was
+never sent) is cut off. A group with a line damaged anywhere else (not JSON, a checksum
+that does not match, a record that does not fit the tree) is set aside by itself
+(`damaged`, a warning naming the file and line, `undertow_store_damaged_groups` in
+/metrics; its calls are refused with `GroupSetAside`) while the other groups serve;
+`undertow trees repair STORE` keeps every record of it that still replays
+(`trees_cli.repair_store`).
 
 Memory: a group is active while it has an open session (`is_active`, the session
 registry's count), idle otherwise. With `max_idle_trees` set (the gateway's
@@ -52,24 +68,32 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from undertow.gateway.errors import BadRequest, GatewayError, Unavailable
 from undertow.gateway.metrics import GatewayMetrics
-from undertow.gateway.trees.tree import LogLineError, Tree, replay_log
+from undertow.gateway.trees.group_log import (
+    LogLineError,
+    ReplayReport,
+    encode_event,
+    replay_log,
+)
+from undertow.gateway.trees.tree import Tree
 
 log = logging.getLogger(__name__)
 SYNC_MODES = ("flush", "fsync")
 FSYNC_INTERVAL_S = 1.0
+HOLD_MAX_BYTES = 64 * 2**20
+HOLD_MAX_S = 300.0
+HOLD_RETRY_S = 0.5
 GROUP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# The fields replay needs, by event kind; an event of another kind needs only its kind
-# (its reader checks the rest).
+
+
 class StoreUnavailable(Unavailable):
     """A log line could not be written: nothing of the call (or session event) was
     kept, and the scaffold gets a retryable 503 (529 from the Anthropic API)."""
@@ -82,9 +106,19 @@ class StoreDamaged(GatewayError, ValueError):
     def __init__(self, path: Path, line: int, reason: str):
         super().__init__(f"{path} line {line} is damaged ({reason}); the gateway cannot "
                          f"replay its tree past it. Run `undertow trees repair "
-                         f"{path.parent}` to keep the records before it and move the rest "
-                         "aside")
+                         f"{path.parent}` to keep every record that still replays and move "
+                         "the others aside")
         self.path, self.line, self.reason = path, line, reason
+
+
+class GroupSetAside(StoreUnavailable):
+    """The group's log is damaged (`damage`): the store set the group aside at start-up
+    and refuses its calls and events until the log is repaired and the gateway restarted."""
+
+    def __init__(self, damage: StoreDamaged):
+        super().__init__(f"group {damage.path.stem} is set aside: {damage}; then restart "
+                         "the gateway")
+        self.damage = damage
 
 
 def check_group(group: object) -> str:
@@ -119,6 +153,16 @@ class GroupSummary:
 
 
 @dataclass
+class _Held:
+    """A submit's lines held in memory (see the module docstring): `data`, when it was
+    held (`held_s`, monotonic) and whom to tell if it is dropped."""
+
+    data: bytes
+    held_s: float
+    on_lost: Callable[[str], None]
+
+
+@dataclass
 class _Waiter:
     """`fsync` mode: a submit waiting for the next fsync of its group's file."""
 
@@ -138,18 +182,25 @@ class TreeStore:
     active group's, at most `max_idle_trees` idle ones (plus the one `tree` last loaded,
     until the next session closes or tree loads) or all of them when it is None; every
     other group of the store has a summary in `_summaries`. A group's file is open while
-    its tree is in memory or its lines await an fsync."""
+    its tree is in memory or its lines await an fsync. A group with held lines
+    (`_held`, oldest first) keeps its tree in memory; they hold `_num_held_bytes` in all,
+    at most `hold_max_bytes`. A group in `damaged` has no tree and takes no line."""
 
     def __init__(self, directory: Path, create: bool = True, sync: str = "flush",
                  fsync_interval_s: float = FSYNC_INTERVAL_S, max_idle_trees: int | None = None,
                  is_active: Callable[[str], bool] = _never_active,
-                 metrics: GatewayMetrics | None = None):
+                 metrics: GatewayMetrics | None = None, hold_max_bytes: int = HOLD_MAX_BYTES,
+                 hold_max_s: float = HOLD_MAX_S):
         if sync not in SYNC_MODES:
             raise ValueError(f"sync={sync!r}: choose one of {SYNC_MODES}")
         if fsync_interval_s < 0:
             raise ValueError(f"fsync_interval_s={fsync_interval_s} must be >= 0")
         if max_idle_trees is not None and max_idle_trees < 0:
             raise ValueError(f"max_idle_trees={max_idle_trees} must be >= 0 (or None: no bound)")
+        if hold_max_bytes < 0 or hold_max_s < 0:
+            raise ValueError(f"store_hold_max_bytes={hold_max_bytes} and store_hold_max_s="
+                             f"{hold_max_s} must be >= 0 (0 holds nothing)")
+        self.hold_max_bytes, self.hold_max_s = hold_max_bytes, hold_max_s
         self.max_idle_trees, self.is_active = max_idle_trees, is_active
         self.metrics = metrics if metrics is not None else GatewayMetrics.create()
         self.sync = sync
@@ -161,6 +212,10 @@ class TreeStore:
             raise FileNotFoundError(f"no tree store at {self.directory}")
         self.trees: OrderedDict[str, Tree] = OrderedDict()
         self._summaries: dict[str, GroupSummary] = {}  # the groups let go
+        self.damaged: dict[str, StoreDamaged] = {}  # the groups set aside
+        self._held: dict[str, list[_Held]] = {}
+        self._num_held_bytes = 0
+        self._retrier: asyncio.Task | None = None
         self._replaying: str | None = None  # the group replay is applying events to
         self._files: dict[str, _GroupFile] = {}
         self._waiters: list[_Waiter] = []  # `fsync` mode: submits waiting for an fsync
@@ -173,22 +228,42 @@ class TreeStore:
 
     def tree(self, group: str) -> Tree:
         """The group's tree, now the most recently used: loaded back from its file if it
-        was let go (a damaged file raises `StoreDamaged`), new if the group has none."""
+        was let go, new if the group has none. A group set aside (or whose file turns
+        out damaged now) raises `GroupSetAside`."""
         tree = self.trees.get(group)
         if tree is not None:
             self.trees.move_to_end(group)
             return tree
+        self._refuse_damaged(group)
         tree = self.trees[group] = Tree(check_group(group))
         if self._summaries.pop(group, None) is not None:
-            for _ in self._replay_file(tree, self.directory / f"{group}.jsonl", repair=False):
-                pass
+            try:
+                for _ in self._replay_file(tree, self.directory / f"{group}.jsonl", False):
+                    pass
+            except StoreDamaged as damage:
+                self._set_aside(group, damage)
+                raise GroupSetAside(damage) from damage
             self.metrics.store_tree_loads.inc()
         self._let_go_idle(keep=group)
         return tree
 
+    def _refuse_damaged(self, group: str) -> None:
+        damage = self.damaged.get(group)
+        if damage is not None:
+            raise GroupSetAside(damage)
+
+    def _set_aside(self, group: str, damage: StoreDamaged) -> None:
+        """Takes a damaged group out of service; the others serve on."""
+        self.trees.pop(group, None)
+        self._summaries.pop(group, None)
+        self.damaged[group] = damage
+        self.metrics.store_damaged_groups.set(1, group=group)
+        log.warning("tree store: %s. Group %s is set aside; the other groups serve", damage,
+                    group)
+
     def has_group(self, group: str) -> bool:
-        """Whether the store has the group, its tree in memory or not."""
-        return group in self.trees or group in self._summaries
+        """Whether the store has the group, its tree in memory or not, or set aside."""
+        return group in self.trees or group in self._summaries or group in self.damaged
 
     def groups(self) -> dict[str, GroupSummary]:
         """Every group of the store (in memory or not), by name."""
@@ -203,8 +278,9 @@ class TreeStore:
         """Rebuilds every tree from disk; yields every event (with its `group`) after
         applying it, so that a `call` event's call is the last of its tree's calls (its
         tree is in memory until the next event). `repair` cuts a torn last line off its
-        file (readers pass False). A damaged line raises `StoreDamaged`. Idle trees past
-        the bound are let go after each file."""
+        file (readers pass False). A group with a damaged line is set aside (`damaged`)
+        once the events before it were yielded. Idle trees past the bound are let go
+        after each file."""
         for path in sorted(self.directory.glob("*.jsonl")):
             group = self._replaying = path.stem
             self._summaries.pop(group, None)
@@ -213,6 +289,8 @@ class TreeStore:
                 for event in self._replay_file(tree, path, repair):
                     event["group"] = group
                     yield event
+            except StoreDamaged as damage:
+                self._set_aside(group, damage)
             finally:
                 self._replaying = None
             self._let_go_idle()
@@ -222,11 +300,15 @@ class TreeStore:
         """Applies one group's file to `tree`, yielding each event after applying it."""
         if not path.exists():  # its group was let go before its first line was written
             return
+        report = ReplayReport()
         try:
-            for _, event in replay_log(tree, complete_lines(path, repair)):
+            for _, event in replay_log(tree, complete_lines(path, repair), report):
                 yield event
         except LogLineError as error:
             raise StoreDamaged(path, error.line, error.reason) from error
+        if report.num_unchecked:
+            log.info("tree store: %s has %d lines without a checksum (written before lines "
+                     "had one): accepted unverified", path, report.num_unchecked)
 
     def _let_go_idle(self, keep: str | None = None) -> None:
         """Lets go of the least recently used idle trees past `max_idle_trees` (`keep`
@@ -235,7 +317,8 @@ class TreeStore:
             idle = [group for group in self.trees
                     if group != self._replaying and not self.is_active(group)]
             num_over = len(idle) - self.max_idle_trees
-            for group in [group for group in idle if group != keep][:max(0, num_over)]:
+            for group in [group for group in idle
+                          if group != keep and group not in self._held][:max(0, num_over)]:
                 self._summaries[group] = GroupSummary.of(self.trees.pop(group))
                 self._close_file(group)
         self.metrics.store_trees_in_memory.set(len(self.trees))
@@ -254,15 +337,20 @@ class TreeStore:
         self._wakeup, self._closing = asyncio.Event(), asyncio.Event()
         self._writer = asyncio.create_task(self._sync_forever(self._wakeup, self._closing),
                                            name="tree-store-writer")
+        self._retrier = asyncio.create_task(self._write_held_forever(self._closing),
+                                            name="tree-store-held-lines")
 
     async def close(self) -> None:
-        """Fsyncs whatever was written, then closes the files."""
+        """Writes held lines if it can (drops them, telling their owners, if not), fsyncs
+        whatever was written, then closes the files."""
         if self._writer is not None:
             assert self._closing is not None and self._wakeup is not None, "start() set them"
             self._closing.set()
             self._wakeup.set()
-            await asyncio.gather(self._writer, return_exceptions=True)
-            self._writer = None
+            tasks = [task for task in (self._writer, self._retrier) if task is not None]
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._writer = self._retrier = None
+        self._write_held("the gateway closed before the disk took them")
         with contextlib.suppress(OSError):
             self._fsync_groups(self._take_unsynced())
         self._resolve(self._waiters, None)
@@ -272,28 +360,101 @@ class TreeStore:
         self._files.clear()
         self._syncing.clear()
 
-    def submit(self, group: str, *events: dict[str, Any]) -> asyncio.Future:
-        """Writes the events' lines to the group's file now, in one piece, so that lines
-        keep the order of the calls to `submit`; raises `StoreUnavailable`, the file
-        unchanged, when it cannot. The future resolves once the lines are as durable as
-        the mode promises (at once for `flush`: the OS has them)."""
+    def submit(self, group: str, *events: dict[str, Any],
+               on_lost: Callable[[str], None] | None = None) -> asyncio.Future:
+        """Writes the events' lines to the group's file now, in one piece, after any held
+        lines of the group, so that lines keep the order of the calls to `submit`; raises
+        `StoreUnavailable`, the file unchanged, when it cannot, unless `on_lost` is given
+        and the lines fit the hold (see the module docstring): then they are held, and
+        `on_lost(reason)` is called if they are dropped. The future resolves once the
+        lines are as durable as the mode promises (at once for `flush`: the OS has them;
+        at once for held lines: memory is all they have)."""
         if self._wakeup is None:
             raise RuntimeError("TreeStore.start() must run before submit()")
         if self._failed is not None:
             raise StoreUnavailable(f"the tree store stopped writing after an fsync failed "
                                    f"({self._failed}); restart the gateway")
-        # orjson writes NaN as null: records keep non-finite numbers out (`Tree.add_call`).
-        data = b"".join(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
-                        for event in events)
-        self._write(group, data)
-        self._unsynced.add(group)
+        self._refuse_damaged(group)
+        data = b"".join(encode_event(event) for event in events)
         done = asyncio.get_running_loop().create_future()
+        try:
+            self._write_held_of(group)
+            self._write(group, data)
+        except StoreUnavailable:
+            if on_lost is None or not self._hold(group, data, on_lost):
+                raise
+            done.set_result(None)
+            return done
+        self._unsynced.add(group)
         if self.sync == "flush":
             done.set_result(None)
         else:
             self._waiters.append(_Waiter(group, done))
         self._wakeup.set()
         return done
+
+    def _hold(self, group: str, data: bytes, on_lost: Callable[[str], None]) -> bool:
+        """Holds a submit's lines if they fit `hold_max_bytes`; whether it did."""
+        if self._num_held_bytes + len(data) > self.hold_max_bytes:
+            log.error("tree store: %d bytes for group %s would take the held lines past "
+                      "store_hold_max_bytes=%d; refused", len(data), group, self.hold_max_bytes)
+            return False
+        self._held.setdefault(group, []).append(_Held(data, time.monotonic(), on_lost))
+        self._num_held_bytes += len(data)
+        self.metrics.store_held_bytes.set(self._num_held_bytes)
+        return True
+
+    def _write_held_of(self, group: str) -> None:
+        """Writes the group's held lines, oldest first; raises `StoreUnavailable` (the
+        rest still held) at the first that the disk refuses."""
+        held = self._held.get(group)
+        while held:
+            self._write(group, held[0].data)
+            self._unsynced.add(group)
+            self._num_held_bytes -= len(held.pop(0).data)
+            self.metrics.store_held_bytes.set(self._num_held_bytes)
+        self._held.pop(group, None)
+
+    def _write_held(self, give_up: str | None = None) -> None:
+        """Writes every group's held lines it can; gives up the groups whose oldest line
+        waited `hold_max_s`, or (with `give_up`, the reason) every group still held."""
+        for group in list(self._held):
+            try:
+                self._write_held_of(group)
+            except StoreUnavailable as error:
+                waited_s = time.monotonic() - self._held[group][0].held_s
+                if give_up is not None or waited_s >= self.hold_max_s:
+                    self._drop_held(group, give_up or f"the disk refused them for "
+                                    f"{waited_s:.0f} s ({error})")
+
+    def _drop_held(self, group: str, reason: str) -> None:
+        """Drops a group's held lines, tells their owners, and reads its tree back from
+        its file (the tree held their calls; the file is what replay will see)."""
+        held = self._held.pop(group)
+        self._num_held_bytes -= sum(len(item.data) for item in held)
+        self.metrics.store_held_bytes.set(self._num_held_bytes)
+        self.metrics.store_dropped_lines.inc(sum(item.data.count(b"\n") for item in held))
+        log.error("tree store: dropped %d held submits of group %s: %s; their sessions are "
+                  "infra failures", len(held), group, reason)
+        for item in held:
+            item.on_lost(f"store: a record was dropped ({reason})")
+        if group in self.trees:
+            tree = self.trees[group] = Tree(group)
+            try:
+                for _ in self._replay_file(tree, self.directory / f"{group}.jsonl", False):
+                    pass
+            except StoreDamaged as damage:
+                self._set_aside(group, damage)
+
+    async def _write_held_forever(self, closing: asyncio.Event) -> None:
+        """Every `HOLD_RETRY_S`, writes the held lines the disk takes (see `_write_held`)."""
+        while not closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closing.wait(), HOLD_RETRY_S)
+            if self._held and not closing.is_set():
+                self._write_held()
+                if self._wakeup is not None and self._unsynced:
+                    self._wakeup.set()
 
     async def append(self, group: str, event: dict[str, Any]) -> None:
         """Writes one event line and waits until it is as durable as the mode promises."""

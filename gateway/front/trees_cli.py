@@ -5,12 +5,12 @@ token IDs (abbreviated), whether it is trainable (`*`, sampled by the named
 session) or prompt, its weight versions, and where it branches (a node with
 several children is a branch point; the calls that started branches are listed
 with their reasons). `stats` prints unique tokens against the tokens a per-call
-log would hold (every call's prompt plus completion), and their ratio. `repair`
-mends a store whose log is damaged in the middle (the gateway refuses to start on one,
-naming the file and line): in each file it keeps every record before the first damaged
-line, moves that line and the rest aside to `STORE/damaged/` (the records after a damaged
-one may hang on the nodes it made, so none of them can be kept), and reports the calls
-and sessions lost.
+log would hold (every call's prompt plus completion), and their ratio. Both read the
+groups that replay; a damaged group is named, not shown (the gateway sets it aside too).
+`repair` mends a store whose logs are damaged in the middle: in each file it keeps every
+record that still replays (a damaged line is left out, and so is a later record that hung
+on what it held: its checksum and anchor path show where it must land, `Tree.apply`),
+moves the lines left out to `STORE/damaged/`, and reports the calls and sessions lost.
 """
 
 from __future__ import annotations
@@ -21,17 +21,23 @@ from pathlib import Path
 
 import orjson
 
-from undertow.gateway.front.store import TreeStore
-from undertow.gateway.trees.tree import ROOT, LogLineError, Tree, replay_log, session_node_ids
+from undertow.gateway.front.store import StoreDamaged, TreeStore
+from undertow.gateway.trees.group_log import LogLineError, ReplayReport, replay_log
+from undertow.gateway.trees.tree import ROOT, Tree, session_node_ids
 
 DAMAGED_DIR = "damaged"
 
 
-def load(store_dir: Path) -> dict[str, Tree]:
+def load(store_dir: Path) -> tuple[dict[str, Tree], dict[str, StoreDamaged]]:
+    """The store's trees, and its damaged groups (set aside, not in the trees)."""
     store = TreeStore(store_dir, create=False)
     for _ in store.replay(repair=False):
         pass
-    return store.trees
+    return dict(store.trees), store.damaged
+
+
+def _damage_notes(damaged: dict[str, StoreDamaged]) -> list[str]:
+    return [f"group {group} is set aside: {damage}" for group, damage in sorted(damaged.items())]
 
 
 def _span(token_ids: list[int], max_tokens: int) -> str:
@@ -79,18 +85,21 @@ def show_tree(tree: Tree, session: str | None = None, max_tokens: int = 12) -> s
 
 def show(store_dir: Path, group: str | None = None, session: str | None = None,
          max_tokens: int = 12) -> str:
-    trees = load(store_dir)
+    trees, damaged = load(store_dir)
+    if group in damaged:
+        raise ValueError(_damage_notes({group: damaged[group]})[0])
     if group is not None and group not in trees:
         raise ValueError(f"no group {group!r} in {store_dir}; it has {sorted(trees)}")
     chosen = [trees[group]] if group else [
         tree for tree in trees.values() if session is None or session in tree.sessions]
     if not chosen:
         raise ValueError(f"nothing to show in {store_dir} for session {session!r}")
-    return "\n\n".join(show_tree(tree, session, max_tokens) for tree in chosen)
+    shown = [show_tree(tree, session, max_tokens) for tree in chosen]
+    return "\n\n".join(shown + ([] if group else _damage_notes(damaged)))
 
 
 def stats(store_dir: Path) -> str:
-    trees = load(store_dir)
+    trees, damaged = load(store_dir)
     lines = ["| group | sessions | calls | unique tokens | per-call log tokens | ratio |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     total_unique = total_flat = 0
@@ -102,20 +111,19 @@ def stats(store_dir: Path) -> str:
                      f"| {ratio} |")
     ratio = f"{total_flat / total_unique:.2f}x" if total_unique else "-"
     lines.append(f"| all | | | {total_unique} | {total_flat} | {ratio} |")
-    return "\n".join(lines)
+    return "\n".join(lines + _damage_notes(damaged))
 
 
 @dataclass
 class Repair:
-    """What `repair_file` did to one log: `damaged_line` (1-based) and everything after
-    it moved to `aside`; what the moved lines held, so far as they can be read."""
+    """What `repair_file` did to one log: the lines left out (`skipped`, each a
+    `LogLineError` with its line and reason) moved to `aside`, `num_kept` records kept;
+    what the moved lines held, so far as they can be read."""
 
     path: Path
     num_kept: int
-    damaged_line: int
-    reason: str
+    skipped: list[LogLineError]
     aside: Path
-    num_lines_moved: int = 0
     num_calls_lost: int = 0
     num_unreadable: int = 0
     sessions_opened: set[str] = field(default_factory=set)
@@ -124,25 +132,15 @@ class Repair:
 
     def describe(self) -> str:
         lost = sorted(self.sessions_with_calls | self.sessions_opened | self.sessions_closed)
-        return (f"{self.path}: line {self.damaged_line} is damaged ({self.reason}); kept "
-                f"{self.num_kept} records before it, moved {self.num_lines_moved} lines to "
-                f"{self.aside}\n"
+        shown = "; ".join(f"line {error.line}: {error.reason}" for error in self.skipped[:5])
+        more = f"; and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
+        return (f"{self.path}: kept {self.num_kept} records, moved {len(self.skipped)} lines "
+                f"that do not replay to {self.aside} ({shown}{more})\n"
                 f"  lost: {self.num_calls_lost} calls"
                 f"{f' (and {self.num_unreadable} unreadable lines)' if self.num_unreadable else ''}"
-                f", {len(self.sessions_opened)} sessions opened after the damage, "
+                f", {len(self.sessions_opened)} session opens, "
                 f"{len(self.sessions_closed)} session closes (rewards)\n"
                 f"  sessions that lost something: {', '.join(lost) or 'none'}")
-
-
-def _first_damage(path: Path, data: bytes) -> tuple[int, int, int, str] | None:
-    """(records kept, 1-based line, byte offset of the line, reason) of the first line
-    that replay cannot take, or None."""
-    try:
-        for _ in replay_log(Tree(path.stem), data):
-            pass
-    except LogLineError as error:
-        return error.num_kept, error.line, error.offset, error.reason
-    return None
 
 
 def _aside_path(store_dir: Path, group: str, line: int) -> Path:
@@ -153,11 +151,8 @@ def _aside_path(store_dir: Path, group: str, line: int) -> Path:
     return path
 
 
-def _tally(repair: Repair, tail: bytes) -> None:
-    for line in tail.split(b"\n"):
-        if not line.strip():
-            continue
-        repair.num_lines_moved += 1
+def _tally(repair: Repair, lines: list[bytes]) -> None:
+    for line in lines:
         try:
             event = orjson.loads(line)
             kind, session_id = event.get("kind"), event.get("session_id")
@@ -173,26 +168,41 @@ def _tally(repair: Repair, tail: bytes) -> None:
             repair.sessions_closed.add(session_id)
 
 
-def repair_file(path: Path) -> Repair | None:
-    """Keeps the records of one log before its first damaged line and moves the rest
-    aside (written and fsync'ed before the log is cut); None when nothing is damaged.
-    A torn last line (no newline) is not damage: the gateway cuts it off itself."""
-    data = path.read_bytes()
-    found = _first_damage(path, data[:data.rfind(b"\n") + 1])
-    if found is None:
-        return None
-    num_kept, line, offset, reason = found
-    aside = _aside_path(path.parent, path.stem, line)
-    aside.parent.mkdir(exist_ok=True)
-    with open(aside, "xb") as handle:
-        handle.write(data[offset:])
+def _write_durably(path: Path, data: bytes, mode: str = "xb") -> None:
+    with open(path, mode) as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    with open(path, "r+b") as handle:
-        handle.truncate(offset)
-        os.fsync(handle.fileno())
-    repair = Repair(path, num_kept, line, reason, aside)
-    _tally(repair, data[offset:])
+
+
+def repair_file(path: Path) -> Repair | None:
+    """Keeps every record of one log that still replays and moves the lines that do not
+    aside (written and fsync'ed before the log is replaced); None when nothing is
+    damaged. A torn last line (no newline) is not damage: the gateway cuts it off itself."""
+    data = path.read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]
+    report = ReplayReport()
+    num_kept = sum(1 for _ in replay_log(Tree(path.stem), complete, report, skip_damaged=True))
+    if not report.skipped:
+        return None
+    lines = complete.split(b"\n")[:-1]
+    left_out = {error.line for error in report.skipped}
+    moved = [lines[number - 1] for number in sorted(left_out)]
+    aside = _aside_path(path.parent, path.stem, report.skipped[0].line)
+    aside.parent.mkdir(exist_ok=True)
+    torn = data[len(complete):]  # the gateway would cut it off: kept with the damage
+    _write_durably(aside, b"".join(line + b"\n" for line in moved) + torn)
+    fresh = path.with_name(f"{path.name}.repairing")
+    _write_durably(fresh, b"".join(line + b"\n" for number, line in enumerate(lines, start=1)
+                                  if number not in left_out), mode="wb")
+    os.replace(fresh, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    repair = Repair(path, num_kept, report.skipped, aside)
+    _tally(repair, moved)
     return repair
 
 

@@ -3,7 +3,7 @@
 them alone; where the front records a call it becomes a `GatewayError` (500) there, once.
 
     TreeError          (also a ValueError) a call or record that does not fit the tree
-    └── LogLineError   a log line that replay cannot take (`tree.py`)
+    └── LogLineError   a log line that replay cannot take (`group_log.py`)
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ Invariants:
 - Every call is stored as a compact `CallRecord`: an anchor (node, offset) where its
   sequence leaves the existing tree plus only the new tokens, so that the size of
   a group's log grows with its unique tokens, not with calls x context.
+- Every node knows the length (`path_end`) and the CRC-32 (`path_crc`, `crc_of_ids`) of
+  the path of IDs from the root to its last token. A record carries the length and CRC of
+  the path to its anchor and the first node ID it takes, so that replay proves where it
+  lands, and a record that follows a lost one (a damaged line) still lands on its own
+  path with its own node IDs, or is refused (`apply`).
 - Changes made inside `Tree.transaction()` are undone, exactly, when it raises: the
   store applies a call's records inside one and writes their log lines before it
   ends, so a tree never holds a node that its log does not.
@@ -30,11 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from undertow.gateway.trees.errors import TreeError
 
@@ -47,7 +52,8 @@ class Node:
     are per token; prompt tokens carry NaN and -1. `children` maps (first token ID, owner)
     to a child node ID. `path_end` is the number of IDs from the root to this node's last
     (the length of the path that ends here), kept as nodes are added and split, so that
-    reading a path's length, or whether a node lies on a path, does not walk the path."""
+    reading a path's length, or whether a node lies on a path, does not walk the path;
+    `path_crc` is that path's `crc_of_ids`, kept alike."""
 
     node_id: int
     parent: int | None
@@ -57,17 +63,27 @@ class Node:
     sampled_by: str | None
     children: dict[tuple[int, str | None], int] = field(default_factory=dict)
     path_end: int = 0
+    path_crc: int = 0
 
     @property
     def trainable(self) -> bool:
         return self.sampled_by is not None
 
 
+def crc_of_ids(token_ids: Sequence[int], crc: int = 0) -> int:
+    """The CRC-32 of token IDs (each as 8 bytes, the machine's order), continuing `crc`:
+    `crc_of_ids(b, crc_of_ids(a)) == crc_of_ids(a + b)`."""
+    return zlib.crc32(array("q", token_ids).tobytes(), crc)
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """One call as stored: the new tokens hang below `anchor` = (node ID, offset),
     i.e. after the first `offset` tokens of that node (the root has offset 0).
-    The first `num_prompt` of `token_ids` are new prompt tokens, the rest sampled."""
+    The first `num_prompt` of `token_ids` are new prompt tokens, the rest sampled.
+    `anchor_path` = (length, `crc_of_ids`) of the path of IDs up to the anchor, and
+    `first_id` the first node ID the record may take; both None in records written
+    before they existed (replayed as stored, unverified)."""
 
     call_id: str
     session_id: str
@@ -78,13 +94,20 @@ class CallRecord:
     weight_versions: list[int]
     branch: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    anchor_path: tuple[int, int] | None = None
+    first_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "call", "call_id": self.call_id, "session_id": self.session_id,
+        data = {"kind": "call", "call_id": self.call_id, "session_id": self.session_id,
                 "anchor": list(self.anchor), "token_ids": self.token_ids,
                 "num_prompt": self.num_prompt, "logprobs": self.logprobs,
                 "weight_versions": self.weight_versions, "branch": self.branch,
                 "meta": self.meta}
+        if self.anchor_path is not None:
+            data["anchor_path"] = list(self.anchor_path)
+        if self.first_id is not None:
+            data["first_id"] = self.first_id
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CallRecord:
@@ -93,7 +116,10 @@ class CallRecord:
                    token_ids=list(data["token_ids"]), num_prompt=int(data["num_prompt"]),
                    logprobs=[float(x) for x in data["logprobs"]],
                    weight_versions=list(data["weight_versions"]), branch=data.get("branch"),
-                   meta=dict(data.get("meta") or {}))
+                   meta=dict(data.get("meta") or {}),
+                   anchor_path=(int(data["anchor_path"][0]), int(data["anchor_path"][1]))
+                   if data.get("anchor_path") is not None else None,
+                   first_id=int(data["first_id"]) if data.get("first_id") is not None else None)
 
 
 @dataclass
@@ -176,15 +202,25 @@ class Tree:
                             token_ids=[*prompt_ids[num_matched:], *completion_ids],
                             num_prompt=len(prompt_ids) - num_matched, logprobs=list(logprobs),
                             weight_versions=list(weight_versions), branch=branch,
-                            meta=dict(meta or {}))
+                            meta=dict(meta or {}),
+                            anchor_path=(num_matched, self._crc_at(node_id, offset)),
+                            first_id=self._next_id)
         self.apply(record)
         return record
 
     def apply(self, record: CallRecord) -> int:
-        """Applies a stored record (live or on replay); returns the call's leaf node ID."""
-        if record.anchor[0] not in self.nodes:
-            raise TreeError(f"call {record.call_id}: anchor node {record.anchor[0]} is unknown")
-        node_id = self._split_at(*record.anchor)
+        """Applies a stored record (live or on replay); returns the call's leaf node ID.
+        A record with an `anchor_path` lands where that path ends on its anchor node (so
+        a split that a lost record made, and this one counted on, is not needed), or is
+        refused when the node holds another path there; with a `first_id`, its nodes
+        take their recorded IDs (skipping those of lost records)."""
+        anchor = self._anchor_of(record)
+        if record.first_id is not None:
+            if record.first_id < self._next_id:
+                raise TreeError(f"call {record.call_id}: its first node ID {record.first_id} "
+                                f"is already taken (next is {self._next_id}): out of order")
+            self._next_id = record.first_id
+        node_id = self._split_at(*anchor)
         prompt = record.token_ids[:record.num_prompt]
         sampled = record.token_ids[record.num_prompt:]
         node_id = self._insert(node_id, prompt, None, [math.nan] * len(prompt), [-1] * len(prompt))
@@ -195,6 +231,30 @@ class Tree:
                                len(sampled), record.branch, record.meta))
         self._on_undo(self.calls.pop)
         return node_id
+
+    def _anchor_of(self, record: CallRecord) -> tuple[int, int]:
+        """The (node, offset) where `record`'s new tokens start (see `apply`)."""
+        node_id, offset = record.anchor
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise TreeError(f"call {record.call_id}: anchor node {node_id} is unknown")
+        if record.anchor_path is not None:
+            length, crc = record.anchor_path
+            offset = length - (node.path_end - len(node.token_ids))
+            if not 0 <= offset <= len(node.token_ids) or self._crc_at(node_id, offset) != crc:
+                raise TreeError(f"call {record.call_id}: anchor node {node_id} does not hold "
+                                "the path the call was recorded on")
+        elif not 0 <= offset <= len(node.token_ids):
+            raise TreeError(f"call {record.call_id}: offset {offset} is outside anchor node "
+                            f"{node_id} ({len(node.token_ids)} tokens)")
+        return node_id, offset
+
+    def _crc_at(self, node_id: int, offset: int) -> int:
+        """`crc_of_ids` of the path up to the first `offset` tokens of the node."""
+        node = self.nodes[node_id]
+        if offset == len(node.token_ids):
+            return node.path_crc
+        return crc_of_ids(node.token_ids[:offset], self.nodes[self._parent(node)].path_crc)
 
     def close_session(self, session_id: str, reward: float, meta: dict[str, Any] | None = None):
         paths = self.sessions.setdefault(session_id, SessionPaths(session_id))
@@ -277,10 +337,11 @@ class Tree:
             return node_id
         if offset == 0:
             return self._parent(node)
+        parent = self.nodes[self._parent(node)]
         head = Node(self._new_id(), node.parent, node.token_ids[:offset], node.logprobs[:offset],
                     node.weight_versions[:offset], node.sampled_by,
-                    path_end=node.path_end - len(node.token_ids) + offset)
-        parent = self.nodes[self._parent(node)]
+                    path_end=node.path_end - len(node.token_ids) + offset,
+                    path_crc=crc_of_ids(node.token_ids[:offset], parent.path_crc))
         parent.children[(head.token_ids[0], head.sampled_by)] = head.node_id
         node.token_ids, node.logprobs = node.token_ids[offset:], node.logprobs[offset:]
         node.weight_versions = node.weight_versions[offset:]
@@ -310,7 +371,8 @@ class Tree:
             if child_id is None:
                 node = Node(self._new_id(), parent_id, token_ids[done:], logprobs[done:],
                             weight_versions[done:], owner,
-                            path_end=parent.path_end + len(token_ids) - done)
+                            path_end=parent.path_end + len(token_ids) - done,
+                            path_crc=crc_of_ids(token_ids[done:], parent.path_crc))
                 self.nodes[node.node_id] = node
                 parent.children[(token_ids[done], owner)] = node.node_id
                 self._on_undo(lambda node=node: self._remove_leaf_node(node))
@@ -386,14 +448,15 @@ def tree_to_json(tree: Tree, session_id: str | None = None) -> dict[str, Any]:
 
 
 def _set_path_ends(tree: Tree) -> None:
-    """Sets every node's `path_end`, parents before children (a split's head has a
-    larger ID than the node below it, so ID order would not do)."""
+    """Sets every node's `path_end` and `path_crc`, parents before children (a split's
+    head has a larger ID than the node below it, so ID order would not do)."""
     below = [tree.nodes[ROOT]]
     while below:
         node = below.pop()
         for child_id in node.children.values():
             child = tree.nodes[child_id]
             child.path_end = node.path_end + len(child.token_ids)
+            child.path_crc = crc_of_ids(child.token_ids, node.path_crc)
             below.append(child)
 
 
@@ -420,64 +483,3 @@ def tree_from_json(data: dict[str, Any]) -> Tree:
                   for c in data["calls"]]
     tree._next_id = max(tree.nodes) + 1
     return tree
-
-# A group's write-ahead log (`front/store.py` writes it): one JSON event per line, and the
-# fields each kind of event must have. Replaying it rebuilds the same tree, node IDs
-# included, because the records are in the order they were applied.
-EVENT_FIELDS = {"session_open": ("session_id", "group", "key_sha256"),
-                "call": ("call_id", "session_id", "anchor", "token_ids", "num_prompt",
-                         "logprobs", "weight_versions"),
-                "session_close": ("session_id", "reward"),
-                "session_expire": ("session_id",)}
-
-
-class LogLineError(TreeError):
-    """A log line replay cannot take: `line` (1-based) starting at byte `offset`, after
-    `num_kept` events were applied; `reason` says what is wrong with it."""
-
-    def __init__(self, line: int, offset: int, num_kept: int, reason: str):
-        super().__init__(f"line {line}: {reason}")
-        self.line, self.offset, self.num_kept, self.reason = line, offset, num_kept, reason
-
-
-def apply_event(tree: Tree, event: dict[str, Any]) -> None:
-    """Applies one logged event to its group's tree; a malformed one raises."""
-    kind = event.get("kind") if isinstance(event, dict) else None
-    if not isinstance(kind, str):
-        raise ValueError("not a store event (no kind)")
-    missing = [name for name in EVENT_FIELDS.get(kind, ()) if name not in event]
-    if missing:
-        raise ValueError(f"a {kind} event without {', '.join(missing)}")
-    if kind == "call":
-        tree.apply(CallRecord.from_json(event))
-    elif kind == "session_close":
-        tree.close_session(event["session_id"], event["reward"], event.get("meta"))
-    elif kind == "session_expire":
-        tree.expire_session(event["session_id"])
-
-
-def replay_log(tree: Tree, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Applies a group's log `data` to `tree`, line by line, yielding (1-based line,
-    event) after each: the one replay of the gateway's store, its repair and the
-    learner's reader. A torn last line (no newline: its writer died) is left out; a line
-    that is not JSON or does not fit the tree raises `LogLineError`."""
-    offset, num_kept = 0, 0
-    for line_number, line in enumerate(data.split(b"\n")[:-1], start=1):
-        if line.strip():
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError as error:
-                raise LogLineError(line_number, offset, num_kept, f"not JSON: {error}") from None
-            try:
-                apply_event(tree, event)
-            except (TreeError, KeyError, TypeError, ValueError) as error:
-                raise LogLineError(line_number, offset, num_kept, _reason(error)) from error
-            num_kept += 1
-            yield line_number, event
-        offset += len(line) + 1
-
-
-def _reason(error: BaseException) -> str:
-    if isinstance(error, KeyError):
-        return f"a record without {error}"
-    return str(error) or type(error).__name__

@@ -1,8 +1,9 @@
 """The write-ahead tree store: a gateway killed with SIGKILL and restarted on the same
 store still has every call whose reply was delivered, and its sessions' keys; a write
-that fails for real (a full tmpfs) is a retryable 503 that changes nothing; a log
-damaged by hand stops the gateway at start-up, and `undertow trees repair` mends it;
-the trees CLI reads the store back."""
+that fails for real (a full tmpfs) is a retryable 503 that changes nothing, unless the
+call was streamed (its client has the text): then it is held and written, in order, when
+the disk has room, or, past the hold's bounds, dropped and its session an infra failure;
+the trees CLI reads the store back. Damaged logs: `test_store_repair.py`."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of, captured
-from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
+from tests.gateway.conftest import ADMIN_TOKEN
 from tests.gateway.test_api_scripted import script
-from undertow.gateway.front.app import SESSIONS_KEY, STORE_KEY
+from undertow.gateway.front.app import SESSIONS_KEY
 from undertow.gateway.front.store import TreeStore
 from undertow.gateway.front.trees_cli import show, stats
 from undertow.gateway.trees.tree import tree_to_json
@@ -229,9 +230,10 @@ async def test_a_full_disk_answers_503_and_leaves_tree_log_and_heads_as_they_wer
     assert len([e for e in replayed.replay(repair=False) if e["kind"] == "call"]) == 3
 
 
-async def test_a_full_disk_fails_a_streamed_anthropic_call_retryably(make_gateway, scripted,
-                                                                    renderer, small_disk):
-    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store")
+async def test_a_full_disk_fails_a_streamed_anthropic_call_retryably_when_none_is_held(
+        make_gateway, scripted, renderer, small_disk):
+    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store",
+                                 store_hold_max_bytes=0)
     session = await gateway.open_session(group="full")
     client = anthropic.AsyncAnthropic(base_url=f"{gateway.url}/s/{session['session_id']}",
                                       api_key=session["api_key"], max_retries=0)
@@ -260,72 +262,112 @@ async def test_a_full_disk_fails_a_streamed_anthropic_call_retryably(make_gatewa
     assert len(gateway.tree("full").calls) == 1
 
 
-async def write_session(scripted, renderer, tiny_model_dir, store_dir, num_sessions=2):
-    """Two sessions of three calls each (the second opened after the first's calls),
-    written by an in-process gateway that is then stopped."""
-    _, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
-    try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(num_sessions):
-                session = await admin(http, "POST", f"{url}/admin/sessions",
-                                      json={"group": "hurt"})
-                client = openai.AsyncOpenAI(base_url=session["base_url"],
-                                            api_key=session["api_key"])
-                messages = [{"role": "user", "content": "start"}]
-                for turn in range(3):
-                    script(scripted, renderer, f"step {turn}")
-                    reply = await client.chat.completions.create(model="m", messages=messages)
-                    messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                                 {"role": "user", "content": f"turn {turn}"}]
-                await client.close()
-    finally:
-        await runner.cleanup()
+async def stream_chat(client, messages) -> tuple[str, str]:
+    """A streamed chat call: (call ID, the text the client received)."""
+    stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+    call_id, text = "", ""
+    async for chunk in stream:
+        call_id = chunk.id.removeprefix("chatcmpl-")
+        text += "".join(choice.delta.content or "" for choice in chunk.choices)
+    return call_id, text
 
 
-def undertow(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, UNDERTOW_ADMIN_TOKEN=ADMIN_TOKEN)
-    return subprocess.run([sys.executable, "-m", "undertow.cli", *args], capture_output=True,
-                          text=True, timeout=300, check=False, env=env)
+async def eventually(check, what: str) -> None:
+    """Waits (polling, up to a minute) until `check()` holds."""
+    for _ in range(600):
+        if check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never happened: {what}")
 
 
-@pytest.mark.parametrize("damage", ["garbage", "bad anchor"])
-async def test_a_damaged_record_stops_the_gateway_and_repair_keeps_what_precedes_it(
-        scripted, renderer, tiny_model_dir, tmp_path, damage):
-    store_dir = tmp_path / "store"
-    await write_session(scripted, renderer, tiny_model_dir, store_dir)
-    log_file = store_dir / "hurt.jsonl"
-    lines = log_file.read_bytes().split(b"\n")[:-1]
-    kinds = [json.loads(line)["kind"] for line in lines]
-    assert kinds == ["session_open", "call", "call", "call"] * 2
-    if damage == "garbage":  # a sector of zeros in the middle of the third record
-        lines[2] = lines[2][:40] + b"\0" * 64 + lines[2][104:]
-    else:  # valid JSON that does not fit the tree
-        record = json.loads(lines[2])
-        record["anchor"] = [999, 0]
-        lines[2] = json.dumps(record).encode()
-    log_file.write_bytes(b"\n".join(lines) + b"\n")
+def logged_call_ids(gateway, group: str) -> list[str]:
+    lines = (gateway.store_dir / f"{group}.jsonl").read_bytes().split(b"\n")[:-1]
+    return [event["call_id"] for event in map(json.loads, lines) if event["kind"] == "call"]
 
-    refused = undertow("gateway", "serve", "--engine", scripted.url, "--model",
-                       str(tiny_model_dir), "--store", str(store_dir), "--port", "0")
-    assert refused.returncode != 0
-    assert f"{log_file} line 3 is damaged" in refused.stderr, refused.stderr
-    assert "undertow trees repair" in refused.stderr
 
-    repaired = undertow("trees", "repair", str(store_dir))
-    assert repaired.returncode == 0, repaired.stderr
-    assert f"{log_file}: line 3 is damaged" in repaired.stdout
-    assert "kept 2 records before it, moved 6 lines" in repaired.stdout
-    assert "lost: 5 calls" in repaired.stdout or "lost: 4 calls" in repaired.stdout
-    assert "1 sessions opened after the damage" in repaired.stdout
-    aside = store_dir / "damaged" / "hurt.jsonl.from-line-3"
-    assert aside.read_bytes().split(b"\n")[:-1] == lines[2:]
-    assert log_file.read_bytes() == b"\n".join(lines[:2]) + b"\n"
-    assert "nothing changed" in undertow("trees", "repair", str(store_dir)).stdout
+def replayed_tree(store_dir, group: str) -> str:
+    replayed = TreeStore(store_dir, create=False)
+    list(replayed.replay(repair=False))
+    return json.dumps(tree_to_json(replayed.tree(group)), sort_keys=True)
 
-    app, runner, _ = await start_gateway([scripted.url], tiny_model_dir, store_dir)
-    try:
-        tree = app[STORE_KEY].tree("hurt")
-        assert [call.call_id for call in tree.calls] == [json.loads(lines[1])["call_id"]]
-        assert len(app[SESSIONS_KEY]) == 1
-    finally:
-        await runner.cleanup()
+
+async def test_streamed_calls_on_a_full_disk_are_held_and_written_in_order_when_it_has_room(
+        make_gateway, scripted, renderer, small_disk):
+    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store")
+    session = await gateway.open_session(group="held")
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"],
+                                max_retries=0)
+    messages = [{"role": "user", "content": "start"}]
+    script(scripted, renderer, "step 0")
+    first = await client.chat.completions.create(model="m", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    filler = fill(small_disk)
+    before = (gateway.store_dir / "held.jsonl").read_bytes()
+    received = []
+    for turn in range(2):   # each one's lines are refused, the text already sent
+        messages.append({"role": "user", "content": f"observation {turn} " * 200})
+        script(scripted, renderer, f"streamed {turn} " * 200)
+        call_id, text = await stream_chat(client, messages)
+        assert text.startswith(f"streamed {turn}")          # the stream ended normally
+        received.append(call_id)
+        messages.append({"role": "assistant", "content": text})
+    assert (gateway.store_dir / "held.jsonl").read_bytes() == before
+    assert [call.call_id for call in gateway.tree("held").calls][1:] == received
+    with pytest.raises(openai.APIStatusError) as refused:   # may not land before them
+        await client.chat.completions.create(model="m", messages=messages)
+    assert refused.value.status_code == 503
+    async with gateway.http.get(f"{gateway.url}/metrics") as page:
+        assert "undertow_store_held_bytes 0" not in await page.text()
+
+    filler.unlink()
+    await eventually(lambda: len(logged_call_ids(gateway, "held")) == 3, "held lines written")
+    assert logged_call_ids(gateway, "held") == [first.id.removeprefix("chatcmpl-"), *received]
+    live = json.dumps(tree_to_json(gateway.tree("held")), sort_keys=True)
+    assert replayed_tree(gateway.store_dir, "held") == live
+    for call_id in received:   # what the client received is what the tree records
+        assert captured(gateway.tree("held"), call_id).completion_ids == (
+            scripted.sent[call_id].output_ids)
+    state = gateway.app[SESSIONS_KEY].get(session["session_id"])
+    assert not [reason for reason in state.infra_errors if "dropped" in reason]  # none lost
+    await client.close()
+
+
+async def test_held_lines_past_the_time_bound_are_dropped_and_the_session_is_an_infra_failure(
+        make_gateway, scripted, renderer, small_disk):
+    gateway = await make_gateway([scripted.url], store_dir=small_disk / "store",
+                                 store_hold_max_s=0.2)
+    session = await gateway.open_session(group="lost")
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"],
+                                max_retries=0)
+    messages = [{"role": "user", "content": "start"}]
+    script(scripted, renderer, "step 0")
+    first = await client.chat.completions.create(model="m", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "observation " * 200}]
+    filler = fill(small_disk)
+    before = snapshot(gateway, session["session_id"], "lost")
+    script(scripted, renderer, "streamed " * 200)
+    _, text = await stream_chat(client, messages)
+    assert text.startswith("streamed") and len(gateway.tree("lost").calls) == 2
+    state = gateway.app[SESSIONS_KEY].get(session["session_id"])
+    await eventually(lambda: state.infra_errors, "the held call dropped")
+    assert [reason for reason in state.infra_errors if "dropped" in reason]
+    log_bytes, tree, heads, _, _ = snapshot(gateway, session["session_id"], "lost")
+    assert (log_bytes, tree, heads) == (before[0], before[1], [])   # the file's tree
+    filler.unlink()
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "go on"}]
+    script(scripted, renderer, "after")
+    later, _ = await stream_chat(client, messages)   # recorded on the tree as the file has it
+    assert captured(gateway.tree("lost"), later).prompt_ids == scripted.sent[later].input_ids
+    closed = await admin(gateway.http, "POST", f"{gateway.url}/admin/sessions/"
+                         f"{session['session_id']}/close", json={"reward": 1.0})
+    assert closed["closed"]
+    close_line = json.loads((gateway.store_dir / "lost.jsonl").read_bytes().split(b"\n")[-2])
+    assert close_line["kind"] == "session_close" and close_line["meta"]["infra_failure"]
+    assert logged_call_ids(gateway, "lost") == [first.id.removeprefix("chatcmpl-"), later]
+    assert replayed_tree(gateway.store_dir, "lost") == json.dumps(
+        tree_to_json(gateway.tree("lost")), sort_keys=True)
+    async with gateway.http.get(f"{gateway.url}/metrics") as page:
+        assert "undertow_store_dropped_lines_total 1" in await page.text()
+    await client.close()

@@ -6,13 +6,12 @@ import random
 
 import pytest
 
+from undertow.gateway.trees.group_log import LogLineError, ReplayReport, encode_event, replay_log
 from undertow.gateway.trees.tree import (
     ROOT,
     CallRecord,
-    LogLineError,
     Tree,
     TreeError,
-    replay_log,
     tree_to_json,
 )
 
@@ -214,3 +213,74 @@ def test_a_damaged_line_is_named_with_its_offset_and_the_events_kept(damage, rea
     assert (error.line, error.num_kept, error.offset) == (3, 2, len(lines[0]) + len(lines[1]) + 2)
     assert reason in error.reason and isinstance(error, TreeError)
     assert data[error.offset:].startswith(damage)
+
+
+def split_group() -> tuple[list[CallRecord], list[bytes]]:
+    """Three sessions: b's call splits the shared prompt node, c's first call then splits
+    its tail (anchored inside it) and c's second extends c's leaf. Returns the records and
+    their log lines (`encode_event`, with checksums, as the store writes them)."""
+    tree = Tree("g")
+    records = [_call(tree, "c0", "A", [1, 2, 3, 4, 5, 6], [10]),
+               _call(tree, "c1", "B", [1, 2, 3, 9], [11]),
+               _call(tree, "c2", "C", [1, 2, 3, 4, 5, 7], [12]),
+               _call(tree, "c3", "C", [1, 2, 3, 4, 5, 7, 12, 8], [13])]
+    assert records[2].anchor[1] == 2     # inside the tail that c1's split left
+    return records, [encode_event(record.to_json()) for record in records]
+
+
+def paths_of(tree: Tree) -> dict[str, tuple]:
+    """Each call's path of IDs, split into prompt and sampled, with its logprobs."""
+    out = {}
+    for call in tree.calls:
+        nodes = [tree.nodes[n] for n in tree.path(call.leaf)]
+        out[call.call_id] = (
+            [t for node in nodes if not node.trainable for t in node.token_ids],
+            [t for node in nodes if node.trainable for t in node.token_ids],
+            [p for node in nodes if node.trainable for p in node.logprobs])
+    return out
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "token changed"])
+def test_skipping_a_lost_record_keeps_the_later_ones_on_their_own_paths(damage):
+    _, lines = split_group()
+    lost = {"garbage": b"\0\0\0\n", "truncated": lines[1][:60] + b"\n",
+            "token changed": lines[1].replace(b'"token_ids":[9,', b'"token_ids":[8,')}[damage]
+    data = b"".join([lines[0], lost, lines[2], lines[3]])
+    report, replayed = ReplayReport(), Tree("g")
+    kept = [event["call_id"] for _, event in replay_log(replayed, data, report,
+                                                        skip_damaged=True)]
+    assert kept == ["c0", "c2", "c3"] and [e.line for e in report.skipped] == [2]
+    reference = Tree("g")    # the calls kept, recorded afresh from their full IDs
+    _call(reference, "c0", "A", [1, 2, 3, 4, 5, 6], [10])
+    _call(reference, "c2", "C", [1, 2, 3, 4, 5, 7], [12])
+    _call(reference, "c3", "C", [1, 2, 3, 4, 5, 7, 12, 8], [13])
+    assert paths_of(replayed) == paths_of(reference)
+    assert replayed.num_unique_tokens == reference.num_unique_tokens
+    with pytest.raises(LogLineError):   # without skipping, the damage still stops replay
+        list(replay_log(Tree("g"), data))
+
+
+def test_a_record_that_would_land_elsewhere_is_refused():
+    records, lines = split_group()
+    moved = records[3].to_json()
+    moved["anchor_path"] = [moved["anchor_path"][0], moved["anchor_path"][1] ^ 1]
+    data = b"".join([*lines[:3], encode_event(moved)])
+    with pytest.raises(LogLineError) as refused:
+        list(replay_log(Tree("g"), data))
+    assert refused.value.line == 4 and "does not hold the path" in refused.value.reason
+
+
+def test_a_changed_token_fails_its_checksum_and_old_lines_are_accepted_unchecked():
+    _, lines = split_group()
+    changed = lines[1].replace(b'"token_ids":[9,', b'"token_ids":[8,')
+    assert changed != lines[1] and json.loads(changed)["token_ids"][0] == 8   # valid JSON
+    with pytest.raises(LogLineError) as refused:
+        list(replay_log(Tree("g"), b"".join([lines[0], changed, *lines[2:]])))
+    assert refused.value.line == 2 and "checksum does not match" in refused.value.reason
+    tree, old_lines = logged_group()        # lines written before checksums
+    report, replayed = ReplayReport(), Tree("g")
+    assert len(list(replay_log(replayed, b"\n".join(old_lines) + b"\n", report))) == 4
+    assert report.num_unchecked == 4 and paths_of(replayed) == paths_of(tree)
+    report = ReplayReport()
+    assert len(list(replay_log(Tree("g"), b"".join(lines), report))) == 4
+    assert report.num_unchecked == 0

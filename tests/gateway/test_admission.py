@@ -8,7 +8,7 @@ generation at a time, so the order generations reach it is the order the pool ad
 them; the expected orders are written out by hand from the rule in
 `gateway/engines/admission_queue.py` (round-robin over groups, then sessions; the lanes of
 later and first calls taken in turn). The pool-level tests check that an added engine, a
-drain and the pool's close wake or fail the waiters."""
+drain, an engine's death, a pause and the pool's close wake or fail the waiters."""
 
 from __future__ import annotations
 
@@ -40,10 +40,13 @@ class HeldEngine(ScriptedEngine):
 
     arrived: list[list[int]] = field(default_factory=list)
     released: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(0))
+    broken: bool = False  # a released generation is answered 500, as by a dying engine
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         self.arrived.append((await request.json())["input_ids"])
         await self.released.acquire()
+        if self.broken:
+            return web.Response(status=500, text="the engine broke")
         return await super().generate(request)
 
     def release(self, num: int = 1) -> None:
@@ -269,6 +272,22 @@ async def test_a_drain_moves_waiters_to_the_other_engine_or_fails_them(held):
         assert await waiters[0] == second.sent["r-w0"].output_ids
         assert await asyncio.gather(*running) == [first.sent["r-s0"].output_ids,
                                                   second.sent["r-s1"].output_ids]
+
+
+async def test_waiting_generations_fail_when_their_only_engine_dies(held):
+    engine = await held()
+    async with one_slot_pool(engine.url) as pool:
+        running = generation(pool, "s1")
+        await until(lambda: len(engine.arrived) == 1, "s1 on the engine")
+        waiters = [generation(pool, f"w{n}") for n in range(3)]
+        await until(lambda: pool.metrics.admission_waiting.value() == 3, "three queued")
+        engine.broken = True
+        engine.release(10)
+        for task in [running, *waiters]:
+            with pytest.raises(PoolUnavailable, match="no healthy engine"):
+                await task
+        assert pool.metrics.admission_waiting.value() == 0
+        assert pool.metrics.admission_refusals.value() == 0
 
 
 async def test_a_pause_keeps_waiters_past_their_bound_and_a_close_fails_them(held):

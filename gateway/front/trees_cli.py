@@ -10,22 +10,32 @@ groups that replay; a damaged group is named, not shown (the gateway sets it asi
 `repair` mends a store whose logs are damaged in the middle: in each file it keeps every
 record that still replays (a damaged line is left out, and so is a later record that hung
 on what it held: its checksum and anchor path show where it must land, `Tree.apply`),
-moves the lines left out to `STORE/damaged/`, and reports the calls and sessions lost.
+moves the lines left out to `STORE/damaged/`, and reports the calls and sessions lost. A
+closed session that lost a call is closed as an infra failure (`REPAIR_CAUSE`): its reward
+was for the whole session, which its tree no longer holds.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from undertow.gateway.front.store import StoreDamaged, TreeStore
-from undertow.gateway.trees.group_log import LogLineError, ReplayReport, replay_log
+from undertow.gateway.trees.group_log import (
+    LogLineError,
+    ReplayReport,
+    encode_event,
+    replay_log,
+)
 from undertow.gateway.trees.tree import ROOT, Tree, session_node_ids
 
 DAMAGED_DIR = "damaged"
+REPAIR_CAUSE = "error:store"
+SESSION_ID = re.compile(rb'"session_id":\s*"([^"]+)"')
 
 
 def load(store_dir: Path) -> tuple[dict[str, Tree], dict[str, StoreDamaged]]:
@@ -129,6 +139,7 @@ class Repair:
     sessions_opened: set[str] = field(default_factory=set)
     sessions_with_calls: set[str] = field(default_factory=set)
     sessions_closed: set[str] = field(default_factory=set)
+    sessions_marked: set[str] = field(default_factory=set)
 
     def describe(self) -> str:
         lost = sorted(self.sessions_with_calls | self.sessions_opened | self.sessions_closed)
@@ -140,7 +151,9 @@ class Repair:
                 f"{f' (and {self.num_unreadable} unreadable lines)' if self.num_unreadable else ''}"
                 f", {len(self.sessions_opened)} session opens, "
                 f"{len(self.sessions_closed)} session closes (rewards)\n"
-                f"  sessions that lost something: {', '.join(lost) or 'none'}")
+                f"  sessions that lost something: {', '.join(lost) or 'none'}"
+                + (f"\n  closed as infra failures ({REPAIR_CAUSE}, never trained): "
+                   f"{', '.join(sorted(self.sessions_marked))}" if self.sessions_marked else ""))
 
 
 def _aside_path(store_dir: Path, group: str, line: int) -> Path:
@@ -158,6 +171,9 @@ def _tally(repair: Repair, lines: list[bytes]) -> None:
             kind, session_id = event.get("kind"), event.get("session_id")
         except (orjson.JSONDecodeError, AttributeError):
             repair.num_unreadable += 1
+            named = SESSION_ID.search(line)   # a cut-off record may still name its session
+            if named:
+                repair.sessions_with_calls.add(named[1].decode(errors="replace"))
             continue
         if kind == "call":
             repair.num_calls_lost += 1
@@ -166,6 +182,24 @@ def _tally(repair: Repair, lines: list[bytes]) -> None:
             repair.sessions_opened.add(session_id)
         elif kind == "session_close":
             repair.sessions_closed.add(session_id)
+
+
+def _kept_line(line: bytes, marked: set[str], repair: Repair) -> bytes:
+    """A kept line as the repaired log has it: the close of a session that lost a call
+    rewritten as an infra failure's (its closer's cause kept as `scaffold_cause`)."""
+    if b'"session_close"' not in line:
+        return line + b"\n"
+    event = orjson.loads(line)
+    if event.get("kind") != "session_close" or event.get("session_id") not in marked:
+        return line + b"\n"
+    event.pop("crc", None)
+    meta = dict(event.get("meta") or {})
+    if not meta.get("infra_failure"):
+        meta.update(scaffold_cause=meta.get("cause"), cause=REPAIR_CAUSE)
+    event["meta"] = {**meta, "infra_failure": True,
+                     "error": f"undertow trees repair: its log lost records ({repair.path})"}
+    repair.sessions_marked.add(event["session_id"])
+    return encode_event(event)
 
 
 def _write_durably(path: Path, data: bytes, mode: str = "xb") -> None:
@@ -188,21 +222,22 @@ def repair_file(path: Path) -> Repair | None:
     lines = complete.split(b"\n")[:-1]
     left_out = {error.line for error in report.skipped}
     moved = [lines[number - 1] for number in sorted(left_out)]
-    aside = _aside_path(path.parent, path.stem, report.skipped[0].line)
-    aside.parent.mkdir(exist_ok=True)
+    repair = Repair(path, num_kept, report.skipped,
+                    _aside_path(path.parent, path.stem, report.skipped[0].line))
+    _tally(repair, moved)
+    repair.aside.parent.mkdir(exist_ok=True)
     torn = data[len(complete):]  # the gateway would cut it off: kept with the damage
-    _write_durably(aside, b"".join(line + b"\n" for line in moved) + torn)
+    _write_durably(repair.aside, b"".join(line + b"\n" for line in moved) + torn)
     fresh = path.with_name(f"{path.name}.repairing")
-    _write_durably(fresh, b"".join(line + b"\n" for number, line in enumerate(lines, start=1)
-                                  if number not in left_out), mode="wb")
+    _write_durably(fresh, b"".join(_kept_line(line, repair.sessions_with_calls, repair)
+                                   for number, line in enumerate(lines, start=1)
+                                   if number not in left_out), mode="wb")
     os.replace(fresh, path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
-    repair = Repair(path, num_kept, report.skipped, aside)
-    _tally(repair, moved)
     return repair
 
 

@@ -53,8 +53,9 @@ async def chat(session: dict, messages: list, base_url: str | None = None):
 
 async def write_store(scripted, renderer, tiny_model_dir, store_dir) -> tuple[dict, dict]:
     """Group `hurt`: sessions a, b, c sharing a first message, their calls interleaved
-    turn by turn; group `fine`: one session of one call. Returns the sessions by name and
-    each one's call IDs, as an in-process gateway (stopped after) recorded them."""
+    turn by turn, then closed with a reward; group `fine`: one session of one call.
+    Returns the sessions by name and each one's call IDs, as an in-process gateway
+    (stopped after) recorded them."""
     _, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
     sessions, call_ids = {}, {name: [] for name in SESSIONS}
     try:
@@ -73,6 +74,9 @@ async def write_store(scripted, renderer, tiny_model_dir, store_dir) -> tuple[di
                     call_ids[name].append(reply.id.removeprefix("chatcmpl-"))
                     messages[name] += [reply.choices[0].message.model_dump(exclude_none=True),
                                        {"role": "user", "content": f"{name} saw {turn}"}]
+            for name in SESSIONS:
+                await admin(http, "POST", f"{url}/admin/sessions/"
+                            f"{sessions[name]['session_id']}/close", json={"reward": 1.0})
             await chat(sessions["fine"], [{"role": "user", "content": "hello"}])
     finally:
         await runner.cleanup()
@@ -126,9 +130,10 @@ async def test_a_damaged_group_is_set_aside_and_repair_keeps_every_record_that_r
         assert app[STORE_KEY].damaged["hurt"].line == DAMAGED_LINE
         async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as page:
             assert 'undertow_store_damaged_groups{group="hurt"} 1' in await page.text()
-        with pytest.raises(openai.APIStatusError) as refused:
-            await chat(sessions["a"], [{"role": "user", "content": "go"}], f"{url}/v1")
-        assert refused.value.status_code == 503 and "set aside" in refused.value.message
+        async with aiohttp.ClientSession() as http, http.get(
+                f"{url}/admin/groups/hurt/tree",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as refused:
+            assert refused.status == 503 and "set aside" in await refused.text()
         await chat(sessions["fine"], [{"role": "user", "content": "again"}], f"{url}/v1")
         shown = undertow("trees", "show", str(store_dir), "--group", "fine")
         assert shown.returncode == 0 and "group fine: 1 sessions, 2 calls" in shown.stdout
@@ -138,7 +143,7 @@ async def test_a_damaged_group_is_set_aside_and_repair_keeps_every_record_that_r
     repaired = undertow("trees", "repair", str(store_dir))
     assert repaired.returncode == 0, repaired.stderr
     lost = [] if how == "garbage inserted" else call_ids["b"][1:]
-    assert f"kept {3 + TURNS * 3 - len(lost)} records, moved " in repaired.stdout
+    assert f"kept {3 + TURNS * 3 + 3 - len(lost)} records, moved " in repaired.stdout
     assert f"line {DAMAGED_LINE}: " in repaired.stdout
     assert ("lost: 0 calls (and 1 unreadable" if how == "garbage inserted" else
             "lost: 1 calls (and 1 unreadable" if how == "truncated" else
@@ -158,10 +163,15 @@ async def test_a_damaged_group_is_set_aside_and_repair_keeps_every_record_that_r
     reference = reference_tree(scripted, session_of, kept)
     assert path_sets(tree) == path_sets(reference)
     assert tree.num_unique_tokens == reference.num_unique_tokens
+    marked = {sid for sid, paths in tree.sessions.items() if paths.meta.get("infra_failure")}
+    assert marked == ({sessions["b"]["session_id"]} if lost else set())   # not trained
+    assert all(paths.closed and paths.reward == 1.0 for paths in tree.sessions.values())
 
     app, runner, url = await start_gateway([scripted.url], tiny_model_dir, store_dir)
     try:   # the repaired group serves again
-        await chat(sessions["a"], [{"role": "user", "content": "go on"}], f"{url}/v1")
+        async with aiohttp.ClientSession() as http:
+            opened = await admin(http, "POST", f"{url}/admin/sessions", json={"group": "hurt"})
+        await chat(opened, [{"role": "user", "content": "fix the bug " * 10}])
         assert len(app[STORE_KEY].tree("hurt").calls) == len(kept) + 1
     finally:
         await runner.cleanup()

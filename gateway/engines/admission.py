@@ -54,6 +54,7 @@ NO_CALLER = Caller()  # a generation nobody set `CALLER` for (tests, tools): gro
 CLIENT_CHECK_INTERVAL_S = 0.1
 NO_ENGINE = ("no healthy engine to generate on; add one with POST /admin/engines or wait "
              "for one to recover")
+SHUTTING_DOWN = "the gateway is shutting down; retry once it is back"
 
 
 class Admission:
@@ -97,7 +98,7 @@ class Admission:
         if admitted:
             return await self._admit_resume(session_id, token_ids, rid, waits)
         if self._closed:
-            raise PoolUnavailable("the gateway is shutting down; retry once it is back")
+            raise PoolUnavailable(SHUTTING_DOWN)
         wait_s = self.router.config.admission_wait_s
         while wait_s <= 0 and self.paused:  # the refusal policy: no queue, a pause waits
             await self._gate.wait()
@@ -192,24 +193,24 @@ class Admission:
             decision = self.router.route(waiter.session_id, waiter.token_ids, self._loads())
             if decision.engine_id is None:
                 if decision.reason != "busy":
-                    self.fail_waiting(PoolUnavailable(NO_ENGINE))
+                    self.fail_waiting(NO_ENGINE)
                 return
             self.queue.pop(waiter)
             waiter.future.set_result(self._register(self._engine(decision.engine_id),
                                                     waiter.session_id, waiter.token_ids,
                                                     waiter.rid))
 
-    def fail_waiting(self, error: Exception) -> None:
-        """Every waiting call ends with `error` (no healthy engine, the pool closes)."""
+    def fail_waiting(self, why: str) -> None:
+        """Every waiting call ends with `PoolUnavailable(why)`, a 503 (no healthy engine,
+        the pool closes); each its own error, as each is raised in its own task."""
         for waiter in self.queue:
             self.queue.discard(waiter)
-            waiter.future.set_exception(error)
+            waiter.future.set_exception(PoolUnavailable(why))
 
     def close(self) -> None:
         """The pool closes: waiting calls fail, and new ones are refused (503)."""
         self._closed = True
-        self.fail_waiting(PoolUnavailable("the gateway is shutting down; retry once it is "
-                                          "back"))
+        self.fail_waiting(SHUTTING_DOWN)
 
     def _watch(self) -> None:
         if not self._watching:

@@ -13,19 +13,33 @@ Layout of a run directory:
                                       between checkpoints); the last two are kept
     RUN/metrics.jsonl                 per-step metrics (`metrics_log.py`)
 
+    RUN/starts.json                   how many times the run was started (`record_start`)
+
 Atomicity: a checkpoint is written into a hidden `.tmp-*` directory, every file is
 fsync'ed, then one `rename` makes it visible; readers ignore hidden directories, so a
 crash mid-write leaves the previous checkpoint as the latest. A checkpoint is never
-overwritten: a second save at the same step gets a serial suffix.
+overwritten: a second save at the same step gets a serial suffix. A write that fails (a
+full disk) is a `CheckpointError` naming the file and the cause (`ENOSPC`), and leaves no
+trace.
+
+Resuming (`restorable_checkpoint`, `clear_dead_start`): the newest checkpoint whose files
+are whole is restored; a damaged one (a file truncated or unreadable) is set aside as a
+hidden `.damaged-*` directory, and said so. What a dead start left past the step resumed
+(its `weights/step-*` folders, the `.tmp-*` folders of a dead process) is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import random
 import re
 import shutil
+import struct
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +50,21 @@ import yaml
 from undertow.gateway.trees.template_env import CHAT_TEMPLATE_DIR
 from undertow.gateway.trees.tree import tree_from_json, tree_to_json
 from undertow.learner.causal_lm import CausalLM
+from undertow.learner.errors import LearnerError
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "weights"
+STARTS_FILE = "starts.json"
 _NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
+_TMP_NAME = re.compile(r"^\.tmp-.+-(\d+)$")
+_LOW_SPACE_BYTES = 1 << 20   # under this free after a failed write: the disk was full
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "chat_template.jinja", "generation_config.json")
+
+
+class CheckpointError(LearnerError):
+    """A checkpoint (or a weights folder) could not be written or read back: the message
+    names the file, the cause (`ENOSPC` for a full disk) and what to do."""
 
 
 @dataclass
@@ -97,7 +120,8 @@ def write_model_dir(model: CausalLM, base_model_dir: Path, out: Path) -> Path:
     `base_model_dir`, so that transformers and the engines load `out` as a model."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
+    with _quiet_transformers():
+        model.save_pretrained(str(out), safe_serialization=True)
     for name in _TOKENIZER_FILES:
         source = Path(base_model_dir) / name
         if source.exists() and not (out / name).exists():
@@ -106,6 +130,25 @@ def write_model_dir(model: CausalLM, base_model_dir: Path, out: Path) -> Path:
     if named.is_dir() and not (out / named.name).exists():
         shutil.copytree(named, out / named.name)
     return out
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars off for the block ("Writing model shards" on every
+    step's save), then as they were."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    hub_was_disabled = are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+        elif not hub_was_disabled:
+            enable_progress_bars()
 
 
 def _rng_state() -> dict[str, Any]:
@@ -117,22 +160,69 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
     random.setstate(rng["python"])
 
 
-def _atomic_dir(final: Path, fill) -> Path:
-    """Creates `final` atomically: `fill(tmp)` writes a hidden directory, then rename."""
+def _atomic_dir(final: Path, fill: Callable[[Path], Any]) -> Path:
+    """Creates `final` atomically: `fill(tmp)` writes a hidden directory, then rename. A
+    failure leaves nothing and is a `CheckpointError` naming the file and the cause."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
         fill(tmp)
         _fsync_tree(tmp)
         os.rename(tmp, final)
-    except BaseException:
+        _fsync_tree(final.parent)
+    except BaseException as error:
+        if not isinstance(error, Exception):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        cause = error.__cause__ if isinstance(error, _FileWriteError) else error
+        name = error.name if isinstance(error, _FileWriteError) else ""
+        if isinstance(cause, OSError) and cause.filename:
+            name = str(cause.filename)   # the file the system refused, exactly
+        why = _cause(cause or error, final.parent)   # before the space is given back
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync_tree(final.parent)
+        raise CheckpointError(
+            f"could not write {final}: {why}{f' while writing {name}' if name else ''}; "
+            "nothing of it was kept (the previous checkpoint stays the latest). Free space "
+            "(or fix the cause) and resume the run with --resume") from error
     return final
+
+
+class _FileWriteError(Exception):
+    """A failure of one part of a save, `name` the file it was writing (`_writing`)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+@contextlib.contextmanager
+def _writing(name: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        raise _FileWriteError(name) from error
+
+
+def _cause(error: BaseException, directory: Path) -> str:
+    """What made a write fail, in words: the errno's name when one is known (`ENOSPC`),
+    also where the library that wrote reports it only in its message."""
+    seen: BaseException | None = error
+    while seen is not None:
+        code = seen.errno if isinstance(seen, OSError) else None
+        if code is not None and code in errno.errorcode:
+            return f"{errno.errorcode[code]} ({os.strerror(code)})"
+        if "No space left" in str(seen) or "os error 28" in str(seen):
+            return f"ENOSPC ({os.strerror(errno.ENOSPC)})"
+        seen = seen.__cause__ or seen.__context__
+    with contextlib.suppress(OSError):
+        usage = shutil.disk_usage(directory)
+        if usage.free < _LOW_SPACE_BYTES:
+            return (f"ENOSPC ({os.strerror(errno.ENOSPC)}: {usage.free} bytes free on its "
+                    f"disk) ({type(error).__name__}: {error})")
+    return f"{type(error).__name__}: {error}"
 
 
 def _free_name(parent: Path, step: int) -> Path:
@@ -149,12 +239,17 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: CausalLM,
                     keep: int = 2) -> Path:
     """Writes a checkpoint of `state` atomically; keeps the newest `keep`. Returns it."""
     def fill(tmp: Path) -> None:
-        write_model_dir(model, base_model_dir, tmp / "model")
-        (tmp / "config.yaml").write_text(yaml.safe_dump(resolved_config, sort_keys=True))
-        torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()},
-                   tmp / "trainer.pt")
-        (tmp / "state.json").write_text(json.dumps(asdict(state), indent=1))
-        (tmp / "pending.json").write_text(json.dumps(
+        with _writing("model/model.safetensors"):   # save_pretrained: the weights, mostly
+            write_model_dir(model, base_model_dir, tmp / "model")
+        with _writing("config.yaml"):
+            (tmp / "config.yaml").write_text(yaml.safe_dump(resolved_config, sort_keys=True))
+        with _writing("trainer.pt"):
+            torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()},
+                       tmp / "trainer.pt")
+        with _writing("state.json"):
+            (tmp / "state.json").write_text(json.dumps(asdict(state), indent=1))
+        with _writing("pending.json"):
+            (tmp / "pending.json").write_text(json.dumps(
             [{"index": g.index, "rollout_s": g.rollout_s, "tree": tree_to_json(g.tree)}
              for g in pending]))
 
@@ -167,13 +262,28 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: CausalLM,
 
 def save_weights(run_dir: Path, step: int, model: CausalLM, base_model_dir: Path,
                  keep: int = 2) -> Path:
-    """Writes the model directory of weight version `step` (for the engines) atomically."""
+    """Writes the model directory of weight version `step` (for the engines) atomically;
+    keeps it and the newest `keep - 1` of earlier steps (the engines may still read the
+    one before). Others, of its step or later, can only be a dead start's: they go."""
     parent = Path(run_dir) / WEIGHTS
-    path = _atomic_dir(_free_name(parent, step),
-                       lambda tmp: write_model_dir(model, base_model_dir, tmp))
-    for old in _sorted_dirs(parent)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
+        with _writing("model.safetensors"):   # save_pretrained: the weights, mostly
+            write_model_dir(model, base_model_dir, tmp)
+
+    path = _atomic_dir(_free_name(parent, step), fill)
+    others = [p for p in _sorted_dirs(parent) if p != path]
+    older = [p for p in others if _step_of(p) < step]
+    kept = {path, *older[max(0, len(older) - keep + 1):]}
+    for old in others:
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def _step_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1
 
 
 def _sorted_dirs(parent: Path) -> list[Path]:
@@ -198,14 +308,123 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, optimizer: torch.optim.Optimizer | None = None,
                     restore_rng: bool = True) -> Checkpoint:
     """Reads a checkpoint; loads the optimizer state into `optimizer` (whose parameters
-    must be those of a model loaded from `path/model`) and restores the RNG states."""
+    must be those of a model loaded from `path/model`) and restores the RNG states. A
+    file that cannot be read is a `CheckpointError` naming it."""
     path = Path(path)
-    state = TrainState(**json.loads((path / "state.json").read_text()))
-    trainer = torch.load(path / "trainer.pt", weights_only=True)
+    with _reading(path / "state.json"):
+        state = TrainState(**json.loads((path / "state.json").read_text()))
+    with _reading(path / "trainer.pt"):
+        trainer = torch.load(path / "trainer.pt", weights_only=True)
     if optimizer is not None:
-        optimizer.load_state_dict(trainer["optimizer"])
+        with _reading(path / "trainer.pt"):
+            optimizer.load_state_dict(trainer["optimizer"])
     if restore_rng:
         _set_rng_state(trainer["rng"])
-    pending = [PendingGroup(raw["index"], tree_from_json(raw["tree"]), raw["rollout_s"])
-               for raw in json.loads((path / "pending.json").read_text())]
+    with _reading(path / "pending.json"):
+        pending = [PendingGroup(raw["index"], tree_from_json(raw["tree"]), raw["rollout_s"])
+                   for raw in json.loads((path / "pending.json").read_text())]
     return Checkpoint(path, state, pending)
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {type(error).__name__}: "
+                              f"{error}") from error
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raises `CheckpointError` naming the first file of checkpoint `path` that is missing,
+    truncated or unreadable: `state.json` and `pending.json` parse, `trainer.pt` is a whole
+    zip (its central directory is at the end), each `*.safetensors` of `model/` holds every
+    byte its header promises. Cheap: no tensor is read."""
+    path = Path(path)
+    for name in ("state.json", "pending.json"):
+        with _reading(path / name):
+            json.loads((path / name).read_text())
+    with _reading(path / "trainer.pt"), zipfile.ZipFile(path / "trainer.pt") as archive:
+        archive.infolist()
+    weights = sorted((path / "model").glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"checkpoint {path} holds no model/*.safetensors file")
+    for weight_file in weights:
+        with _reading(weight_file):
+            _check_safetensors(weight_file)
+
+
+def _check_safetensors(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        (header_bytes,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(header_bytes))
+    end = max((entry["data_offsets"][1] for name, entry in header.items()
+               if name != "__metadata__"), default=0)
+    if size != 8 + header_bytes + end:
+        raise ValueError(f"truncated: {size} bytes, its header describes {8 + header_bytes + end}")
+
+
+def restorable_checkpoint(run_dir: Path, report: Callable[[str], None] = print) -> Path | None:
+    """The newest whole checkpoint of the run (None if there is none). Each newer damaged
+    one is set aside as `checkpoints/.damaged-NAME` (out of the way of later saves, kept
+    for a person to look at), and `report` says which file and why."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            check_checkpoint(path)
+        except CheckpointError as error:
+            aside = path.parent / f".damaged-{path.name}-{os.getpid()}"
+            os.rename(path, aside)
+            report(f"undertow train: {error}; it is set aside as {aside} and the run resumes "
+                   "from the checkpoint before it")
+            continue
+        return path
+    return None
+
+
+def clear_dead_start(run_dir: Path, step: int) -> None:
+    """Removes what a start of the run that died left behind, resuming at `step`: the
+    `weights/step-*` folders past it, and the `.tmp-*` folders of processes that are gone."""
+    run_dir = Path(run_dir)
+    for path in _sorted_dirs(run_dir / WEIGHTS):
+        if _step_of(path) > step:
+            shutil.rmtree(path, ignore_errors=True)
+    for parent in (run_dir / CHECKPOINTS, run_dir / WEIGHTS):
+        for path in parent.glob(".tmp-*") if parent.is_dir() else []:
+            match = _TMP_NAME.match(path.name)
+            if match and not _process_alive(int(match.group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False   # this process writes none before it has resumed
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def record_start(run_dir: Path, num_resumes: int) -> int:
+    """Numbers a start of the run before it launches any group: the larger of `num_resumes`
+    (the checkpoint's count plus one) and the number of starts recorded so far, which it
+    records, fsync'ed. A start that dies before its first checkpoint thus never gives its
+    number, and its groups' names, to the next one."""
+    path = Path(run_dir) / STARTS_FILE
+    num_starts = 0
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+        num_starts = int(json.loads(path.read_text())["num_starts"])
+    number = max(num_resumes, num_starts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{STARTS_FILE}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"num_starts": number + 1}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return number

@@ -14,6 +14,8 @@ it); those defined here are the training path's (packing, losses, advantages, mo
     │                        (`modeldir/pretrained.py`)
     ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
     ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
+    ├── CheckpointError      a checkpoint cannot be written (a full disk) or read back
+    │                        (a damaged file): names the file (`checkpoint.py`)
     ├── MembershipError      an elastic step's member failed or timed out (`elastic/step.py`)
     ├── CellPoolError        the cell pool (`pool/errors.py`: IllegalTransition,
     │                        PolicyConfigError)

@@ -17,7 +17,9 @@ Where each writes, under `RUN/trackers/` unless `logging.dir` says otherwise:
 | `mlflow`      | `mlruns/` (MLflow's local file store)     | `mlflow.MlflowClient`           |
 
 Whatever the trackers, `RUN/steps.jsonl` gets one line per step: the groups it took
-(what `undertow ui` shows on a step's page).
+(what `undertow ui` shows on a step's page). A run's start cuts it back to the step it
+starts from, as `metrics.jsonl` (lines past a resumed checkpoint were a dead start's), so
+each step has one line however often the run was resumed.
 
 W&B runs in offline mode unless `logging.wandb_mode` is `online` (this machine has no
 network to W&B); `wandb sync DIR` uploads an offline run later. The libraries are
@@ -294,10 +296,30 @@ def track_learner(learner, config: TrackerConfig, run_config: dict[str, Any],
                   model_dir: Path | None = None) -> Trackers:
     """Opens the run's trackers and makes `learner` (a `train.Learner`) feed them: its
     metrics log is swapped for a `TrackedMetricsLog`. Close the result when done."""
+    truncate_steps(learner.run_dir, learner.state.step)
     trackers = open_trackers(config, learner.run_dir, run_config,
                              lambda: learner.state.consumed, model_dir=model_dir)
     learner.metrics = TrackedMetricsLog(learner.run_dir, trackers)
     return trackers
+
+
+def truncate_steps(run_dir: Path, step: int) -> None:
+    """Drops the lines of `RUN/steps.jsonl` past `step` (and any torn line), atomically."""
+    path = Path(run_dir) / STEPS_FILE
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) \
+                and record["step"] <= step:
+            kept.append(line + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def newest_groups(store_dir: Path) -> dict[int, str]:

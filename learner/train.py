@@ -20,8 +20,10 @@ embedded run of `undertow train`, a remote gateway and tests:
   once; `GroupSource.wait(timeout_s)` returns the groups finished since;
 - `WeightSink.push(model_dir, weight_version)` returns once the engines serve it.
 
-Resuming: `Learner.restore` continues from the latest checkpoint of the run directory
-(weights, optimizer, state, the finished groups not yet trained).
+Resuming: `Learner.restore` continues from the latest whole checkpoint of the run directory
+(weights, optimizer, state, the finished groups not yet trained; a damaged one is set aside
+and said so, `checkpoint.restorable_checkpoint`). `begin_run`, before the run launches any
+group, numbers this start for good and clears what a start that died left behind.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from undertow.learner.advantages import AdvantageConfig, group_advantages, valid
 from undertow.learner.checkpoint import (
     PendingGroup,
     TrainState,
-    latest_checkpoint,
+    clear_dead_start,
     load_checkpoint,
+    record_start,
+    restorable_checkpoint,
     save_checkpoint,
     save_weights,
 )
@@ -122,6 +126,7 @@ class Learner:
             self.policy.trainable_parameters(), lr=config.lr, betas=(config.beta1, config.beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay)
         self.state = TrainState()
+        self.restored_from: Path | None = None   # the checkpoint `restore` read
         self.pending: list[PendingGroup] = []
         self.last_step: dict[str, Any] = {}   # the last step's figures for the timeline
         self.metrics = MetricsLog(self.run_dir)
@@ -130,17 +135,28 @@ class Learner:
     def restore(cls, config: TrainConfig, loss: LossConfig, advantages: AdvantageConfig,
                 base_model_dir: Path, run_dir: Path,
                 resolved_config: dict[str, Any] | None = None) -> Learner:
-        """The learner of the latest checkpoint of `run_dir` (a fresh one if none)."""
-        path = latest_checkpoint(run_dir)
+        """The learner of the latest whole checkpoint of `run_dir` (a fresh one if none)."""
+        path = restorable_checkpoint(run_dir)
         if path is None:
             return cls(config, loss, advantages, base_model_dir, run_dir, resolved_config)
         learner = cls(config, loss, advantages, base_model_dir, run_dir, resolved_config,
                       model_dir=path / "model")
         checkpoint = load_checkpoint(path, learner.optimizer)
         learner.state, learner.pending = checkpoint.state, checkpoint.pending
+        learner.restored_from = path
         learner.state.num_resumes += 1
         learner.metrics.truncate_after(learner.state.step)
         return learner
+
+    def begin_run(self) -> None:
+        """Called once by a run (new or resumed) before it launches any group: records
+        this start (`checkpoint.record_start`: `state.num_resumes`, in every group ID, is
+        never one an earlier start used, even one that died before its first checkpoint),
+        cuts `metrics.jsonl` back to `state.step` and removes the weights and temporaries
+        that a dead start left past it."""
+        self.state.num_resumes = record_start(self.run_dir, self.state.num_resumes)
+        self.metrics.truncate_after(self.state.step)
+        clear_dead_start(self.run_dir, self.state.step)
 
     @property
     def weight_version(self) -> int:

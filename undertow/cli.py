@@ -178,6 +178,7 @@ def _train(args) -> int:
     import signal
     import threading
 
+    from undertow.learner.checkpoint import CheckpointError
     from undertow.learner.errors import RunFailedError
     from undertow.run_sections import load_sections
     from undertow.train_run import train
@@ -188,7 +189,7 @@ def _train(args) -> int:
         signal.signal(number, lambda *_: stop.set())
     try:
         outcome = train(sections, args.resume, stop)
-    except RunFailedError as error:   # one clear line, not a traceback
+    except (RunFailedError, CheckpointError) as error:   # one clear line, not a traceback
         print(f"undertow train: error: {error}", file=sys.stderr, flush=True)
         return 1
     return 0 if outcome == "done" else 143

@@ -30,10 +30,11 @@ SWE tasks) or `chat` (one chat call per session on a prompt task set, rewarded b
 function each task names: `adapters/chat_rollout.py`). `rollout.source` plugs in another
 rollout (`rollout_source.py`).
 
-Resume: `--resume` continues the latest checkpoint of `run.run_dir`; the engines serve the
-checkpoint's weights as their version before any rollout, and the loop rebuilds the
-unpublished steps. Groups that finished before the crash but were not in the checkpoint
-are read back from the gateway's store, not run again (`rollout_source.ThreadedGroupSource`).
+Resume: `--resume` continues the latest whole checkpoint of `run.run_dir`, from whatever a
+crash left (`Learner.restore`, `Learner.begin_run`); the engines serve the checkpoint's
+weights as their version before any rollout, and the loop rebuilds the unpublished steps.
+Groups that finished before the crash but were not in the checkpoint are read back from the
+gateway's store, not run again (`rollout_source.ThreadedGroupSource`).
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ def base_model_dir(run: RunConfig) -> Path:
 
 def train(sections: RunSections, resume: bool, stop: threading.Event) -> str:
     """Runs (or resumes) the training run of `sections`; returns "done"/"stopped"."""
+    from undertow.learner.checkpoint import list_checkpoints
+
     run = sections.run
-    if not resume and (run.run_dir / "checkpoints").exists():
+    if not resume and list_checkpoints(run.run_dir):
         raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
                          "it, or choose another run.run_dir")
     model_dir = start_model_dir(run, sections.rollout, sections.warm_start)
@@ -101,16 +104,16 @@ def _train(sections: RunSections, model_dir: Path, resume: bool, stop: threading
            cells: RunCells) -> str:
     """The run on `cells` (`OneCell` or `cells.CellPool`): the learner, the gateway and
     engines, the rollouts, and the one loop."""
-    from undertow.learner.checkpoint import latest_checkpoint
     from undertow.learner.loop import RunLoop
     from undertow.learner.trackers import track_learner
 
     run, config, resolved = sections.run, sections.learner, sections.resolved()
     learner = (cells.learner_class.restore if resume else cells.learner_class)(
         config, sections.loss, sections.advantages, model_dir, run.run_dir, resolved)
+    learner.begin_run()
     weights = (model_dir, 0)
-    if learner.state.step > 0:   # the engines serve the checkpoint's weights from the start
-        weights = (latest_checkpoint(run.run_dir) / "model", learner.state.step)
+    if learner.restored_from is not None:   # the engines serve its weights from the start
+        weights = (learner.restored_from / "model", learner.state.step)
     trackers = track_learner(learner, sections.logging, resolved, model_dir)
     try:
         with background_loop() as loop, cells.serve(loop, learner, model_dir, weights) as side:

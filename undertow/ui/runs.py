@@ -169,10 +169,12 @@ class RunFolder:
         return {}
 
     def metrics(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """The step records of `metrics.jsonl`, and its lines that are not one (in words).
-        Fields this version does not know are kept as they are."""
-        records, problems = read_jsonl(self.path / METRICS_FILE, METRICS_FILE,
-                                       _step_record_problem)
+        """The step records of `metrics.jsonl`, one per step, and its lines that are not
+        one (in words). Fields this version does not know are kept as they are. A step
+        written twice (a log from before resumes cut it back) is the last line's."""
+        lines, problems = read_jsonl(self.path / METRICS_FILE, METRICS_FILE,
+                                     _step_record_problem)
+        records = list({record["step"]: record for record in lines}.values())
         for record in records:
             step_s, num_tokens = record.get("step_s"), record.get("num_trained_tokens")
             if _is_number(step_s) and step_s > 0 and _is_number(num_tokens):
@@ -219,8 +221,11 @@ class RunFolder:
         newest = newest_groups(self.store_dir) if self.store_dir.is_dir() else {}
         if matching:
             record = matching[-1]
+            recorded = [str(g) for g in record.get("group_ids") or []]
+            if recorded and all((self.store_dir / f"{g}.jsonl").exists() for g in recorded):
+                return recorded, "recorded"   # as trained (a later start may re-run one)
             named = [newest[i] for i in record.get("indices", []) if i in newest]
-            return named or list(record.get("group_ids", [])), "recorded"
+            return named or recorded, "recorded"
         per_step = int((self.config().get("learner") or {}).get("groups_per_step", 1) or 1)
         return [newest[i] for i in sorted(newest) if i // per_step + 1 == step], "inferred"
 

@@ -28,18 +28,16 @@ line is cut off again) and answers the scaffold with `StoreUnavailable`, a retry
 Either way a group's file holds its records in the order they were applied to the
 tree, which replay needs to rebuild the same node IDs.
 
-Held records: a streamed call's client has its text (and a 200) before the call is
-recorded, and no SDK retries the error event that would end it. So when a streamed
-call's lines cannot be written (`submit` with `on_lost`), the store holds them in
-memory, the tree keeps the call and the stream ends normally; they are written, in order,
-as soon as the disk takes them (retried every `HOLD_RETRY_S`, and before any later line
-of the group: a later line never lands before a held one, and one that cannot wait,
-not streamed, is refused with the 503 as above). Held lines are only as safe as the
-gateway's memory. The hold is bounded: a line that would take the held bytes past
-`hold_max_bytes` is refused (the stream ends in the error event, its session an infra
-failure), and a group whose oldest held line waited `hold_max_s` is given up: its held
-lines are dropped, each one's `on_lost` is told (the recorder notes its session an infra
-failure: never trained, re-run), and its tree is read back from its file.
+Held lines (`held_lines.py`): when a streamed call's lines cannot be written (`submit`
+with `on_lost`: its client has the text), the store holds them in memory, the tree keeps
+the call and the stream ends normally; they are written, in order, as soon as the disk
+takes them (retried every `HOLD_RETRY_S`, and before any later line of the group: a later
+line never lands before a held one, and one that cannot wait, not streamed, is refused
+with the 503 as above). Held lines are only as safe as the gateway's memory. Past
+`hold_max_bytes` a call's lines are refused (the stream ends in the error event); a group
+whose oldest held line waited `hold_max_s` has them dropped, each one's `on_lost` told
+(the recorder notes its session an infra failure: never trained, re-run), and its tree
+read back from its file.
 
 On start-up `replay` reads every file, verifying each line's checksum
 (`trees.group_log`); a torn last line (the process died while writing it; its reply was
@@ -65,10 +63,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -76,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from undertow.gateway.errors import BadRequest, GatewayError, Unavailable
+from undertow.gateway.front.held_lines import HeldLines
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.trees.group_log import (
     LogLineError,
@@ -153,16 +152,6 @@ class GroupSummary:
 
 
 @dataclass
-class _Held:
-    """A submit's lines held in memory (see the module docstring): `data`, when it was
-    held (`held_s`, monotonic) and whom to tell if it is dropped."""
-
-    data: bytes
-    held_s: float
-    on_lost: Callable[[str], None]
-
-
-@dataclass
 class _Waiter:
     """`fsync` mode: a submit waiting for the next fsync of its group's file."""
 
@@ -182,9 +171,8 @@ class TreeStore:
     active group's, at most `max_idle_trees` idle ones (plus the one `tree` last loaded,
     until the next session closes or tree loads) or all of them when it is None; every
     other group of the store has a summary in `_summaries`. A group's file is open while
-    its tree is in memory or its lines await an fsync. A group with held lines
-    (`_held`, oldest first) keeps its tree in memory; they hold `_num_held_bytes` in all,
-    at most `hold_max_bytes`. A group in `damaged` has no tree and takes no line."""
+    its tree is in memory or its lines await an fsync. A group with held lines keeps its
+    tree in memory. A group in `damaged` has no tree and takes no line."""
 
     def __init__(self, directory: Path, create: bool = True, sync: str = "flush",
                  fsync_interval_s: float = FSYNC_INTERVAL_S, max_idle_trees: int | None = None,
@@ -197,12 +185,9 @@ class TreeStore:
             raise ValueError(f"fsync_interval_s={fsync_interval_s} must be >= 0")
         if max_idle_trees is not None and max_idle_trees < 0:
             raise ValueError(f"max_idle_trees={max_idle_trees} must be >= 0 (or None: no bound)")
-        if hold_max_bytes < 0 or hold_max_s < 0:
-            raise ValueError(f"store_hold_max_bytes={hold_max_bytes} and store_hold_max_s="
-                             f"{hold_max_s} must be >= 0 (0 holds nothing)")
-        self.hold_max_bytes, self.hold_max_s = hold_max_bytes, hold_max_s
         self.max_idle_trees, self.is_active = max_idle_trees, is_active
         self.metrics = metrics if metrics is not None else GatewayMetrics.create()
+        self._held = HeldLines(hold_max_bytes, hold_max_s, self.metrics)
         self.sync = sync
         self.fsync_interval_s = fsync_interval_s
         self.directory = Path(directory)
@@ -213,8 +198,6 @@ class TreeStore:
         self.trees: OrderedDict[str, Tree] = OrderedDict()
         self._summaries: dict[str, GroupSummary] = {}  # the groups let go
         self.damaged: dict[str, StoreDamaged] = {}  # the groups set aside
-        self._held: dict[str, list[_Held]] = {}
-        self._num_held_bytes = 0
         self._retrier: asyncio.Task | None = None
         self._replaying: str | None = None  # the group replay is applying events to
         self._files: dict[str, _GroupFile] = {}
@@ -318,7 +301,7 @@ class TreeStore:
                     if group != self._replaying and not self.is_active(group)]
             num_over = len(idle) - self.max_idle_trees
             for group in [group for group in idle
-                          if group != keep and group not in self._held][:max(0, num_over)]:
+                          if group != keep and not self._held.has(group)][:max(0, num_over)]:
                 self._summaries[group] = GroupSummary.of(self.trees.pop(group))
                 self._close_file(group)
         self.metrics.store_trees_in_memory.set(len(self.trees))
@@ -378,14 +361,13 @@ class TreeStore:
         data = b"".join(encode_event(event) for event in events)
         done = asyncio.get_running_loop().create_future()
         try:
-            self._write_held_of(group)
+            self._held.write_in_order(group, functools.partial(self._write, group))
             self._write(group, data)
         except StoreUnavailable:
-            if on_lost is None or not self._hold(group, data, on_lost):
+            if on_lost is None or not self._held.hold(group, data, on_lost):
                 raise
             done.set_result(None)
             return done
-        self._unsynced.add(group)
         if self.sync == "flush":
             done.set_result(None)
         else:
@@ -393,51 +375,24 @@ class TreeStore:
         self._wakeup.set()
         return done
 
-    def _hold(self, group: str, data: bytes, on_lost: Callable[[str], None]) -> bool:
-        """Holds a submit's lines if they fit `hold_max_bytes`; whether it did."""
-        if self._num_held_bytes + len(data) > self.hold_max_bytes:
-            log.error("tree store: %d bytes for group %s would take the held lines past "
-                      "store_hold_max_bytes=%d; refused", len(data), group, self.hold_max_bytes)
-            return False
-        self._held.setdefault(group, []).append(_Held(data, time.monotonic(), on_lost))
-        self._num_held_bytes += len(data)
-        self.metrics.store_held_bytes.set(self._num_held_bytes)
-        return True
-
-    def _write_held_of(self, group: str) -> None:
-        """Writes the group's held lines, oldest first; raises `StoreUnavailable` (the
-        rest still held) at the first that the disk refuses."""
-        held = self._held.get(group)
-        while held:
-            self._write(group, held[0].data)
-            self._unsynced.add(group)
-            self._num_held_bytes -= len(held.pop(0).data)
-            self.metrics.store_held_bytes.set(self._num_held_bytes)
-        self._held.pop(group, None)
-
     def _write_held(self, give_up: str | None = None) -> None:
-        """Writes every group's held lines it can; gives up the groups whose oldest line
-        waited `hold_max_s`, or (with `give_up`, the reason) every group still held."""
-        for group in list(self._held):
+        """Writes every group's held lines the disk takes; drops those of a group whose
+        oldest line waited `hold_max_s`, or (with `give_up`, the reason) of every group."""
+        for group in self._held.groups():
             try:
-                self._write_held_of(group)
+                self._held.write_in_order(group, functools.partial(self._write, group))
             except StoreUnavailable as error:
-                waited_s = time.monotonic() - self._held[group][0].held_s
-                if give_up is not None or waited_s >= self.hold_max_s:
+                waited_s = self._held.waited_s(group)
+                if give_up is not None or waited_s >= self._held.max_s:
                     self._drop_held(group, give_up or f"the disk refused them for "
-                                    f"{waited_s:.0f} s ({error})")
+                                    f"{waited_s:.1f} s ({error})",
+                                    "the gateway closed" if give_up else
+                                    "the disk refused it past store_hold_max_s")
 
-    def _drop_held(self, group: str, reason: str) -> None:
-        """Drops a group's held lines, tells their owners, and reads its tree back from
-        its file (the tree held their calls; the file is what replay will see)."""
-        held = self._held.pop(group)
-        self._num_held_bytes -= sum(len(item.data) for item in held)
-        self.metrics.store_held_bytes.set(self._num_held_bytes)
-        self.metrics.store_dropped_lines.inc(sum(item.data.count(b"\n") for item in held))
-        log.error("tree store: dropped %d held submits of group %s: %s; their sessions are "
-                  "infra failures", len(held), group, reason)
-        for item in held:
-            item.on_lost(f"store: a record was dropped ({reason})")
+    def _drop_held(self, group: str, reason: str, cause: str) -> None:
+        """Drops a group's held lines (their owners are told) and reads its tree back
+        from its file (the tree held their calls; the file is what replay will see)."""
+        self._held.drop(group, reason, cause)
         if group in self.trees:
             tree = self.trees[group] = Tree(group)
             try:
@@ -451,7 +406,7 @@ class TreeStore:
         while not closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(closing.wait(), HOLD_RETRY_S)
-            if self._held and not closing.is_set():
+            if self._held.groups() and not closing.is_set():
                 self._write_held()
                 if self._wakeup is not None and self._unsynced:
                     self._wakeup.set()
@@ -481,6 +436,7 @@ class TreeStore:
             raise StoreUnavailable(f"the tree store could not write {path} ({reason}); "
                                    "nothing of this was recorded, retry later") from error
         group_file.size += len(data)
+        self._unsynced.add(group)
 
     def _open(self, group: str) -> _GroupFile:
         group_file = self._files.get(group)

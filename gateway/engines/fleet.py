@@ -11,7 +11,12 @@ Invariants:
   so `len(attempts)` is its load, and `undertow_engine_in_flight` shows it.
 - `undertow_engine_state{engine, state}` is 1 for the engine's current state and 0
   for the others; an engine that left the pool has no samples.
-- A healthy engine serves `Fleet.weights` when that is set (the last update).
+- A healthy engine serves `Fleet.weights` when that is set (the last update); until then
+  (no update yet) the live engines that report a weight version report the same one: an
+  engine on another is refused when it joins (`WeightVersionConflict`) and stays dead
+  when it returns, so that a session never mixes weights by changing engines.
+- `EngineRecord.honours_seeds` is what the engine said when it last joined or returned
+  (`EngineDriver.honours_seeds`); `Fleet.honours_seeds` is what a call can rely on.
 """
 
 from __future__ import annotations
@@ -52,9 +57,15 @@ class Attempt:
     staged: StagedResume | None = None
 
 
+class WeightVersionConflict(ValueError):
+    """An engine joins a pool whose other engines serve another weight version, before any
+    weights were pushed to it (so the pool cannot align it)."""
+
+
 @dataclass(eq=False)
 class EngineRecord:
-    """An engine in the pool (see the module's invariants)."""
+    """An engine in the pool (see the module's invariants). `model_path` is the model
+    directory it reported loading last (its `ModelInfo`)."""
 
     engine_id: str
     url: str
@@ -62,11 +73,13 @@ class EngineRecord:
     state: EngineState = EngineState.HEALTHY
     attempts: set[Attempt] = field(default_factory=set)
     weight_version: str | None = None
+    model_path: str | None = None
+    honours_seeds: bool | None = None
 
     def describe(self, num_pinned: int) -> dict[str, Any]:
         return {"id": self.engine_id, "url": self.url, "state": str(self.state),
                 "num_in_flight": len(self.attempts), "num_pinned_sessions": num_pinned,
-                "weight_version": self.weight_version}
+                "weight_version": self.weight_version, "honours_seeds": self.honours_seeds}
 
 
 class Fleet:
@@ -96,12 +109,28 @@ class Fleet:
     def in_flight(self) -> list[Attempt]:
         return [attempt for engine in self._engines.values() for attempt in engine.attempts]
 
+    @property
+    def honours_seeds(self) -> bool | None:
+        """Whether a call's recorded seed replays it on whichever live engine serves it:
+        False when one of them ignores seeds, None when one does not say (or none is live)."""
+        answers = [e.honours_seeds for e in self._engines.values()
+                   if e.state is not EngineState.DEAD]
+        if False in answers:
+            return False
+        return None if not answers or None in answers else True
+
     async def add(self, url: str, *, require_healthy: bool) -> EngineRecord | None:
         """A new engine record, healthy or (without `require_healthy`) dead until its
-        health check passes; None when it is required healthy and is not."""
+        health check passes; None when it is required healthy and is not. Raises
+        `WeightVersionConflict` for an engine on other weights than the pool's live engines
+        before any update (see the module's invariants)."""
         url = url.rstrip("/")
         engine = EngineRecord(next(self._engine_ids), url, self._driver_factory(url))
         healthy = await self.check(engine)
+        other = self._version_conflict(engine)
+        if other is not None:
+            await engine.client.close()
+            raise WeightVersionConflict(self._conflict_message(engine, other))
         if require_healthy and not healthy:
             await engine.client.close()
             return None
@@ -156,10 +185,17 @@ class Fleet:
             return False
         try:
             async with asyncio.timeout(self.health_timeout_s):
-                engine.weight_version = (await engine.client.model_info()).weight_version
+                info = await engine.client.model_info()
+                engine.weight_version, engine.model_path = info.weight_version, info.model_path
+                engine.honours_seeds = await engine.client.honours_seeds()
         except (TimeoutError, EngineError):
             engine.weight_version = None  # unknown: updated below when weights were pushed
-        if self.weights is None or engine.weight_version == self.weights[1]:
+        if self.weights is None:
+            other = self._version_conflict(engine)
+            if other is not None:
+                log.warning("%s", self._conflict_message(engine, other))
+            return other is None
+        if engine.weight_version == self.weights[1]:
             return True
         try:
             await engine.client.update_weights_from_disk(*self.weights)
@@ -169,6 +205,24 @@ class Fleet:
             return False
         engine.weight_version = self.weights[1]
         return True
+
+    def _version_conflict(self, engine: EngineRecord) -> EngineRecord | None:
+        """Before any update: a live engine other than `engine` that reports another weight
+        version than it does."""
+        if self.weights is not None or engine.weight_version is None:
+            return None
+        return next((other for other in self._engines.values()
+                     if other is not engine and other.state is not EngineState.DEAD
+                     and other.weight_version not in (None, engine.weight_version)), None)
+
+    @staticmethod
+    def _conflict_message(engine: EngineRecord, other: EngineRecord) -> str:
+        return (f"engine at {engine.url} serves weight version {engine.weight_version!r}, but "
+                f"engine {other.engine_id} at {other.url} serves {other.weight_version!r}, and "
+                "no weights were pushed to the pool yet: a session moved between them would "
+                "mix weights. Start every engine on the same weights (and --weight-version), "
+                "or push weights first (POST /admin/update_weights), which engines that join "
+                "later are given")
 
     async def run_health_checks(self, interval_s: float) -> None:
         """Forever (until cancelled): probes dead engines; one that passes `check` is

@@ -41,7 +41,7 @@ from undertow.gateway.front.api import (
 from undertow.gateway.front.api.common import client_left
 from undertow.gateway.front.api.errors import REPLY_STATUS_KEY, error_middleware
 from undertow.gateway.front.auto_sessions import AutoSessions
-from undertow.gateway.front.calls import CallRunner
+from undertow.gateway.front.calls import CallRunner, model_vocab_size
 from undertow.gateway.front.config import GatewayConfig
 from undertow.gateway.front.head_replay import HeadReplay
 from undertow.gateway.front.sessions import SessionRegistry
@@ -130,7 +130,7 @@ def create_app(config: GatewayConfig, pool=None) -> web.Application:
     pool = (EnginePool(config.engine_urls, PoolConfig(router=config.router), metrics=metrics,
                        driver_factory=driver_for_url) if own_pool else pool)
     runner = CallRunner(pool=pool, store=store, renderer=renderer, sessions=sessions,
-                        metrics=metrics,
+                        metrics=metrics, vocab_size=model_vocab_size(config.model_dir),
                         context_length=context_length_of(config.model_dir, renderer,
                                                          config.context_length),
                         default_max_tokens=config.default_max_tokens,

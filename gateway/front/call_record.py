@@ -103,7 +103,7 @@ class CallRecorder:
         meta = {"api": request.api, "model": request.model,
                 "finish_reason": result.finish_reason, "sampling": sampling_meta(result.sampling),
                 "cached_tokens": result.cached_tokens, "extends": prompt.extends,
-                "token_truth": prompt.token_truth,
+                "token_truth": prompt.token_truth, "honours_seeds": result.honours_seeds,
                 **({"head": head} if head else {}),
                 "timings": {"start_s": started_s, "first_token_s": result.first_token_s,
                             "end_s": time.time()}}

@@ -69,6 +69,7 @@ class Sampled:
     cached_tokens: int
     first_token_s: float | None
     sampling: SamplingParams
+    honours_seeds: bool | None = None  # whether the engines honour `sampling`'s seed (fleet.py)
 
 
 @dataclass(frozen=True)

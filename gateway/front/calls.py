@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 import time
 from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
 
 from undertow.gateway.engines.pool import EnginePool
 from undertow.gateway.engines.protocol import EngineRejected, SamplingParams
@@ -60,15 +63,33 @@ from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.render import Renderer
 
 __all__ = ["CallRequest", "CallRunner", "Choice", "Delta", "Outcome", "Sampled",
-           "SamplingParams", "StopTrimmer", "api_error_of"]
+           "SamplingParams", "StopTrimmer", "api_error_of", "model_vocab_size"]
+
+
+def model_vocab_size(model_dir: Path) -> int | None:
+    """The rows of the model's input embedding: `vocab_size` in its `config.json` (a
+    multimodal model's `text_config`); None when it states none."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    value = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(value) if value else None
 
 
 class CallRunner:
-    """Runs calls for every API against one pool, store, renderer and session registry."""
+    """Runs calls for every API against one pool, store, renderer and session registry.
+
+    A client's prompt token IDs must lie in [0, `num_token_ids`): under the tokenizer's
+    size and the model's `vocab_size` (`model_vocab_size`), which may be smaller. SGLang
+    0.5.23 does not check `input_ids` (`tokenizer_manager._validate_one_request`): an ID
+    its embedding does not hold takes the whole server down, so none may leave the gateway.
+    """
 
     def __init__(self, *, pool: EnginePool, store: TreeStore, renderer: Renderer,
                  sessions: SessionRegistry, metrics: GatewayMetrics, context_length: int,
-                 default_max_tokens: int, tool_parser: str, token_truth: str = VERBATIM):
+                 default_max_tokens: int, tool_parser: str, token_truth: str = VERBATIM,
+                 vocab_size: int | None = None):
         if token_truth not in TOKEN_TRUTH_POLICIES:
             raise ValueError(f"token_truth={token_truth!r}: choose one of "
                              f"{TOKEN_TRUTH_POLICIES}")
@@ -76,6 +97,8 @@ class CallRunner:
         self.pool, self.store, self.renderer, self.sessions = pool, store, renderer, sessions
         self.metrics = metrics
         self.context_length = context_length
+        self.num_token_ids = min(renderer.tokenizer.get_vocab_size(with_added_tokens=True),
+                                 vocab_size or sys.maxsize)
         self.default_max_tokens = default_max_tokens
         self.tool_parser = tool_parser
         create_parser(tool_parser)
@@ -186,11 +209,12 @@ class CallRunner:
     def _check_prompt_ids(self, request: CallRequest) -> None:
         if request.prompt_ids is None:
             return
-        vocab_size = self.renderer.tokenizer.get_vocab_size(with_added_tokens=True)
+        limit = self.num_token_ids
         if not request.prompt_ids or not all(
-                isinstance(t, int) and 0 <= t < vocab_size for t in request.prompt_ids):
+                isinstance(t, int) and 0 <= t < limit for t in request.prompt_ids):
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
-                             f"[0, {vocab_size})", param="prompt")
+                             f"[0, {limit}) (the IDs both the tokenizer and the model's "
+                             "embedding hold)", param="prompt")
 
 
 @contextlib.contextmanager

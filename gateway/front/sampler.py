@@ -129,7 +129,7 @@ class ChoiceSampler:
         yield Delta(index, call_id, events, [], [])
         yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
                       finish_reason or {"type": "stop", "matched": None}, cached,
-                      first_token_s, params)
+                      first_token_s, params, self.pool.fleet.honours_seeds)
 
     def _parser(self, request: CallRequest, prompt: Prompt):
         """A tool-call parser for one choice, told the tools and the prompt's last text."""

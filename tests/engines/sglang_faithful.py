@@ -37,6 +37,16 @@ the `sglang==0.5.23` wheel, `sglang/srt/...`):
 9. `/get_server_info` and `/get_model_info` are deprecated: each call is counted in
    `deprecated_calls` (SGLang logs a warning); `old_server` is an SGLang from before
    `/server_info`, `/model_info` and `/ready` (404).
+10. Crashes (issue 36, seen on a real server): `/generate` validates `token_ids_logprob`
+   against the model's vocabulary but not `input_ids` (`managers/tokenizer_manager.py`,
+   `_validate_one_request`), so an input ID outside [0, `vocab_size`) reaches the
+   embedding, whose `IndexError` takes the scheduler and the whole server down; and
+   `update_weights_from_disk` of a checkpoint whose `config.json` names another
+   `vocab_size` fails an assertion in the weight loader, with the same end. Either way the
+   server `die`s: no HTTP reply, every open connection dropped, the port closed
+   (`serve_faithful`). `die_on_update` (fault switch) dies on any weight update.
+   `/server_info` reports `enable_deterministic_inference` as launched (`deterministic`;
+   SGLang's own default is off, the launcher's on where the backend allows it).
 
 `bodies` keeps every JSON body received, by path, and `replies` every `/generate` reply and
 stream event sent, for tests that check both against SGLang's own types (`sglang_types.py`).
@@ -52,6 +62,7 @@ import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -91,6 +102,7 @@ class FaithfulSGLang:
     num_tokenizer_workers: int = 1
     null_logprob_at: int | None = None
     flush_refused: bool = False  # fault switch: every cache flush is refused
+    die_on_update: bool = False  # fault switch: a weight update kills the server
     step_delay_s: float = 0.005
     vocab_size: int = 50_000
     model_path: str = "/models/a"
@@ -105,13 +117,37 @@ class FaithfulSGLang:
     num_health_generations: int = 0
     updating: bool = False
     weights: str = ""
+    dead: bool = False
 
     def __post_init__(self) -> None:
         self.weights = self.weights or self.model_path
         self._changed = asyncio.Condition()
+        self.died = asyncio.Event()
+        self._connections: set[asyncio.BaseTransport] = set()
+
+    def die(self) -> None:
+        """The server process exits (item 10): every connection drops without a reply."""
+        self.dead = True
+        for connection in list(self._connections):
+            connection.abort()
+        self.died.set()
+
+    @web.middleware
+    async def alive(self, http: web.Request, handler) -> web.StreamResponse:
+        """Requests reach a live server only; each one's connection is dropped if it dies."""
+        connection = http.transport
+        if self.dead or connection is None:
+            if connection is not None:
+                connection.abort()
+            return web.Response(status=503)  # never sent: the connection is gone
+        self._connections.add(connection)
+        try:
+            return await handler(http)
+        finally:
+            self._connections.discard(connection)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.alive])
         routes = {"/generate": self.generate, "/abort_request": self.abort_request,
                   "/pause_generation": self.pause, "/continue_generation": self.resume,
                   "/update_weights_from_disk": self.update_weights,
@@ -212,6 +248,9 @@ class FaithfulSGLang:
         self.rids.append(rid)
         input_ids = (list(body["input_ids"]) if "input_ids" in body
                      else [ord(char) % self.vocab_size for char in body["text"]])  # "tokenized"
+        if any(not 0 <= token_id < self.vocab_size for token_id in input_ids):
+            self.die()  # the embedding's IndexError (item 10)
+            return web.Response(status=500)  # never sent
         request = Request(rid, input_ids, dict(body.get("sampling_params") or {}),
                           bool(body.get("stream")), bool(body.get("return_logprob")),
                           self.cached_prefix(input_ids))
@@ -227,8 +266,11 @@ class FaithfulSGLang:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(http)
             async for event in self.events(request):
+                if self.dead:
+                    return response
                 await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+            if not self.dead:
+                await response.write(b"data: [DONE]\n\n")
             return response
         finally:
             task.cancel()
@@ -318,6 +360,9 @@ class FaithfulSGLang:
                     await self._changed.wait_for(lambda: not self.requests)
             finally:
                 self.updating = False
+        if self.die_on_update or self.other_vocabulary(body["model_path"]):
+            self.die()  # the weight loader's AssertionError (item 10)
+            return web.Response(status=500)  # never sent
         self.weights = self.model_path = body["model_path"]
         if not self.idle():
             return web.json_response({"success": False, "message": FLUSH_REFUSED,
@@ -327,6 +372,13 @@ class FaithfulSGLang:
             self.weight_version = body["weight_version"]
         return web.json_response({"success": True, "num_paused_requests": 0,
                                   "message": "Succeeded to update model weights."})
+
+    def other_vocabulary(self, model_path: str) -> bool:
+        """Whether `model_path` is a model directory of another vocabulary than the served
+        one (the fake's other paths name no directory and load as they are)."""
+        config = Path(model_path) / "config.json"
+        return config.is_file() and json.loads(config.read_text()).get(
+            "vocab_size", self.vocab_size) != self.vocab_size
 
     async def update_weight_version(self, http: web.Request) -> web.Response:
         body = await self.record(http)
@@ -378,8 +430,18 @@ async def serve_faithful(server: FaithfulSGLang) -> AsyncIterator[str]:
     """Serves `server` on a free port of 127.0.0.1; yields its base URL."""
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+
+    async def close_when_dead() -> None:
+        await server.died.wait()
+        await site.stop()  # the port is closed: connections are refused
+
+    watcher = asyncio.create_task(close_when_dead())
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await site.start()
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
         await runner.cleanup()

@@ -202,6 +202,9 @@ class BuiltinEngine:
             "weight_version": self.weight_version, "internal_states": [load],
             "version": f"undertow-builtin (SGLang {SGLANG_API_VERSION} API)",
             "undertow_extensions": [undertow_kv.EXTENSION],
+            # as SGLang reports it: a seeded request samples the same tokens in any batch
+            # (`sampling.py`), so a recorded seed replays
+            "enable_deterministic_inference": True,
         })
         return info
 

@@ -12,9 +12,14 @@ Mounted by the app factory with `add_engine_routes(app, pool, admin_auth)`:
   (drain) or abort (abort_resume) the in-flight generations.
 - `POST /admin/resume`: admit again; aborted generations resume from their partial output.
 - `POST /admin/update_weights` `{"model_path", "weight_version", "mode"}`: pause(mode) ->
-  update_weights_from_disk on every live engine -> resume (502 naming engines that failed).
-  The reply's `pool_weights` are what an engine added or returning later loads: the
-  pushed weights also when no engine was live to take them.
+  update_weights_from_disk on every live engine -> resume (502 naming engines that failed,
+  `dead` those that stopped answering while loading). A checkpoint that does not fit the
+  served model (architecture, vocabulary, tensor names and shapes) is refused first: 400
+  naming the mismatch, no engine paused or given it. The reply's `pool_weights` are what
+  an engine added or returning later loads: the pushed weights also when no engine was
+  live to take them.
+- Adding an engine whose weight version differs from the live engines' before any update
+  is refused (400): a session moved between them would mix weights.
 
 `admin_auth(request)` is the app's check of the admin token: it raises an aiohttp
 HTTP exception (401/403) when the request may not pass.
@@ -28,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from undertow.gateway.engines.pool import PAUSE_MODES, EnginePool, PoolUnavailable, UnknownEngine
+from undertow.gateway.engines.protocol import IncompatibleCheckpoint
 
 AdminAuth = Callable[[web.Request], None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -125,7 +131,10 @@ class _EngineHandlers:
             return _error(400, "give weight_version, the step that produced the weights")
         if mode not in PAUSE_MODES:
             return _error(400, f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
-        result = await self.pool.update_weights(model_path, version, mode)
+        try:
+            result = await self.pool.update_weights(model_path, version, mode)
+        except IncompatibleCheckpoint as error:
+            return _error(400, error.message)
         return web.json_response(result, status=200 if not result["failed"] else 502)
 
 

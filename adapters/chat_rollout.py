@@ -14,10 +14,11 @@ The function returns a number (a bool counts as 0 or 1).
 
 Failures of Undertow's own are not outcomes of the policy (`summary.is_infra_failure`):
 a session the gateway refuses to open (`error:open`), a chat call that fails
-(`error:gateway`), a reward function that raises or returns no number
-(`error:reward`). Such a session is closed (when it was opened) with its cause in
-the meta, where the learner leaves it out, and the slot is run again as a new
-session of the same group, up to `max_attempts` attempts in all.
+(`error:gateway`; so is one the gateway closes as an infra failure, having answered
+it with an error of its own: `SessionResult.take_verdict`), a reward function that
+raises or returns no number (`error:reward`). Such a session is closed (when it was
+opened) with its cause in the meta, where the learner leaves it out, and the slot is run
+again as a new session of the same group, up to `max_attempts` attempts in all.
 """
 
 from __future__ import annotations
@@ -210,7 +211,9 @@ class ChatRollout:
             result.num_calls = len(calls)
             result.num_prompt_tokens = sum(call["num_prompt_tokens"] for call in calls)
             result.num_completion_tokens = sum(c["num_completion_tokens"] for c in calls)
-            await self.admin.close_session(result.session_id, result.reward, result.meta())
+            closed = await self.admin.close_session(result.session_id, result.reward,
+                                                    result.meta())
+            result.take_verdict(closed.get("meta") or {})
             result.closed = True
         except Exception as error:
             result.error = result.error or f"closing at the gateway failed: {error}"

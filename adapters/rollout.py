@@ -14,7 +14,9 @@ One session, top to bottom (`Rollout._session`):
 5. attach reward and details to the session at the gateway, which closes it; remove
    the sandbox.
 A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
-error of the run; an error of Undertow's own (image, sandbox, setup, grading) closes the
+error of the run; an error of Undertow's own (image, sandbox, setup, grading; or an error
+reply the gateway gave the scaffold, which it noted on the session: `error:gateway`, not
+graded, the scaffold's own cause kept as `scaffold_cause`) closes the
 session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its meta
 (the learner leaves it out; `error` says why, as does the last line of the session's
 `sandbox.log`), and the slot is run again as a new session of the same
@@ -51,7 +53,7 @@ from undertow.adapters.base import Endpoint, Scaffold, ScaffoldExit
 from undertow.adapters.errors import RolloutError
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.process import stop_sandbox_processes
-from undertow.adapters.summary import Progress, RolloutSummary, SessionResult
+from undertow.adapters.summary import Progress, RolloutSummary, SessionResult, gateway_errors
 from undertow.adapters.tree_value import estimate_tree_value
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.grading import Grade, GradingConfig, grade
@@ -238,7 +240,7 @@ class Rollout:
         except asyncio.CancelledError:
             raise
         except Exception as error:  # no host could be had
-            self._failed(result, "sandbox", error)
+            self._failed(result, "sandbox", failure_reason(error))
 
     async def _run_session(self, task: Task, host: DockerHost,
                            result: SessionResult) -> None:
@@ -261,21 +263,37 @@ class Rollout:
                                 f"{sandbox.gateway_url}/s/{opened['session_id']}/v1")
             stage = "scaffold"
             exit = await self._run_scaffold(task, sandbox, endpoint, result)
+            stage = "gateway"
+            if await self._failed_by_gateway(result):
+                return
             stage = "grade"
             await self._grade(task, host, image, sandbox, exit, result)
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            self._failed(result, stage, error)
+            self._failed(result, stage, failure_reason(error))
         finally:
             if sandbox is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(sandbox.close())
 
-    def _failed(self, result: SessionResult, stage: str, error: Exception) -> None:
+    async def _failed_by_gateway(self, result: SessionResult) -> bool:
+        """Whether the gateway failed the scaffold's calls (error replies of its own,
+        which it noted on the session: `gateway_errors`). Then how the scaffold ended is
+        Undertow's doing, not the policy's: the session is not graded, its cause is
+        `error:gateway` (the scaffold's own stays in `scaffold_cause`), and its slot runs
+        again."""
+        reasons = gateway_errors(await self.admin.session(result.session_id))
+        if reasons:
+            result.scaffold_cause = result.cause
+            self._failed(result, "gateway", f"the gateway failed this session's calls: "
+                                            f"{reasons}")
+        return bool(reasons)
+
+    def _failed(self, result: SessionResult, stage: str, reason: str) -> None:
         """A failure of Undertow's own at `stage`: the cause, and its reason in the
         session's record and at the end of its sandbox log."""
-        result.cause, result.error = f"error:{stage}", failure_reason(error)
+        result.cause, result.error = f"error:{stage}", reason
         if result.session_id:
             log_path = self._session_dir(result) / "sandbox.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +352,9 @@ class Rollout:
             return
         try:
             await self._count_tokens(result)
-            await self.admin.close_session(result.session_id, result.reward, result.meta())
+            closed = await self.admin.close_session(result.session_id, result.reward,
+                                                    result.meta())
+            result.take_verdict(closed.get("meta") or {})
             result.closed = True
         except Exception as error:
             result.error = result.error or f"closing at the gateway failed: {error}"

@@ -9,9 +9,12 @@ rate so far, re-runs, tokens per second.
 
 Outcomes and failures: a session whose scaffold ended by itself (`exited`, `crashed`),
 ran out of time (`timeout`) or flooded its output (`output_flood`, the policy's doing)
-has an outcome the policy earned. Any other cause (`error:<stage>`: Undertow could not
-open, build, start, run or grade it; `killed`, `interrupted`: the runner stopped it)
-is a failure of Undertow's own (`is_infra_failure`): the session carries
+has an outcome the policy earned, unless the gateway failed its calls (an error reply of
+Undertow's own, which the gateway notes on the session and which makes its close an infra
+failure: `error:gateway`, `gateway_errors`, `SessionResult.take_verdict`). Any other cause
+(`error:<stage>`: Undertow could not open, build, start, run or grade it; `killed`,
+`interrupted`: the runner stopped it) is a failure of Undertow's own
+(`is_infra_failure`): the session carries
 `infra_failure: true` in its meta, never enters advantages or the loss, and its slot
 is run again as a new session of the same group (`attempt` counts from 0). Pass
 rates and rewards of a summary count only the sessions with outcomes.
@@ -36,13 +39,21 @@ def is_infra_failure(cause: str) -> bool:
     return cause not in OUTCOME_CAUSES
 
 
+def gateway_errors(session: dict[str, Any]) -> str:
+    """The failures of Undertow's own the gateway noted on a session (`infra_errors` of
+    its summary, `GET /admin/sessions/{id}`), in words; empty when there were none."""
+    errors = session.get("infra_errors") or {}
+    return ", ".join(f"{reason} x{num}" for reason, num in errors.items())
+
+
 @dataclass
 class SessionResult:
     """One session of a rollout.
 
     `cause` is how it ended: the scaffold's exit cause (`exited`, `crashed`, `timeout`,
     `output_flood`, `killed`), `interrupted` (Ctrl-C), or `error:<stage>` when Undertow
-    could not run or grade it (then `error` says why). `reward_source` is `grade`,
+    could not run or grade it (then `error` says why; `scaffold_cause` is the scaffold's
+    own where the gateway's errors ended it: `error:gateway`). `reward_source` is `grade`,
     `partial_credit`, `tree_estimate` or `none` (not graded: reward 0).
     """
 
@@ -68,6 +79,7 @@ class SessionResult:
     log_tail: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
+    scaffold_cause: str = ""
 
     @property
     def timed_out(self) -> bool:
@@ -76,6 +88,15 @@ class SessionResult:
     @property
     def infra_failure(self) -> bool:
         return is_infra_failure(self.cause)
+
+    def take_verdict(self, meta: dict[str, Any]) -> None:
+        """Takes the gateway's verdict from the meta it closed the session with: a
+        session it failed (`infra_failure`) is an infra failure here too, with the
+        gateway's cause and reasons, so that its slot runs again."""
+        if meta.get("infra_failure") and not self.infra_failure:
+            self.scaffold_cause = self.cause
+            self.cause = str(meta.get("cause") or "error:gateway")
+            self.error = str(meta.get("error") or "")
 
     def meta(self) -> dict[str, Any]:
         """What goes to the gateway with the reward (the log tail shortened)."""

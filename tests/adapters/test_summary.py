@@ -67,3 +67,23 @@ def test_progress_line_counts_sessions_and_pass_rate():
     line = stream.getvalue()
     assert "tasks 1/2" in line and "sessions 2/4 done, 1 running" in line
     assert "pass 50% (1/2)" in line and "tok/s" in line
+
+
+def test_a_session_the_gateway_closed_as_its_failure_is_one_here_too():
+    """The gateway's close meta (`Session.close_meta`) overrides an outcome the runner
+    saw: a scaffold that crashed on the gateway's error replies is Undertow's failure."""
+    crashed = SessionResult("t", 0, "s1", cause="crashed")
+    crashed.take_verdict({"cause": "error:gateway", "infra_failure": True,
+                          "scaffold_cause": "crashed",
+                          "error": "Undertow failed this session: 503 Unavailable x1"})
+    assert (crashed.cause, crashed.scaffold_cause, crashed.infra_failure) == (
+        "error:gateway", "crashed", True)
+    assert "503 Unavailable" in crashed.error and crashed.meta()["infra_failure"] is True
+
+    sandbox = SessionResult("t", 1, "s2", cause="error:sandbox", error="SandboxError: boom")
+    sandbox.take_verdict({"cause": "error:sandbox", "infra_failure": True})
+    assert (sandbox.cause, sandbox.scaffold_cause, sandbox.error) == (
+        "error:sandbox", "", "SandboxError: boom")   # already Undertow's: as it was
+    exited = SessionResult("t", 2, "s3", cause="exited", reward=1.0)
+    exited.take_verdict({"cause": "exited", "infra_failure": False})
+    assert (exited.cause, exited.infra_failure) == ("exited", False)

@@ -190,7 +190,7 @@ async def test_no_engine_is_a_503_or_529_noted_and_a_bad_request_is_not(make_gat
 async def test_a_429_fails_its_session_and_not_the_session_being_served(make_gateway,
                                                                         scripted, renderer):
     gateway = await make_gateway([scripted.url], router=RouterConfig(
-        max_in_flight_per_engine=1))   # refused at once
+        max_in_flight_per_engine=1, admission_wait_s=0))   # refused at once
     served, refused = [await gateway.open_session(group="busy") for _ in range(2)]
     scripted.delay_s = 0.05
     script(scripted, renderer, "a slow reply " * 10)

@@ -39,6 +39,9 @@ ELASTIC_POOL_RUN = (
 def pytest_addoption(parser):
     parser.addoption("--sglang-url", default=None,
                      help="URL of a running SGLang server to run the engine conformance suite on")
+    parser.addoption("--sglang-model", default=None,
+                     help="the model directory the --sglang-url server runs (default: the tiny "
+                          "model of seed 0, built by the tests)")
 
 
 def _docker_reachable() -> bool:

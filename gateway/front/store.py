@@ -263,13 +263,15 @@ class TreeStore:
         tree is in memory until the next event). `repair` cuts a torn last line off its
         file (readers pass False). A group with a damaged line is set aside (`damaged`)
         once the events before it were yielded. Idle trees past the bound are let go
-        after each file."""
+        after each file. Lines without a checksum (written before lines had one) are
+        accepted, and counted in one warning."""
+        report = ReplayReport()
         for path in sorted(self.directory.glob("*.jsonl")):
             group = self._replaying = path.stem
             self._summaries.pop(group, None)
             self.trees[group] = tree = Tree(group)
             try:
-                for event in self._replay_file(tree, path, repair):
+                for event in self._replay_file(tree, path, repair, report):
                     event["group"] = group
                     yield event
             except StoreDamaged as damage:
@@ -277,21 +279,21 @@ class TreeStore:
             finally:
                 self._replaying = None
             self._let_go_idle()
+        if report.num_unchecked:
+            log.warning("tree store: %d lines of %s carry no checksum (written before lines "
+                        "had one): accepted unverified", report.num_unchecked, self.directory)
 
     @staticmethod
-    def _replay_file(tree: Tree, path: Path, repair: bool) -> Iterator[dict[str, Any]]:
+    def _replay_file(tree: Tree, path: Path, repair: bool,
+                     report: ReplayReport | None = None) -> Iterator[dict[str, Any]]:
         """Applies one group's file to `tree`, yielding each event after applying it."""
         if not path.exists():  # its group was let go before its first line was written
             return
-        report = ReplayReport()
         try:
             for _, event in replay_log(tree, complete_lines(path, repair), report):
                 yield event
         except LogLineError as error:
             raise StoreDamaged(path, error.line, error.reason) from error
-        if report.num_unchecked:
-            log.info("tree store: %s has %d lines without a checksum (written before lines "
-                     "had one): accepted unverified", path, report.num_unchecked)
 
     def _let_go_idle(self, keep: str | None = None) -> None:
         """Lets go of the least recently used idle trees past `max_idle_trees` (`keep`

@@ -2,7 +2,9 @@
 
 The `docker` SDK is blocking. Each call runs in a thread of this connection's own
 pool, sized for many long-running `exec` streams at once (asyncio's default pool
-has only a few threads, and one stuck stream per session would starve it).
+has only a few threads, and one stuck stream per session would starve it). A call that
+cannot reach the daemon (refused, reset, its socket gone) raises `HostLost` naming it,
+so that every caller tells a lost host from an error of the call itself.
 """
 
 import asyncio
@@ -12,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import docker
+import requests
+
+from undertow.sandboxes.errors import HostLost
 
 DEFAULT_DOCKER_URL = "unix:///var/run/docker.sock"
 T = TypeVar("T")
@@ -26,10 +31,17 @@ class Connection:
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="undertow-docker")
 
     async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs one blocking SDK call in the pool."""
+        """Runs one blocking SDK call in the pool; raises HostLost when the daemon is
+        out of reach."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, functools.partial(function, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(
+                self._executor, functools.partial(function, *args, **kwargs))
+        except requests.exceptions.ConnectionError as error:
+            raise HostLost(f"the Docker daemon at {self.url or 'the default socket'} does not "
+                           f"answer ({type(error).__name__}: {error}); its sandboxes are lost "
+                           "with it: check the daemon, then `undertow sandbox gc` its "
+                           "containers once it answers") from error
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -5,6 +5,7 @@
     ├── TaskFormatError     a task record is malformed (names the field, instance and line)
     ├── ImageError          building or finding an image failed
     ├── ContainerDied       the container stopped under a running session
+    ├── HostLost            the Docker daemon of a sandbox stopped answering
     ├── HostUnavailable     no Docker host of the run answers (`hosts.py`)
     ├── CommandTimeout      a set-up or grading step outlived its time limit
     ├── SetupFailed         a task's start command failed in its container (names both)
@@ -33,6 +34,11 @@ class ImageError(SandboxError):
 
 class ContainerDied(SandboxError):
     """The sandbox's container is no longer running (killed, out of memory, removed)."""
+
+
+class HostLost(SandboxError):
+    """A call to a Docker daemon could not reach it (refused, reset, no socket): its
+    sandboxes are lost with it. `Connection.call` raises it, naming the daemon."""
 
 
 class HostUnavailable(SandboxError):

@@ -9,7 +9,8 @@ by a marker in its environment, which survives `setsid` and double forks) is
 killed, so nothing outlives its limit. `diff` returns every change against the
 base commit, new and binary files included, but not the build artefacts (bytecode, test
 caches) that running the code left behind (`artefacts.py`); the container's environment
-(`SANDBOX_ENV`) keeps Python from writing bytecode at all. `close` removes the container.
+(`SANDBOX_ENV`) keeps Python from writing bytecode at all. `close` removes the container
+and its anonymous volumes.
 """
 
 import asyncio
@@ -28,7 +29,7 @@ import docker.errors
 
 from undertow.sandboxes.artefacts import BUILD_ARTEFACTS
 from undertow.sandboxes.connection import Connection
-from undertow.sandboxes.errors import ContainerDied, SandboxError
+from undertow.sandboxes.errors import ContainerDied, HostLost, SandboxError
 from undertow.sandboxes.output import BoundedOutput
 
 SANDBOX_LABEL = "undertow.sandbox"
@@ -253,7 +254,8 @@ class Sandbox:
         `keep_background` (e.g. to start a server for later commands; redirect its output,
         or this call waits for it as `docker exec` does). Returns the exit code (124 on
         timeout, as `timeout(1)` does) and the merged, bounded output. Raises
-        ContainerDied when the container is gone. Cancelling the call kills the command too.
+        ContainerDied when the container is gone, HostLost when its daemon is. Cancelling
+        the call kills the command too.
         """
         marker = uuid.uuid4().hex
         environment = {**(env or {}), MARKER_ENV: marker}
@@ -303,7 +305,7 @@ class Sandbox:
                     self.connection.client.api.exec_inspect, exec_id)
                 if inspected.get("ExitCode") == 0:
                     return "marker"
-            except ContainerDied:
+            except (ContainerDied, HostLost):
                 raise
             except (SandboxError, docker.errors.APIError):
                 pass  # e.g. no process slot left for the killer: retry, then restart
@@ -386,9 +388,10 @@ class Sandbox:
         return data.decode("utf-8", errors="surrogateescape")
 
     async def close(self) -> None:
-        """Removes the container (idempotent)."""
+        """Removes the container and its anonymous volumes (an image's `VOLUME`s, which
+        `docker rm` alone leaves behind: one per session); idempotent."""
         try:
-            await self.connection.call(self.container.remove, force=True)
+            await self.connection.call(self.container.remove, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as error:
@@ -428,5 +431,5 @@ async def gc(connection: Connection, run: str | None = None, orphans_only: bool 
         containers = [c for c in containers if _orphaned(c.labels)]
     for container in containers:
         with contextlib.suppress(docker.errors.NotFound):
-            await connection.call(container.remove, force=True)
+            await connection.call(container.remove, force=True, v=True)
     return len(containers)

@@ -13,6 +13,7 @@ more test to the visible `tests/test_ops.py`.
 """
 
 import asyncio
+import io
 import ipaddress
 import json
 import subprocess
@@ -150,3 +151,17 @@ def fixture_image(docker_connection, base_image, fixture_task) -> str:
     from undertow.sandboxes.task_image import ensure_task_image
 
     return asyncio.run(ensure_task_image(docker_connection, fixture_task))
+
+
+def build_volume_image(client, base: str) -> str:
+    """An image of `base` that declares an anonymous volume (`VOLUME /scratch`), as published
+    images may: each container of it gets a volume of its own. Built offline."""
+    tag = f"undertow-test/volume-{base.rsplit(':', 1)[-1]}"
+    client.images.build(fileobj=io.BytesIO(f"FROM {base}\nVOLUME /scratch\n".encode()),
+                        tag=tag, network_mode="none", rm=True)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def volume_image(docker_connection, fixture_image) -> str:
+    return build_volume_image(docker_connection.client, fixture_image)

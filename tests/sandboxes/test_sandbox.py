@@ -161,6 +161,19 @@ async def test_container_is_removed_when_the_session_fails_midway(
         docker_connection.client.containers.get(container_id)
 
 
+async def test_close_removes_the_anonymous_volumes_of_its_image(docker_connection, docker_run,
+                                                              volume_image):
+    box = await Sandbox.start(docker_connection, volume_image, run=docker_run, session="volume")
+    try:
+        await docker_connection.call(box.container.reload)
+        (volume,) = [mount["Name"] for mount in box.container.attrs["Mounts"]
+                     if mount["Type"] == "volume"]
+    finally:
+        await box.close()
+    with pytest.raises(docker.errors.NotFound):
+        docker_connection.client.volumes.get(volume)
+
+
 def test_gc_removes_a_crashed_runs_containers_by_label(docker_connection, docker_run,
                                                       fixture_image, capsys):
     crashed_run = f"{docker_run}-crashed"

@@ -56,6 +56,7 @@ from undertow.adapters.process import stop_sandbox_processes
 from undertow.adapters.summary import Progress, RolloutSummary, SessionResult, gateway_errors
 from undertow.adapters.tree_value import estimate_tree_value
 from undertow.sandboxes.connection import Connection
+from undertow.sandboxes.errors import ContainerDied, HostLost
 from undertow.sandboxes.grading import Grade, GradingConfig, grade
 from undertow.sandboxes.hosts import DockerHost, DockerHosts
 from undertow.sandboxes.link import GatewayRelay, start_linked_sandbox
@@ -270,8 +271,9 @@ class Rollout:
             await self._grade(task, host, image, sandbox, exit, result)
         except asyncio.CancelledError:
             raise
-        except Exception as error:
-            self._failed(result, stage, failure_reason(error))
+        except Exception as error:  # a lost container or Docker host: `error:sandbox`
+            lost = isinstance(error, ContainerDied | HostLost)
+            self._failed(result, "sandbox" if lost else stage, failure_reason(error))
         finally:
             if sandbox is not None:
                 with contextlib.suppress(Exception):

@@ -8,12 +8,16 @@ slot. Each host builds (or imports, from the shared debootstrap tarball) the bas
 image and each task image once, on first use (`image`): concurrent sessions of a task
 on a host share one build, and a failed build is tried again by the next session.
 
-A host that goes away: its sessions fail where they next touch it (starting, grading),
-which closes them as Undertow's failures (`error:<stage>`, never a reward of 0 the
-policy earned); the runner then calls `check(host)`, which pings it and, when it does
-not answer, marks it down. `place()` skips down hosts and pings them again after
-`retry_down_s`, so a daemon that comes back gets sessions again. When no host is up,
-`place()` raises HostUnavailable (the session is an infrastructure failure too).
+A host that goes away (its daemon stopped or killed, the node gone): its sessions fail
+where they next touch it (their scaffold's commands, grading) with HostLost, raised by
+the host's `Connection` for any call that cannot reach the daemon, which closes them as
+Undertow's failures (`error:sandbox`, never a reward of 0 the policy earned); the runner
+then calls `check(host)`, which pings it and, when it does not answer, marks it down.
+`place()` skips down hosts and pings them again after `retry_down_s`, so a daemon that
+comes back gets sessions again. When no host is up, `place()` raises HostUnavailable (the
+session is an infrastructure failure too). Containers on a lost host cannot be removed
+while it is away: `gc` at the run's end removes them from every host that answers by
+then, and `undertow sandbox gc` from one that answers later.
 """
 
 from __future__ import annotations

@@ -1,37 +1,29 @@
 """Sandboxes on several Docker hosts (`sandboxes/hosts.py`).
 
 Placement is checked on hosts that are never contacted. The Docker tests run a second
-`dockerd` on this machine (its own socket, data root, exec root and pid file, no bridge
-and no iptables) beside the system one, in a network namespace of its own: a dockerd
-without a bridge deletes any `docker0` it sees, which would be the system daemon's. The
-base and task images are made on it on first use (the base image by `docker import` of
-the shared debootstrap tarball), `gc` clears both daemons, and a rollout whose second
-daemon is stopped under its sessions closes those as Undertow's failures and runs
-them again on the first.
+`dockerd` on this machine beside the system one (`second_daemon.py`). The base and task
+images are made on it on first use (the base image by `docker import` of the shared
+debootstrap tarball), `gc` clears both daemons, and a rollout whose second daemon is
+stopped under its sessions closes those as Undertow's failures and runs them again on the
+first (a daemon killed outright, and a container killed: tests/e2e/test_docker_faults.py).
 """
 
 import asyncio
 import gc
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import docker
 import pytest
 from docker.constants import DEFAULT_DOCKER_API_VERSION
 
 from tests.adapters.conftest import run_containers, scripted_gateway  # noqa: F401
+from tests.sandboxes.second_daemon import second_daemon  # noqa: F401
 from undertow.adapters.command import CommandScaffold
 from undertow.adapters.rollout import Rollout, RolloutConfig
 from undertow.sandboxes.commands import collect_garbage
 from undertow.sandboxes.connection import DEFAULT_DOCKER_URL, Connection
 from undertow.sandboxes.errors import HostUnavailable
-from undertow.sandboxes.hosts import DockerHost, DockerHosts, HostsConfig, ping
+from undertow.sandboxes.hosts import DockerHost, DockerHosts, HostsConfig
 from undertow.sandboxes.sandbox import RUN_LABEL, Sandbox
 
 pytestmark = [
@@ -96,70 +88,10 @@ async def test_a_host_unreachable_at_start_starts_down():
         assert not host.up and "FileNotFoundError" in host.error
 
 
-@dataclass
-class Daemon:
-    """A second dockerd of this test module."""
-
-    url: str
-    process: subprocess.Popen
-    root: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _wait_until_up(root: Path, url: str, process: subprocess.Popen, log: Path) -> None:
-    client = docker.DockerClient(base_url=url, version=DEFAULT_DOCKER_API_VERSION, timeout=5)
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"the second dockerd exited: {log.read_text()[-3000:]}")
-            if not (root / "docker.sock").exists():
-                time.sleep(0.5)
-                continue
-            try:
-                ping(client, url, timeout_s=5)
-                return
-            except Exception:  # no socket yet, or not answering yet
-                time.sleep(0.5)
-    finally:
-        client.close()
-    pytest.fail(f"the second dockerd did not answer: {log.read_text()[-3000:]}")
-
-
-@pytest.fixture(scope="module")
-def second_daemon():
-    if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("a second Docker daemon needs dockerd and root")
-    root = Path(tempfile.mkdtemp(prefix="ut-dockerd-", dir="/tmp"))  # short socket paths
-    url = f"unix://{root}/docker.sock"
-    log = root / "dockerd.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            ["unshare", "--net", "dockerd", "--host", url, "--data-root", str(root / "data"),
-             "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-             "--bridge=none", "--iptables=false"],
-            stdout=output, stderr=output, start_new_session=True)
-    daemon = Daemon(url, process, root)
-    try:
-        _wait_until_up(root, url, process, log)
-        yield daemon
-    finally:
-        daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.mark.docker
 @pytest.mark.slow
 async def test_images_are_made_on_each_host_once_and_gc_clears_every_host(
-        second_daemon, fixture_task, docker_run, capsys):
+        second_daemon, fixture_task, docker_run, capsys):  # noqa: F811
     config = HostsConfig(docker_hosts=(DEFAULT_DOCKER_URL, second_daemon.url))
     run = f"{docker_run}-hosts"
     with DockerHosts.connect(config) as hosts:
@@ -196,7 +128,7 @@ async def test_a_host_stopped_mid_run_fails_its_sessions_as_undertows_and_they_r
         second_daemon, fixture_task, scripted_gateway, tmp_path):  # noqa: F811
     """Four sessions, at most two per host: two start on each. The second daemon stops
     under its two; they cannot be graded there, are closed as infrastructure failures
-    (`error:*`, never an outcome) and run again on the first daemon, where every slot
+    (`error:sandbox`, never an outcome) and run again on the first daemon, where every slot
     ends with an outcome."""
     gate = tmp_path / "go"
     scaffold = CommandScaffold(f"while [ ! -e {gate} ]; do sleep 0.2; done")
@@ -223,7 +155,7 @@ async def test_a_host_stopped_mid_run_fails_its_sessions_as_undertows_and_they_r
         by_host.setdefault(result.details["docker_host"], []).append(result)
     failed = by_host[second_daemon.url]
     assert len(failed) == 2
-    assert all(r.cause.startswith("error:") and r.infra_failure and r.attempt == 0
+    assert all(r.cause == "error:sandbox" and r.infra_failure and r.attempt == 0
                for r in failed), [(r.cause, r.error) for r in failed]
     assert sorted(r.index for r in summary.outcomes) == [0, 1, 2, 3]
     assert all(r.cause == "exited" and r.details["docker_host"] == DEFAULT_DOCKER_URL

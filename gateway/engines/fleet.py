@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from undertow.gateway.engines.protocol import EngineDriver, EngineError
 from undertow.gateway.engines.router import EngineState
+from undertow.gateway.errors import PoolError
 from undertow.gateway.metrics import GatewayMetrics
 
 if TYPE_CHECKING:
@@ -57,9 +58,12 @@ class Attempt:
     staged: StagedResume | None = None
 
 
-class WeightVersionConflict(ValueError):
+class WeightVersionConflict(PoolError, ValueError):
     """An engine joins a pool whose other engines serve another weight version, before any
-    weights were pushed to it (so the pool cannot align it)."""
+    weights were pushed to it (so the pool cannot align it). A `ValueError` too: the
+    operator's request to add it is refused (400)."""
+
+    status = 400
 
 
 @dataclass(eq=False)

@@ -84,6 +84,8 @@ class CallRunner:
     size and the model's `vocab_size` (`model_vocab_size`), which may be smaller. SGLang
     0.5.23 does not check `input_ids` (`tokenizer_manager._validate_one_request`): an ID
     its embedding does not hold takes the whole server down, so none may leave the gateway.
+    Where the tokenizer holds more IDs than the embedding, a rendered chat prompt is
+    checked too (`_check_rendered_ids`); elsewhere the tokenizer cannot produce one.
     """
 
     def __init__(self, *, pool: EnginePool, store: TreeStore, renderer: Renderer,
@@ -182,6 +184,7 @@ class CallRunner:
                         ) -> AsyncGenerator[Delta | Outcome, None]:
         self._check_prompt_ids(request)
         prompt = self.prompt(session, request)
+        self._check_rendered_ids(prompt)
         max_new_tokens = self.max_new_tokens(prompt, request.sampling)
         started_s, call_id = time.time(), new_call_id()
         replay: list[Delta | Outcome] = []
@@ -215,6 +218,20 @@ class CallRunner:
             raise BadRequest(f"prompt token IDs must be a non-empty list of integers in "
                              f"[0, {limit}) (the IDs both the tokenizer and the model's "
                              "embedding hold)", param="prompt")
+
+
+    def _check_rendered_ids(self, prompt: Prompt) -> None:
+        """A chat prompt's IDs, where the tokenizer holds IDs the embedding does not."""
+        if self.num_token_ids == self.renderer.tokenizer.get_vocab_size(with_added_tokens=True):
+            return
+        highest = max(prompt.token_ids, default=0)
+        if highest >= self.num_token_ids:
+            raise BadRequest(
+                f"the prompt renders to token ID {highest} "
+                f"({self.renderer.id_to_token(highest)!r}), which the tokenizer has but the "
+                f"model's embedding ({self.num_token_ids} rows, config.json vocab_size) does "
+                "not: no engine can take it. Leave that text out of the messages, or serve a "
+                "model whose embedding holds the whole tokenizer", param="messages")
 
 
 @contextlib.contextmanager

@@ -12,8 +12,10 @@ prompt + those IDs verbatim + the new messages as the template renders them (no 
 would be labelled `rewrite`).
 
 The report also names the tool-call parser the template calls for (`tool_parser=auto`
-picks it), the reasoning format, the stop and EOS IDs, and what to set when
-something does not hold.
+picks it), the reasoning format, the stop and EOS IDs, the vocabulary (the tokenizer's IDs
+against the rows of the model's embedding, `config.json`'s `vocab_size`: the gateway
+refuses any prompt ID past the embedding, which would take SGLang down), and what to set
+when something does not hold.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from undertow.gateway.front.calls import model_vocab_size
 from undertow.gateway.front.head_replay import message_of_events
 from undertow.gateway.front.sessions import Session
 from undertow.gateway.front.tokentruth import Head, build_prompt
@@ -59,6 +62,8 @@ class ModelCheck:
     reasoning: str
     stop_tokens: list[tuple[int, str]]
     writes_tool_calls: bool = True
+    num_tokenizer_ids: int = 0
+    vocab_size: int | None = None  # rows of the model's embedding (config.json)
     sessions: list[SessionResult] = field(default_factory=list)
     error: str | None = None
 
@@ -72,6 +77,9 @@ class ModelCheck:
                  f"tool-call parser: {self.parser} (tool_parser=auto, the default, picks it)",
                  f"reasoning: {self.reasoning}",
                  f"stop/EOS IDs: {stops or 'none'}"]
+        if self.vocab_size is not None:
+            lines.append(f"vocabulary: the tokenizer's {self.num_tokenizer_ids} IDs, the "
+                         f"model's embedding {self.vocab_size} rows (config.json vocab_size)")
         if not self.writes_tool_calls:
             lines.append("tool calls: the template writes none (it renders an assistant "
                          "turn's tool calls as nothing), so no parser can read them back")
@@ -102,6 +110,11 @@ class ModelCheck:
         elif any(result.num_tool_calls_lost for result in self.sessions):
             advice.append(f"tool_parser=NAME: the template's tool calls do not parse with "
                           f"{self.parser!r} (choose one of {sorted(PARSERS)})")
+        if self.vocab_size is not None and self.num_tokenizer_ids > self.vocab_size:
+            advice.append(f"a model whose embedding holds every tokenizer ID (vocab_size >= "
+                          f"{self.num_tokenizer_ids}): the gateway refuses any prompt with "
+                          f"an ID >= {self.vocab_size} (text the tokenizer writes with one "
+                          "included), as no engine could embed it")
         if not self.holds:
             advice.append("token_truth: template (each call then trains on the template's "
                           "own render), or a template that renders new messages the same "
@@ -240,7 +253,9 @@ def check_model(model_dir: Path, num_turns: int = 12) -> ModelCheck:
     parser = resolve_parser("auto", model_dir)
     renderer = Renderer(model_dir)
     check = ModelCheck(model_dir, parser, _reasoning_format(parser, template),
-                       _stop_tokens(renderer))
+                       _stop_tokens(renderer),
+                       num_tokenizer_ids=renderer.tokenizer.get_vocab_size(True),
+                       vocab_size=model_vocab_size(model_dir))
     try:
         check.writes_tool_calls = _writes_tool_calls(renderer)
         for strip in (False, True):

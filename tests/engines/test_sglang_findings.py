@@ -140,6 +140,26 @@ async def test_the_gateway_refuses_a_prompt_id_the_model_cannot_embed(small_embe
     assert not server.dead and served.choices[0].finish_reason == "length"
 
 
+async def test_a_chat_prompt_rendered_to_an_id_the_model_cannot_embed_is_refused(
+        small_embedding_dir, tmp_path):
+    """The tokenizer writes " failing" as ID 8185, which an 8000-row embedding lacks: the
+    rendered prompt is refused (400, naming it) and never sent; other text is served."""
+    server = FaithfulSGLang(vocab_size=SMALLER_VOCAB)
+    async with (serve_faithful(server) as engine_url,
+                gateway_on([engine_url], small_embedding_dir, tmp_path) as (_, url, http)):
+        session = await open_session(http, url)
+        replies = []
+        for content in ("Fix the failing test.", "Fix the test."):
+            async with http.post(f"{session['base_url']}/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": content}],
+                    "max_tokens": 4},
+                    headers={"Authorization": f"Bearer {session['api_key']}"}) as reply:
+                replies.append((reply.status, await reply.json()))
+    (refused_status, refused), (served_status, _) = replies
+    assert refused_status == 400 and "token ID 8185 ('Ġfailing')" in refused["error"]["message"]
+    assert served_status == 200 and len(server.bodies["/generate"]) == 1 and not server.dead
+
+
 # 6a ------------------------------------------------------------------------------------
 
 async def test_engines_of_different_weight_versions_are_refused_at_start(tiny_model_dir,

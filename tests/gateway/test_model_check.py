@@ -6,6 +6,7 @@ messages cannot be told apart from the history: there token truth does not hold.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -67,3 +68,19 @@ def test_model_check_passes_on_the_pretrained_models(request, name):
     writes_none = "tool calls: the template writes none" in checked.stdout
     assert writes_none == (name == "smollm2_dir")
     assert "set: tool_parser=NAME" not in checked.stdout
+
+
+def test_model_check_names_tokenizer_ids_the_embedding_lacks(tiny_model_dir, tmp_path):
+    """A tokenizer of 8192 IDs on an embedding of 8000 rows: the report shows both and says
+    what the gateway refuses (SGLang would exit on such an ID); token truth is unaffected."""
+    model_dir = tmp_path / "small-embedding"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "vocab_size": 8000}))
+    checked = model_check(model_dir)
+    assert ("vocabulary: the tokenizer's 8192 IDs, the model's embedding 8000 rows "
+            "(config.json vocab_size)") in checked.stdout, checked.stdout + checked.stderr
+    assert ("set: a model whose embedding holds every tokenizer ID (vocab_size >= 8192): the "
+            "gateway refuses any prompt with an ID >= 8000") in checked.stdout
+    assert "vocabulary: the tokenizer's 8192 IDs, the model's embedding 8192 rows" in \
+        model_check(tiny_model_dir).stdout

@@ -148,7 +148,7 @@ def sampling_meta(params: SamplingParams) -> dict[str, Any]:
         meta["stop"] = list(params.stop)
     meta["sampling_seed"] = params.sampling_seed
     for name, value in (("json_schema", params.json_schema), ("regex", params.regex),
-                        ("ebnf", params.ebnf)):
+                        ("ebnf", params.ebnf), ("structural_tag", params.structural_tag)):
         if value is not None:
             meta[name] = value
     return meta

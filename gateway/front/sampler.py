@@ -26,7 +26,13 @@ from collections.abc import AsyncGenerator
 from undertow.gateway.engines.pool import EnginePool
 from undertow.gateway.front.call_types import CallRequest, Delta, Sampled
 from undertow.gateway.front.tokentruth import Prompt
-from undertow.gateway.front.toolparsers import Content, Event, Unparsed, create_parser
+from undertow.gateway.front.toolparsers import (
+    Content,
+    Event,
+    Unparsed,
+    create_parser,
+    reasoning_first,
+)
 from undertow.gateway.metrics import GatewayMetrics
 from undertow.gateway.render import Detokenizer, Renderer
 
@@ -104,7 +110,8 @@ class ChoiceSampler:
         stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions, all_events = [], [], [], []
         finish_reason, cached, first_token_s = None, 0, None
-        params = request.sampling.for_choice(index, max_new_tokens)
+        sampling = reasoning_first(request.sampling, parser) if parser else request.sampling
+        params = sampling.for_choice(index, max_new_tokens)
         chunks = self.pool.generate(session_id, prompt.token_ids, params, call_id,
                                     input_ids_json=prompt.token_ids_json, live=live)
         async with contextlib.aclosing(chunks):  # closing this closes the generation

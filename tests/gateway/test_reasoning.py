@@ -215,11 +215,10 @@ async def test_bad_anthropic_thinking_is_a_400(clients):
 async def test_token_truth_survives_a_restart_with_reasoning_and_forced_calls(
         scripted, renderer, thinking_dir, tmp_path, forced):
     """After a restart the stored completion is re-parsed as it was live: inside the think
-    block the prompt opened, and as a forced call list when the call was forced; so the
-    session's next call still extends it by token truth."""
+    block the prompt opened, a forced call as a free one (in the model's own format, the
+    reasoning closed first); so the session's next call still extends it by token truth."""
     store_dir = tmp_path / "store"
-    completion = ('[{"name": "bash", "parameters": {"cmd": "ls -la", "timeout": 30}}]'
-                  if forced else COMPLETION)
+    completion = COMPLETION.replace("Listing.\n", "") if forced else COMPLETION
     app, runner, url = await start_gateway([scripted.url], thinking_dir, store_dir,
                                            tool_parser="auto")
     try:

@@ -232,13 +232,14 @@ async def test_claude_codes_context_edit_and_the_one_tier_are_accepted(
         stream_options={"include_usage": True, "include_obfuscation": False})]
     assert chunks[-1].usage.completion_tokens == len(scripted.default)  # usage: honoured
     # A strict tool in a forced call: sampled under its schema, so strict is honoured.
-    script(scripted, renderer, '[{"name": "bash", "parameters": {"cmd": "ls"}}]')
+    script(scripted, renderer,
+           '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>')
     reply = await client.chat.completions.create(
         model="m", messages=ASK, tool_choice="required",
         tools=[{"type": "function", "function": {**CHAT_TOOL["function"], "strict": True}}])
     _, _, params = last_call(gateway, scripted, renderer, session)
-    assert json.loads(params["json_schema"])["items"]["properties"]["parameters"] == (
-        TOOL["parameters"])
+    [tag] = json.loads(params["structural_tag"])["format"]["tags"]
+    assert tag["content"]["json_schema"] == TOOL["parameters"]
     assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {"cmd": "ls"}
     # ... and moot where no call can be made.
     await client.chat.completions.create(

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of, captured
-from undertow.gateway.front.toolparsers import forced_calls_schema
+from undertow.gateway.front.toolparsers import PARSERS, forced_structural_tag
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -171,26 +171,27 @@ def sent_params(gateway, scripted) -> dict:
 async def test_each_api_sends_the_forced_call_schema(gateway, scripted, renderer,
                                                      scripted_client):
     openai_client, anthropic_client = scripted_client
-    reply_ids = renderer.encode('[{"name": "bash", "parameters": {"cmd": "ls"}}]') + [2]
+    reply_ids = renderer.encode('<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n'
+                                '</tool_call>') + [2]  # the tiny model's own (Hermes) format
     scripted.scripts += [list(reply_ids) for _ in range(4)]
     reply = await openai_client.chat.completions.create(
         model="m", messages=MESSAGES, tools=TOOLS, tool_choice="required")
-    assert json.loads(sent_params(gateway, scripted)["json_schema"]) == forced_calls_schema(
-        TOOLS, None)
+    assert sent_params(gateway, scripted)["structural_tag"] == forced_structural_tag(
+        PARSERS["hermes"], TOOLS, None)
     call = reply.choices[0].message.tool_calls[0]
     assert (call.function.name, json.loads(call.function.arguments)) == ("bash", {"cmd": "ls"})
 
     await openai_client.responses.create(
         model="m", input="hi", tools=[{"type": "function", **TOOLS[0]["function"]}],
         tool_choice={"type": "function", "name": "bash"}, parallel_tool_calls=False)
-    assert json.loads(sent_params(gateway, scripted)["json_schema"]) == forced_calls_schema(
-        TOOLS[:1], "bash", parallel=False)
+    assert sent_params(gateway, scripted)["structural_tag"] == forced_structural_tag(
+        PARSERS["hermes"], TOOLS[:1], "bash", parallel=False)
 
     message = await anthropic_client.messages.create(
         model="m", max_tokens=64, messages=MESSAGES, tool_choice={"type": "any"},
         tools=[{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
                for t in TOOLS])
-    assert json.loads(sent_params(gateway, scripted)["json_schema"])["minItems"] == 1
+    assert json.loads(sent_params(gateway, scripted)["structural_tag"])["format"]["at_least_one"]
     assert (message.content[0].name, message.content[0].input) == ("bash", {"cmd": "ls"})
     assert message.stop_reason == "tool_use"
 

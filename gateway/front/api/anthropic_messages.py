@@ -189,7 +189,7 @@ def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
         name = choice.get("name") if kind == "tool" else None
         if kind == "tool" and not isinstance(name, str):
             raise BadRequest("tool_choice.name: Field required", param="tool_choice")
-        call = force_tools(call, name, parallel)
+        call = force_tools(call, name, parallel, tool_parser)
     schema = output_schema(body)
     if schema is not None:
         call = json_output(call, schema[1], schema[0])

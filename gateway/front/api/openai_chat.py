@@ -230,7 +230,7 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
             raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
                              "{'type': 'function', 'function': {'name': ...}}",
                              param="tool_choice")
-        call = force_tools(call, function.get("name"), parallel is not False)
+        call = force_tools(call, function.get("name"), parallel is not False, tool_parser)
     elif choice not in (None, "auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
                          "or a named function", param="tool_choice")

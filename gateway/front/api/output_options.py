@@ -3,14 +3,15 @@ fields into a `CallRequest`: forced tool use and JSON output (both enforced by t
 engine's constrained decoding), one tool call at most, and template arguments.
 
 - Forced tool use (`tool_choice` "required"/"any" or a named function): the engine
-  samples under a JSON schema of a list of calls (`toolparsers.forced`), and the
-  `forced` parser reads that list, whatever the family's own format.
+  samples under a structural tag of calls in the family's own syntax
+  (`toolparsers.forced`), which the gateway's parser reads like free calls.
 - JSON output (`response_format` / `text.format` / `output_format`): the engine samples
   under the schema (`{"type": "object"}` for `json_object`).
 - At most one tool call (`parallel_tool_calls: false`, `disable_parallel_tool_use`):
-  forced calls get `maxItems: 1`; free ones stop at the format's end of a call (a stop
-  string), so a second call cannot begin. Formats that write one call per turn anyway
-  (harmony, whose `<|call|>` ends the turn; Llama 3 JSON) need nothing.
+  a forced call is one (the structural tag's `stop_after_first`); free ones stop at the
+  format's end of a call (a stop string), so a second call cannot begin. Formats that
+  write one call per turn anyway (harmony, whose `<|call|>` ends the turn; Llama 3 JSON)
+  need nothing.
 - Template arguments (`chat_template_kwargs`, `reasoning_effort`, Anthropic's
   `thinking`) are passed to the chat template, as vLLM and SGLang pass them.
 
@@ -33,7 +34,7 @@ from typing import Any
 
 from undertow.gateway.errors import BadRequest, UnsupportedParameter
 from undertow.gateway.front.calls import CallRequest
-from undertow.gateway.front.toolparsers import FORCED, PARSERS, forced_calls_schema
+from undertow.gateway.front.toolparsers import PARSERS, forced_structural_tag
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
@@ -107,18 +108,18 @@ def tool_names(tools: list[dict] | None) -> list[str]:
     return [tool["function"].get("name") for tool in tools or ()]
 
 
-def force_tools(call: CallRequest, name: str | None, parallel: bool,
+def force_tools(call: CallRequest, name: str | None, parallel: bool, tool_parser: str,
                 param: str = "tool_choice") -> CallRequest:
-    """The call with its tool use forced: to any of its tools, or only to `name`."""
+    """The call with its tool use forced, in `tool_parser`'s format: to any of its tools,
+    or only to `name`."""
     if not call.tools:
         raise BadRequest(f"{param} forces a tool call but the request has no tools",
                          param=param)
     if name is not None and name not in tool_names(call.tools):
         raise BadRequest(f"{param} names the function {name!r}, which is not among the "
                          f"tools {tool_names(call.tools)}", param=param)
-    schema = forced_calls_schema(call.tools, name, parallel)
-    sampling = replace(call.sampling, json_schema=json.dumps(schema))
-    return replace(call, sampling=sampling, tool_parser=FORCED)
+    tag = forced_structural_tag(PARSERS[tool_parser], call.tools, name, parallel)
+    return replace(call, sampling=replace(call.sampling, structural_tag=tag))
 
 
 def check_strict(call: CallRequest, strict_params: list[str]) -> None:
@@ -146,7 +147,7 @@ def json_output(call: CallRequest, schema: Any, param: str) -> CallRequest:
     """The call with its output constrained to JSON matching `schema`."""
     if not isinstance(schema, dict):
         raise BadRequest(f"{param}: the JSON schema must be an object", param=param)
-    if call.tool_parser == FORCED:
+    if call.sampling.structural_tag is not None:
         raise BadRequest(f"{param}: a JSON output format cannot be combined with a forced "
                          "tool call", param=param)
     sampling = replace(call.sampling, json_schema=json.dumps(schema))

@@ -25,8 +25,9 @@ from undertow.gateway.front.toolparsers.deepseek import DeepSeekParser
 from undertow.gateway.front.toolparsers.detect import parser_of_template, resolve_parser
 from undertow.gateway.front.toolparsers.forced import (
     ForcedCallsParser,
-    forced_calls_schema,
+    forced_structural_tag,
     is_forced,
+    reasoning_first,
 )
 from undertow.gateway.front.toolparsers.glm45 import Glm45Parser
 from undertow.gateway.front.toolparsers.harmony import HarmonyParser
@@ -36,8 +37,8 @@ from undertow.gateway.front.toolparsers.llama3 import Llama3JsonParser
 from undertow.gateway.front.toolparsers.qwen3_coder import Qwen3CoderParser
 
 __all__ = ["FORCED", "PARSERS", "Content", "Event", "Reasoning", "ToolCall", "ToolParser",
-           "Unparsed", "create_parser", "forced_calls_schema", "parser_of_template",
-           "replay_parser", "resolve_parser"]
+           "Unparsed", "create_parser", "forced_structural_tag", "parser_of_template",
+           "reasoning_first", "replay_parser", "resolve_parser"]
 
 FORCED = "forced"
 
@@ -54,13 +55,14 @@ PARSERS: dict[str, type[ToolParser]] = {
     "harmony": HarmonyParser,
     "gpt_oss": HarmonyParser,
     "kimi_k2": KimiK2Parser,
-    FORCED: ForcedCallsParser,
+    FORCED: ForcedCallsParser,  # reads calls recorded forced as JSON lists (`forced.py`)
 }
 
 
 def replay_parser(tool_parser: str, call_record: dict) -> str:
     """The parser a recorded call's completion was parsed with: `forced` when its
-    sampling parameters forced tool calls, else the gateway's."""
+    sampling parameters forced tool calls as a JSON list (calls recorded before forced
+    calls were written in the model's own format), else the gateway's."""
     sampling = (call_record.get("meta") or {}).get("sampling") or {}
     return FORCED if is_forced(sampling) else tool_parser
 

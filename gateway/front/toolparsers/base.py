@@ -3,6 +3,10 @@
 A parser sees one completion's text as it streams. `Unparsed` is what a parser emits for
 a tool call it could not read: it is `Content` (so every API returns it as text, and
 nothing the model wrote is lost) that the call runner also counts in the metrics.
+
+A format also says how a forced call is written (`forced_format`): a structural tag's
+format (xgrammar's, which SGLang, vLLM and the built-in engine take) of one or more calls in
+the model's own syntax, so that a forced call reads like a free one (`forced.py`).
 """
 
 from __future__ import annotations
@@ -54,13 +58,23 @@ class ToolParser(Protocol):
     completion inside it). `keeps_special_tokens`: the format's markers are special
     tokens, so the completion must be decoded with them (harmony). `single_call_stop`: the
     stop string that ends a completion after its first tool call ("" when the format
-    writes one call per turn anyway)."""
+    writes one call per turn anyway).
+
+    `open_reasoning_end`: the tag that ends the reasoning block the completion begins in
+    (the prompt opened it), else "". `forced_format(tools, parallel)`: the structural tag
+    format of a completion that is one or more calls (with `parallel=False`, exactly one) to
+    any of `tools` (OpenAI form), written as the model writes them, arguments held to each
+    tool's parameter schema."""
 
     keeps_special_tokens: bool
     single_call_stop: str
+    open_reasoning_end: str
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = "") -> None: ...
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]: ...
 
     def feed(self, text: str) -> list[Event]: ...
 
@@ -113,3 +127,29 @@ def convert_value(text: str, schema: dict | None) -> Any:
             kind in ("integer", "number") and isinstance(value, bool))):
         return value
     return text
+
+
+def name_json(tool: dict) -> str:
+    """A tool's name as a JSON string, as the templates' `tojson` writes it."""
+    return json.dumps(tool["function"]["name"], ensure_ascii=False)
+
+
+def arguments_format(tool: dict, style: str = "json") -> dict[str, Any]:
+    """A structural tag's format of the arguments of `tool`, under its parameter schema (as
+    JSON, or `style` the XML of Qwen3-Coder or GLM). At most one blank in a row between
+    JSON's tokens: unbounded, a weak model may fill its budget with blanks."""
+    schema = tool["function"].get("parameters") or {"type": "object"}
+    return {"type": "json_schema", "json_schema": schema, "style": style,
+            "max_whitespace_cnt": 1}
+
+
+def call_tag(begin: str, tool: dict, end: str, style: str = "json") -> dict[str, Any]:
+    """A structural tag's `tag`: `begin`, the arguments of `tool`, `end`."""
+    return {"type": "tag", "begin": begin, "content": arguments_format(tool, style), "end": end}
+
+
+def calls_format(tags: list[dict], separator: str, parallel: bool) -> dict[str, Any]:
+    """One or more of `tags` joined by `separator` and nothing else (only one when not
+    `parallel`)."""
+    return {"type": "tags_with_separator", "tags": tags, "separator": separator,
+            "at_least_one": True, "stop_after_first": not parallel}

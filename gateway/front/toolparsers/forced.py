@@ -1,11 +1,23 @@
-"""The output of a call whose tool use is forced (`tool_choice` "required" or a named
-function): the engine's constrained decoding makes the model write exactly
+"""Forced tool use (`tool_choice` "required"/"any" or a named function), written in the
+model's own tool-call syntax.
 
-    [{"name": NAME, "parameters": {...}}, ...]
+The engine samples under a structural tag (SGLang's `structural_tag` sampling parameter, in
+xgrammar's format, which SGLang, vLLM and the built-in engine take) of one or more calls as
+the family writes them (each parser's `forced_format`), arguments under the tools' schemas.
+So a forced call is read by the gateway's own parser like a free one, and the session's
+history (token truth keeps the sampled tokens) stays in the model's format: a call forced
+as a bare JSON list taught the model that list, which it then wrote in later free turns
+(issue 36). SGLang 0.5.23 forces calls the same way (`FunctionCallParser.
+get_structure_constraint`: the model's structural tag, with at least one call).
 
-(the schema is `forced_calls_schema`), whatever the family's own format, as vLLM
-and SGLang do for forced tool choice. The list is read at the end of the completion;
-a list cut short (`max_tokens`) is `Unparsed`.
+A completion that begins inside a think block (a template that opens it at the end of the
+generation prompt, as DeepSeek-R1's and GLM-4.7's do) first reasons freely and closes the
+block, then writes the calls (`reasoning_first`), as SGLang's reasoner grammar leaves the
+reasoning unconstrained.
+
+Calls recorded before this, forced as a JSON list `[{"name", "parameters"}]` under a JSON
+schema titled `FORCED_TITLE`, are still read by `ForcedCallsParser` (`is_forced`,
+`toolparsers.replay_parser`).
 """
 
 from __future__ import annotations
@@ -14,43 +26,56 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from undertow.gateway.front.toolparsers.base import Event, ToolCall, Unparsed
+from undertow.gateway.engines.protocol import SamplingParams
+from undertow.gateway.front.toolparsers.base import Event, ToolCall, ToolParser, Unparsed
 
 FORCED_TITLE = "undertow forced tool calls"
+SEPARATORS = ("\n\n", "\n", "")  # what a model writes after its reasoning block
+
+
+def forced_structural_tag(parser: type[ToolParser], tools: Sequence[dict], name: str | None,
+                          parallel: bool = True) -> str:
+    """The `structural_tag` sampling parameter (JSON text) of a forced call in `parser`'s
+    format: to any of `tools`, or only to `name`; with `parallel=False`, exactly one."""
+    chosen = [tool for tool in tools if name is None or tool["function"]["name"] == name]
+    return json.dumps({"type": "structural_tag",
+                       "format": parser.forced_format(chosen, parallel)}, ensure_ascii=False)
+
+
+def reasoning_first(sampling: SamplingParams, parser: ToolParser) -> SamplingParams:
+    """`sampling`, its forced calls preceded by the end of the reasoning block when the
+    completion begins inside one (`parser.open_reasoning_end`, from the prompt's tail)."""
+    end = parser.open_reasoning_end
+    if sampling.structural_tag is None or not end:
+        return sampling
+    tag = json.loads(sampling.structural_tag)
+    reasoning = {"type": "tag", "begin": "", "content": {"type": "any_text"},
+                 "end": [end + separator for separator in SEPARATORS]}
+    tag["format"] = {"type": "sequence", "elements": [reasoning, tag["format"]]}
+    return sampling.evolve(structural_tag=json.dumps(tag, ensure_ascii=False))
 
 
 def is_forced(sampling: dict) -> bool:
-    """Whether a call's recorded sampling parameters forced its tool calls."""
+    """Whether a call's recorded sampling parameters forced its tool calls as a JSON list
+    (calls recorded before forced calls were written in the model's format)."""
     return FORCED_TITLE in (sampling.get("json_schema") or "")
 
 
-def forced_calls_schema(tools: Sequence[dict], name: str | None,
-                        parallel: bool = True) -> dict[str, Any]:
-    """The JSON schema of a forced list of calls: to any of `tools`, or only to `name`;
-    with `parallel=False`, exactly one call."""
-    items = []
-    for tool in tools:
-        function = tool["function"]
-        if name is None or function["name"] == name:
-            items.append({"type": "object", "additionalProperties": False,
-                          "required": ["name", "parameters"],
-                          "properties": {"name": {"const": function["name"]},
-                                         "parameters": function.get("parameters")
-                                         or {"type": "object"}}})
-    schema: dict[str, Any] = {"title": FORCED_TITLE, "type": "array", "minItems": 1,
-                              "items": items[0] if len(items) == 1 else {"anyOf": items}}
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
-
-
 class ForcedCallsParser:
+    """Reads a recorded completion forced as a JSON list of calls (see the module)."""
+
     keeps_special_tokens = False
-    single_call_stop = ""  # the schema limits forced calls (maxItems)
+    single_call_stop = ""
+    open_reasoning_end = ""
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):
         self._buffer = ""
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        raise ValueError("the 'forced' parser only reads calls recorded as JSON lists; "
+                         "force calls with the gateway's tool parser")
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text

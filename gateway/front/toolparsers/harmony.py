@@ -10,7 +10,8 @@ reasoning; a message to `functions.NAME` is a tool call (its JSON arguments read
 its `<|call|>`, or at the end of the completion); any other message (`final`, a
 `commentary` preamble) is content. The recipient may also stand before the channel.
 The markers are special tokens, so the completion is decoded with them
-(`keeps_special_tokens`). Reasoning and content stream as they come.
+(`keeps_special_tokens`). Reasoning and content stream as they come. A forced call is the
+one message to the function, as the template writes it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from undertow.gateway.front.toolparsers.base import (
     Content,
@@ -25,6 +27,8 @@ from undertow.gateway.front.toolparsers.base import (
     Reasoning,
     ToolCall,
     Unparsed,
+    call_tag,
+    calls_format,
     partial_tag_length,
 )
 
@@ -47,6 +51,7 @@ class HarmonyParser:
 
     keeps_special_tokens = True
     single_call_stop = ""  # `<|call|>` ends the turn: one call per completion
+    open_reasoning_end = ""  # the analysis channel is a message of its own
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):
@@ -55,6 +60,12 @@ class HarmonyParser:
         self._buffer = ""
         self._header = ""
         self._channel = ""
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        return calls_format([call_tag(f"{CHANNEL}commentary to=functions."
+                                      f"{tool['function']['name']} <|constrain|>json{MESSAGE}",
+                                      tool, "<|call|>") for tool in tools], "", parallel=False)
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text

@@ -6,6 +6,7 @@
 
 The markers are special tokens, so the completion is decoded with them
 (`keeps_special_tokens`); the turn's end token `<|im_end|>` that then shows is no content.
+A forced call is written the same way (as xgrammar's `kimi` tag, which SGLang uses).
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from undertow.gateway.front.toolparsers.base import Event, ToolCall, every_call, partial_tag_length
+from undertow.gateway.front.toolparsers.base import (
+    Event,
+    ToolCall,
+    arguments_format,
+    calls_format,
+    every_call,
+    partial_tag_length,
+)
 from undertow.gateway.front.toolparsers.tagged import TaggedParser
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -35,6 +44,17 @@ class KimiK2Parser(TaggedParser):
     CALL_OPEN, CALL_CLOSE = SECTION_BEGIN, SECTION_END
     keeps_special_tokens = True
     single_call_stop = "<|tool_call_end|>"
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        tags = [{"type": "tag", "end": "<|tool_call_end|>",
+                 "begin": f"<|tool_call_begin|>functions.{tool['function']['name']}:",
+                 "content": {"type": "sequence", "elements": [  # the call's index, arguments
+                     {"type": "regex", "pattern": r"\d+"},
+                     {"type": "const_string", "value": "<|tool_call_argument_begin|>"},
+                     arguments_format(tool)]}} for tool in tools]
+        return {"type": "tag", "begin": SECTION_BEGIN, "end": SECTION_END,
+                "content": calls_format(tags, "", parallel)}
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):

@@ -6,15 +6,27 @@ optionally after `<|python_tag|>` (a special token, so usually decoded away). Th
 template sends tool results back in the `ipython` role. A turn that starts with `{`
 is held until the end of the completion and then read as calls; if it is JSON but
 not calls it is the answer (content), if it is not JSON it is an `Unparsed` call.
-Other turns stream as content. Llama 3 has no reasoning block.
+Other turns stream as content. Llama 3 has no reasoning block. A forced call is one object
+as the template writes it (xgrammar's `llama` tag); Llama 3.1's template takes one call per
+turn.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from undertow.gateway.front.toolparsers.base import Content, Event, ToolCall, Unparsed, every_call
+from undertow.gateway.front.toolparsers.base import (
+    Content,
+    Event,
+    ToolCall,
+    Unparsed,
+    call_tag,
+    calls_format,
+    every_call,
+    name_json,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -45,12 +57,19 @@ def as_call(value) -> ToolCall | None:
 class Llama3JsonParser:
     keeps_special_tokens = False
     single_call_stop = ""  # not enforced: Llama 3.x writes one call per turn
+    open_reasoning_end = ""  # no reasoning block
 
     def __init__(self, parse_tools: bool = True, *, tools: Sequence[dict] | None = None,
                  prompt_tail: str = ""):
         self._parse_tools = parse_tools
         self._state = "start" if parse_tools else "content"
         self._buffer = ""
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        tags = [call_tag(f'{{"name": {name_json(tool)}, "parameters": ', tool, "}")
+                for tool in tools]
+        return calls_format(tags, "; ", parallel=False)
 
     def feed(self, text: str) -> list[Event]:
         if self._state == "content":

@@ -4,14 +4,24 @@
 
 Values are converted to the types of the tool's parameter schema (a string stays a
 string even when it looks like a number). The model sometimes omits a closing
-`</parameter>`; the next `<parameter=` or `</function>` ends the value then.
+`</parameter>`; the next `<parameter=` or `</function>` ends the value then. A forced call
+is written the same way (xgrammar's `qwen_3_coder` tag, which SGLang uses: `qwen_xml`
+arguments).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
-from undertow.gateway.front.toolparsers.base import ToolCall, convert_value, parameter_schemas
+from undertow.gateway.front.toolparsers.base import (
+    ToolCall,
+    call_tag,
+    calls_format,
+    convert_value,
+    parameter_schemas,
+)
 from undertow.gateway.front.toolparsers.tagged import TaggedParser
 
 FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
@@ -25,6 +35,12 @@ def _value_text(text: str) -> str:
 
 
 class Qwen3CoderParser(TaggedParser):
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        return calls_format([call_tag(f"<tool_call>\n<function={tool['function']['name']}>\n",
+                                      tool, "\n</function>\n</tool_call>", style="qwen_xml")
+                             for tool in tools], "\n", parallel)
+
     def read_block(self, block: str) -> list[ToolCall] | None:
         calls = []
         for match in FUNCTION.finditer(block):

@@ -19,6 +19,7 @@ starts inside it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from undertow.gateway.front.toolparsers.base import (
     Content,
@@ -47,8 +48,15 @@ class TaggedParser:
         self._pending_space = ""
         self._num_calls = 0
         self._lstrip = False
+        self.open_reasoning_end = ""
         if prompt_tail.rstrip().endswith(self.THINK_OPEN):
             self._state, self._lstrip = "think", True
+            self.open_reasoning_end = self.THINK_CLOSE
+
+    @classmethod
+    def forced_format(cls, tools: Sequence[dict], parallel: bool) -> dict[str, Any]:
+        """See `ToolParser`; each format writes its own."""
+        raise NotImplementedError
 
     def read_block(self, block: str) -> list[ToolCall] | None:
         """The tool calls written between the tags, or None if the block is not one."""

@@ -217,7 +217,8 @@ def sglang_device() -> str | None:
     """The device SGLang runs on: `cpu` on a machine that shows no NVIDIA or AMD GPU, else
     None (SGLang's own choice of GPU platform)."""
     nvidia = Path("/proc/driver/nvidia/gpus")
-    has_gpu = (nvidia.is_dir() and any(nvidia.iterdir())) or Path("/dev/kfd").exists()
+    has_gpu = ((nvidia.is_dir() and any(nvidia.iterdir())) or Path("/dev/nvidia0").exists()
+               or Path("/dev/kfd").exists())  # a container may show the device, not /proc's
     return None if has_gpu else "cpu"
 
 

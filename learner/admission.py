@@ -3,7 +3,8 @@
 The run's loop (`loop.py`) takes finished groups from its rollout source and passes each
 through one `Admission`. Only real outcomes
 train (`advantages.valid_sessions`): a group left with fewer than two valid sessions
-(one when `group_size` is 1) is dropped, with its reason printed; with
+(one when `group_size` is 1) is dropped, with its reason written to the run's log
+(`run_log.py`, `RUN/train.log`; the step's one printed line counts it); with
 `advantages.filter_uniform_groups`, so is a group whose valid sessions all got the same
 reward, at most `advantages.max_extra_groups` per step. The caller replaces what is
 dropped. When `max_failed_groups` groups in a row lost every session to failures of
@@ -28,6 +29,7 @@ from undertow.learner.advantages import (
     valid_sessions,
 )
 from undertow.learner.errors import RunFailedError
+from undertow.learner.run_log import RunLog
 
 DROP_REASONS = ("stale", "uniform", "invalid", "empty")
 
@@ -51,10 +53,11 @@ class StepCounts:
                 "infra_failures": dict(self.failures)}
 
 
-def note_drop(counts: StepCounts, step: int, reason: str, message: str) -> None:
-    """Counts a dropped group in `counts` and prints why (one line, for step `step`)."""
+def note_drop(counts: StepCounts, log: RunLog, step: int, reason: str, message: str) -> None:
+    """Counts a dropped group in `counts` (the step's printed line and metrics say how
+    many) and writes why to the run's log (one line, for step `step`)."""
     counts.dropped[reason] += 1
-    print(f"undertow train: step {step}: dropped {message}", flush=True)
+    log.write(step, f"dropped {message}")
 
 
 class Admission:
@@ -64,14 +67,15 @@ class Admission:
     a valid session (or that lost none to Undertow), oldest first; its length never
     reaches `max_failed_groups` (`admit` raises first)."""
 
-    def __init__(self, group_size: int, max_failed_groups: int, advantages: AdvantageConfig):
+    def __init__(self, group_size: int, max_failed_groups: int, advantages: AdvantageConfig,
+                 log: RunLog):
         self.group_size, self.max_failed_groups = group_size, max_failed_groups
-        self.advantages = advantages
+        self.advantages, self.log = advantages, log
         self.failed_in_a_row: list[Any] = []
 
     def admit(self, group: Any, counts: StepCounts, step: int) -> str | None:
         """None when the finished group (`train.FinishedGroup`) may train in step `step`;
-        else the reason it is dropped (counted in `counts`, printed). Its failed and
+        else the reason it is dropped (counted in `counts`, logged). Its failed and
         re-run sessions are counted either way."""
         failures = group.failures or infra_failures(group.tree)
         counts.failures.update(failures)
@@ -80,16 +84,18 @@ class Admission:
                                   group.tree.sessions.values()))
         rewards = valid_sessions(group.tree)
         if len(rewards) < min(2, self.group_size):
-            note_drop(counts, step, "invalid", f"group {group.tree.group_id}: {len(rewards)} "
-                      f"valid session(s) left; Undertow failed {dict(failures) or 'none'}"
+            note_drop(counts, self.log, step, "invalid",
+                      f"group {group.tree.group_id}: {len(rewards)} valid session(s) left; "
+                      f"Undertow failed {dict(failures) or 'none'}"
                       f"{': ' + group.error if group.error else ''}")
             self._count_failed(group, failures, rewards)
             return "invalid"
         self.failed_in_a_row.clear()
         if (self.advantages.filter_uniform_groups and is_uniform(rewards)
                 and counts.dropped["uniform"] < self.advantages.max_extra_groups):
-            note_drop(counts, step, "uniform", f"group {group.tree.group_id}: every valid "
-                      f"session got reward {next(iter(rewards.values()))} (no signal)")
+            note_drop(counts, self.log, step, "uniform",
+                      f"group {group.tree.group_id}: every valid session got reward "
+                      f"{next(iter(rewards.values()))} (no signal)")
             return "uniform"
         return None
 

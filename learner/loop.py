@@ -47,7 +47,8 @@ replacement (the next launch index) is launched into the same step at once.
 `max_failed_groups` groups in a row whose every session Undertow failed stop the run with
 one `RunFailedError`; the open step is aborted first, so no member waits on it. No group
 finishing for `learner.group_timeout_s` stops the run with a TimeoutError. Each step's
-metrics line counts what it dropped and re-ran.
+metrics line (and the one line `on_step` prints) counts what it dropped and re-ran; which
+groups, and why, go to the run's log (`RUN/train.log`, `run_log.py`).
 
 Every decision is written with its start and end time to `pool_timeline.jsonl` in the
 run directory (one JSON object a line), with the step openings and the groups added,
@@ -82,6 +83,7 @@ from undertow.learner.pool.cell import Cell
 from undertow.learner.pool.errors import CellPoolError
 from undertow.learner.pool.policy import Policy, Split
 from undertow.learner.pool.state import BatchProgress, Decision, MoveToRollout
+from undertow.learner.run_log import RunLog
 from undertow.learner.train import (
     FinishedGroup,
     GroupRequest,
@@ -151,8 +153,9 @@ class RunLoop:
         self.stop = stop or threading.Event()
         self.on_step = on_step or (lambda record: None)
         self.config, self.state = learner.config, learner.state
+        self.log = RunLog(learner.run_dir)
         self.admission = Admission(self.config.group_size, self.config.max_failed_groups,
-                                   learner.advantage_config)
+                                   learner.advantage_config, self.log)
         self.batches: list[_Batch] = []
         self.pool.dispatch = self._dispatch
         self.timeline_path = Path(learner.run_dir) / "pool_timeline.jsonl"
@@ -284,12 +287,12 @@ class RunLoop:
                 batch.num_closed.update({g: closed.get(g, 0) for g in batch.group_ids.values()})
 
     def _stale(self, group: FinishedGroup, batch: _Batch) -> str | None:
-        """"stale" (counted and printed) when `drop_stale` and the group's oldest token
+        """"stale" (counted and logged) when `drop_stale` and the group's oldest token
         is more than `max_staleness` versions older than the weights that train it."""
         staleness = group_staleness(group.tree, batch.step)
         if not self.config.drop_stale or staleness <= self.config.max_staleness:
             return None
-        note_drop(batch.counts, batch.step + 1, "stale", f"group {group.tree.group_id}: "
+        note_drop(batch.counts, self.log, batch.step + 1, "stale", f"group {group.tree.group_id}: "
                   f"sampled by weights {staleness} versions old (learner.max_staleness="
                   f"{self.config.max_staleness}; are the weights reaching the engines?)")
         return "stale"
@@ -347,7 +350,7 @@ class RunLoop:
 
     def _drop_empty(self, batch: _Batch, group: PendingGroup) -> None:
         del batch.finished[group.index]
-        note_drop(batch.counts, batch.step + 1, "empty", f"group {group.tree.group_id}: "
+        note_drop(batch.counts, self.log, batch.step + 1, "empty", f"group {group.tree.group_id}: "
                   "not trained: no trainable token in its sessions")
         self._replace(batch, FinishedGroup(group.index, group.tree), "empty")
 

@@ -15,11 +15,16 @@ to pass at least 0.4 more often. A run that does not learn (advantage sign flipp
 weights not pushed, learning rate 0, wrong tokens recorded) stays near 1/4 or falls,
 about five standard errors of the difference short of that margin.
 
+The run's output is one line a step (issue 38): what a step dropped is counted in its
+line, and which groups, and why, go to the run's log (`RUN/train.log`); a converged
+policy drops a uniform group or two every step.
+
 PYTHONPATH is passed on to the run, so that a deliberately broken variant can be
 tried (see the lead's closing note of issue 13).
 """
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -49,6 +54,16 @@ def _train(run_dir: Path, model_dir: Path, log: Path) -> int:
                f"run.model_dir={model_dir}", f"learner.num_steps={NUM_STEPS}"], log, TIMEOUT_S)
 
 
+@pytest.fixture(scope="module")
+def default_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """The default run's directory and its output (both tests read the same run)."""
+    run_dir = tmp_path_factory.mktemp("learn") / "run"
+    log = run_dir.parent / "output.log"
+    code = _train(run_dir, tiny_model_dir, log)
+    assert code == 0, log.read_text()[-3000:]
+    return run_dir, log
+
+
 def _group_means(run_dir: Path) -> list[tuple[str, float, set[int]]]:
     """Per group in launch order: its mean reward over valid sessions, and the weight
     versions that sampled it."""
@@ -75,10 +90,8 @@ def _start_pass_rate(model_dir: Path, tmp_path: Path) -> float:
     return total["pass_rate"]
 
 
-def test_reward_of_the_sampled_policy_rises_well_above_its_start(tiny_model_dir, tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "train.log"
-    code = _train(run_dir, tiny_model_dir, log)
-    assert code == 0, log.read_text()[-3000:]
+def test_reward_of_the_sampled_policy_rises_well_above_its_start(default_run, tmp_path):
+    run_dir, log = default_run
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == list(range(1, NUM_STEPS + 1))
 
@@ -94,3 +107,15 @@ def test_reward_of_the_sampled_policy_rises_well_above_its_start(tiny_model_dir,
     assert f"step {NUM_STEPS}/{NUM_STEPS} · reward" in text
     assert "reward curve " in text and "undertow chat-eval --model" in text
     assert f"undertow ui --runs {run_dir}" in text   # where a person sees the same run
+
+
+def test_the_output_is_one_line_a_step(default_run):
+    run_dir, log = default_run
+    steps = [int(found.group(1)) for line in log.read_text().splitlines()
+             if (found := re.match(r"undertow train: step (\d+)\b", line))]
+    assert steps == list(range(1, NUM_STEPS + 1)), log.read_text()[-3000:]
+    records = read_metrics(run_dir)
+    num_dropped = sum(r["num_dropped_uniform"] + r["num_dropped_invalid"]
+                      + r["num_dropped_groups"] for r in records)
+    logged = (run_dir / "train.log").read_text().splitlines() if num_dropped else []
+    assert sum(" dropped group " in line for line in logged) == num_dropped

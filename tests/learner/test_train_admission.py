@@ -81,7 +81,10 @@ def test_a_step_with_nothing_trainable_is_not_trained_and_more_groups_come(
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["num_dropped_invalid"] == 1 and source.launches == [0, 1, 2]
-    assert "no trainable token" in capsys.readouterr().out
+    assert "no trainable token" not in capsys.readouterr().out   # not printed: logged
+    [line] = (tmp_path / "train.log").read_text().splitlines()
+    assert line.endswith("step 1: dropped group g000000-r0: not trained: no trainable token "
+                         "in its sessions")
 
 
 def test_uniform_groups_are_dropped_up_to_the_bound(tiny_model_dir, tmp_path):

@@ -10,7 +10,8 @@ source (each launch finishes at once with the group its plan gives).
   is), a group with one valid session and one with nothing trainable are dropped, and
   each is replaced in its step by the next launch; every step's metrics line counts
   them like the plain loop's, reaches `on_step`, and its loss, KL and entropy are the
-  plain learner's on the same groups.
+  plain learner's on the same groups. Which groups were dropped and why is written to
+  the run's log (`RUN/train.log`), one line each, and not printed.
 - Groups whose every session Undertow failed stop the run with one RunFailedError
   naming the cause after `max_failed_groups` in a row; the open elastic step is
   aborted, so the member in it returns instead of waiting.
@@ -133,10 +134,17 @@ def test_dropped_groups_are_replaced_in_their_step_and_counted(tiny_model_dir, t
     # Past the bound of one extra group, step 2's second uniform group trains as it is.
     assert (second["num_dropped_uniform"], second["num_dropped_invalid"]) == (1, 0)
     assert second["reward_mean"] == pytest.approx(4 / 6)
-    printed = capsys.readouterr().out
-    assert "step 1: dropped group g000000-r0: every valid session got reward 1.0" in printed
-    assert "step 1: dropped group g000002-r0: 1 valid session(s) left" in printed
-    assert "step 1: dropped group g000003-r0: not trained: no trainable token" in printed
+    # Which groups were dropped, and why, is in the run's log, one line each; nothing of
+    # it is printed (the step's line, printed by `on_step`'s owner, counts them).
+    assert "dropped" not in capsys.readouterr().out
+    logged = [line.split(" ", 1)[1] for line in (run_dir / "train.log").read_text().splitlines()]
+    assert [line.split(":")[0] for line in logged] == ["step 1"] * 3 + ["step 2"]
+    assert logged[0].startswith("step 1: dropped group g000000-r0: every valid session got "
+                                "reward 1.0 (no signal)")
+    assert logged[1].startswith("step 1: dropped group g000002-r0: 1 valid session(s) left")
+    assert logged[2] == ("step 1: dropped group g000003-r0: not trained: no trainable token "
+                         "in its sessions")
+    assert logged[3].startswith("step 2: dropped group g000005-r0: every valid session")
 
     # The first step's record is the plain learner's on the same two groups.
     plain = Learner(CONFIG, LossConfig(), UNIFORM, tiny_model_dir, tmp_path / "plain")

@@ -221,8 +221,10 @@ class Registry:
 @dataclass(frozen=True)
 class GatewayMetrics:
     """Every metric the gateway exports. Call-level metrics are recorded by the API
-    (labels: `api` = chat|completions|messages|responses, `status` = HTTP status; a call
-    whose client left before its reply's end counts in `client_disconnects` instead);
+    (labels: `api` = chat|completions|messages|responses, `status` = the HTTP status its
+    client effectively got: a stream that an error event ended counts with the error's
+    status, not its head's 200; a call whose client left before its reply's end counts in
+    `client_disconnects` instead);
     engine-level ones by the engine pool."""
 
     registry: Registry
@@ -255,7 +257,9 @@ class GatewayMetrics:
         r = registry if registry is not None else Registry()
         return cls(
             registry=r,
-            calls=r.counter("undertow_calls_total", "Scaffold calls answered.", ("api", "status")),
+            calls=r.counter("undertow_calls_total", "Scaffold calls answered, by the status "
+                            "their client got (a stream's error event: the error's status).",
+                            ("api", "status")),
             client_disconnects=r.counter(
                 "undertow_client_disconnects_total", "Scaffold calls whose client closed the "
                 "connection before the reply's end (not in undertow_calls_total; a stream's "

@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.explore_behaviour import behaviour
 from benchmarks.learner import resolve_model
 from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
@@ -60,7 +61,23 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "learning.json"
 PLOT = REPO / "benchmarks" / "results" / "learning_heldout.png"
 AGENT_CONFIG = REPO / "benchmarks" / "configs" / "learning_mini_swe_agent.yaml"
+EXPLORE_CONFIG = REPO / "benchmarks" / "configs" / "explore_mini_swe_agent.yaml"
 TINY = "tiny"
+# The task families, by `--family`: the generator, where results go, and the settings a
+# pretrained policy gets where the command line leaves them out. "explore": the statement
+# shows a symptom only, so a session is many calls (find, read, edit): a step limit of 10
+# calls, and a time limit that the slowest sessions reach on this loaded machine; a later
+# call of a session may be sampled by newer weights (max_staleness 1).
+FAMILIES = {
+    "swe": {"module": "benchmarks.learning_tasks", "results": RESULTS, "plot": PLOT,
+            "difficulty": "line", "splits": ("heldout",)},
+    "explore": {"module": "benchmarks.explore_tasks",
+                "results": REPO / "benchmarks" / "results" / "learning_explore.json",
+                "plot": REPO / "benchmarks" / "results" / "learning_explore_heldout.png",
+                "difficulty": "numbers", "splits": ("heldout", "heldout-seen"),
+                "step_limit": 10, "max_tokens": 160, "agent_config": EXPLORE_CONFIG,
+                "timeout_s": 600.0, "max_staleness": 1},
+}
 # Settings where the command line leaves them out, by start policy: the tiny model's SFT
 # data is mini-swe-agent's stock tool-call format, two calls of ~195 tokens, and its head
 # is its embedding; a pretrained policy's embedding and untied head stay as they are
@@ -122,10 +139,14 @@ def scaffold_options(args) -> dict:
 def prepare(work: Path, args, record: dict) -> tuple[str, Path]:
     """Stages 1-2: the tasks, and the start policy: (its name, its directory)."""
     tasks = work / "tasks"
-    _timed(record, "tasks", ["--out", str(tasks), "--num-instances", str(args.num_instances),
-                             "--seed", str(args.seed), "--difficulty", args.difficulty],
-           work / "tasks.log", (tasks / "heldout" / "tasks.jsonl").exists(),
-           "benchmarks.learning_tasks")
+    family = FAMILIES[args.family]
+    argv = ["--out", str(tasks), "--num-instances", str(args.num_instances),
+            "--seed", str(args.seed), "--difficulty", args.difficulty]
+    if args.family == "explore":
+        argv += ["--num-unseen", str(args.num_unseen)]
+    _timed(record, "tasks", argv, work / "tasks.log",
+           all((tasks / split / "tasks.jsonl").exists() for split in family["splits"]),
+           family["module"])
     if args.model != TINY:
         return "start", resolve_model(args.model)
     return "sft", sft_model(work, args, record)
@@ -159,16 +180,17 @@ def sft_model(work: Path, args, record: dict) -> Path:
     return sft
 
 
-def evaluate(work: Path, name: str, model: Path, args) -> dict:
-    """The held-out rollout of `model` (stage 3/5), pooled pass rate and Wilson interval.
-    Left out, and counted: sessions Undertow failed (`evaluation.outcomes`), and those
-    that timed out before the scaffold made its first model call (mini-swe-agent still
-    starting on a machine loaded by other work: the policy was never asked)."""
-    heldout = work / "tasks" / "heldout"
+def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -> dict:
+    """The held-out rollout of `model` (stage 3/5) on `split`, pooled pass rate and
+    Wilson interval. Left out, and counted: sessions Undertow failed
+    (`evaluation.outcomes`), and those that timed out before the scaffold made its first
+    model call (mini-swe-agent still starting on a machine loaded by other work: the
+    policy was never asked)."""
+    heldout = work / "tasks" / split
     num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
     num_tasks = min(num_heldout, args.eval_sessions)
     group_size = math.ceil(args.eval_sessions / num_tasks)
-    out = work / "eval" / name
+    out = work / "eval" / (name if split == "heldout" else f"{name}-{split}")
     argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
             str(model), "--out", str(out), f"num_tasks={num_tasks}", f"group_size={group_size}",
             f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
@@ -176,15 +198,16 @@ def evaluate(work: Path, name: str, model: Path, args) -> dict:
             f"scaffold_options={json.dumps(scaffold_options(args))}"]
     row: dict = {}
     load = os.getloadavg()[0]
-    _timed(row, "rollout", argv, work / f"eval-{name}.log", any(out.glob("*/summary.json")),
-           num_threads=args.threads)
+    _timed(row, "rollout", argv, work / f"eval-{out.name}.log",
+           any(out.glob("*/summary.json")), num_threads=args.threads)
     summary = json.loads(sorted(out.glob("*/summary.json"))[-1].read_text())
     sessions = summary["sessions"]
     unanswered = [s for s in sessions if s["cause"] == "timeout" and not s["num_calls"]]
     per_task, num_failed = outcomes({"sessions": [s for s in sessions
                                                   if s not in unanswered]})
     results = [resolved for runs in per_task.values() for resolved in runs]
-    return {"model": name, **row["rollout"], "load_average_1m_at_start": load,
+    return {"model": name, "split": split, **row["rollout"],
+            "load_average_1m_at_start": load,
             "num_sessions": len(results), "num_left_out": num_failed + len(unanswered),
             "num_timed_out_unanswered": len(unanswered),
             "num_resolved": sum(results), "pass_rate": sum(results) / max(len(results), 1),
@@ -221,6 +244,7 @@ def train_argv(work: Path, start: Path, args, num_steps: int) -> list[str]:
             # every --checkpoint-every steps, so a killed run loses at most that many.
             f"learner.checkpoint_every={args.checkpoint_every}", "learner.keep_checkpoints=2",
             f"loss.correction={args.correction}",
+            f"advantages.timeout_reward={args.cut_sessions}",
             f"advantages.filter_uniform_groups={str(args.filter_uniform).lower()}"]
     if args.model != TINY:
         argv.append("learner.activation_checkpointing=true")
@@ -343,22 +367,42 @@ def main(args) -> None:
     record: dict = {"machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
                     "args": {k: str(v) for k, v in vars(args).items()}}
     name, start = prepare(work, args, record)
-    evals = [{**evaluate(work, name, start, args), "rl_step": 0}]
     record["rl"] = {"segments": []}
-    write_results(work, record, evals)
+    evals = [evaluate_point(work, record, name, start, args, 0)]
+    write_results(work, record, evals, args)
     for step in eval_steps(args):  # train to each held-out point, then evaluate it
         record["rl"]["segments"].append(train_to(work, start, args, step))
         model = dict(_checkpoints(work / "train"))[step]
-        evals.append({**evaluate(work, f"{name}+rl{step}", model, args), "rl_step": step})
-        write_results(work, record, evals)
+        evals.append(evaluate_point(work, record, f"{name}+rl{step}", model, args, step))
+        write_results(work, record, evals, args)
     if args.num_steps > 0:
         _timed(record, "plot", ["plot", str(work / "train")], work / "plot.log", False)
-        write_results(work, record, evals)
+        write_results(work, record, evals, args)
     print(table(evals))
     if record["gain"]:
         low, high = record["gain"]["interval"]
         print(f"gain: {record['gain']['difference']:+.1%} (95% {low:+.1%} to {high:+.1%})")
-    print(f"results: {RESULTS}; plot: {PLOT}")
+    print(f"results: {args.results}; plot: {args.plot}")
+
+
+def evaluate_point(work: Path, record: dict, name: str, model: Path, args, step: int) -> dict:
+    """A held-out point at RL step `step`: the held-out split's figures (returned), and,
+    with `--eval-seen-sessions`, the held-out instances of the training repositories
+    (kept in record["evaluations_seen"]); each with what the agent did (`behaviour`)."""
+    point = {**evaluate(work, name, model, args), "rl_step": step}
+    if args.family == "explore":
+        point["behaviour"] = behaviour(work / "tasks" / "heldout", work / "eval" / name, model)
+    if args.eval_seen_sessions:
+        seen_args = argparse.Namespace(**{**vars(args),
+                                          "eval_sessions": args.eval_seen_sessions})
+        seen = {**evaluate(work, name, model, seen_args, "heldout-seen"), "rl_step": step}
+        if args.family == "explore":
+            seen["behaviour"] = behaviour(work / "tasks" / "heldout-seen",
+                                          work / "eval" / f"{name}-heldout-seen", model)
+        record.setdefault("evaluations_seen", [])
+        record["evaluations_seen"] = [e for e in record["evaluations_seen"]
+                                      if e["rl_step"] != step] + [seen]
+    return point
 
 
 def step_row(metrics: dict) -> dict:
@@ -370,7 +414,7 @@ def step_row(metrics: dict) -> dict:
     return row
 
 
-def write_results(work: Path, record: dict, evals: list[dict]) -> None:
+def write_results(work: Path, record: dict, evals: list[dict], args) -> None:
     """learning.json and the plot as they stand (after each held-out point, so that a
     run cut short keeps what it measured)."""
     metrics = work / "train" / "metrics.jsonl"
@@ -381,9 +425,10 @@ def write_results(work: Path, record: dict, evals: list[dict]) -> None:
         record["rl"]["groups"] = group_rewards(work / "train" / "store")
     record["evaluations"] = evals
     record["gain"] = gain(evals)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=2))
-    shutil.copyfile(plot_heldout(evals, record["rl"]["steps"], work / "heldout.png"), PLOT)
+    args.results.parent.mkdir(exist_ok=True)
+    args.results.write_text(json.dumps(record, indent=2))
+    shutil.copyfile(plot_heldout(evals, record["rl"]["steps"], work / "heldout.png"),
+                    args.plot)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -393,10 +438,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "MODELS, or `tiny` (random weights + SFT)")
     parser.add_argument("--work", type=Path, default=None,
                         help="default runs/learning-MODEL (MODEL: the name or folder's name)")
+    parser.add_argument("--family", default="swe", choices=list(FAMILIES),
+                        help="swe: benchmarks/learning_tasks.py (the statement quotes the "
+                        "fix); explore: benchmarks/explore_tasks.py (a symptom only)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-instances", type=int, default=300)
-    parser.add_argument("--difficulty", default="line",
-                        help="learning_tasks.DIFFICULTIES: line, numbers or call")
+    parser.add_argument("--num-instances", type=int, default=300,
+                        help="explore: of the three training repositories")
+    parser.add_argument("--num-unseen", type=int, default=64,
+                        help="explore: instances of the held-out repository")
+    parser.add_argument("--difficulty", default=None,
+                        help="learning_tasks.DIFFICULTIES (line, numbers or call; default "
+                        "line) or explore_tasks.DIFFICULTIES (call or numbers; default "
+                        "numbers)")
     parser.add_argument("--num-sft-tasks", type=int, default=60,
                         help="tiny: training instances with an oracle trajectory")
     parser.add_argument("--sft-epochs", type=int, default=2)
@@ -407,7 +460,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--rl-lr", type=float, default=3e-6)
-    parser.add_argument("--max-staleness", type=int, default=0)
+    parser.add_argument("--max-staleness", type=int, default=None,
+                        help="learner.max_staleness (default 0; explore: 1)")
+    parser.add_argument("--cut-sessions", default="partial_credit",
+                        choices=("partial_credit", "tree_value"),
+                        help="advantages.timeout_reward: the reward of a session cut by its "
+                        "time limit (tree_value: adapters/tree_value.py's value of the tree)")
     parser.add_argument("--frozen", default="auto",
                         help="learner.frozen, comma-separated ('' trains every parameter)")
     parser.add_argument("--checkpoint-every", type=int, default=1,
@@ -418,6 +476,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--filter-uniform", action="store_true",
                         help="advantages.filter_uniform_groups (DAPO's dynamic sampling)")
     parser.add_argument("--eval-sessions", type=int, default=150, help="per held-out point")
+    parser.add_argument("--eval-seen-sessions", type=int, default=None,
+                        help="per held-out point, on held-out instances of the training "
+                        "repositories (explore only; default 64)")
     parser.add_argument("--step-limit", type=int, default=None, help="mini-swe-agent calls")
     parser.add_argument("--max-tokens", type=int, default=None, help="per call")
     parser.add_argument("--agent-config", default="auto",
@@ -426,12 +487,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads of the engine and the learner (OMP_NUM_THREADS)")
-    parser.add_argument("--timeout-s", type=float, default=900.0,
+    parser.add_argument("--timeout-s", type=float, default=None,
                         help="per session; one call takes 10-60 s here, but mini-swe-agent's "
-                        "start alone took over 300 s at load 40")
+                        "start alone took over 300 s at load 40 (default 900; explore: 600)")
     args = parser.parse_args(argv)
-    args.work = args.work or Path("runs") / f"learning-{Path(args.model).name}"
-    defaults = RUN_DEFAULTS[TINY if args.model == TINY else "pretrained"]
+    family = FAMILIES[args.family]
+    suffix = "" if args.family == "swe" else f"-{args.family}"
+    args.work = args.work or Path("runs") / f"learning{suffix}-{Path(args.model).name}"
+    args.results, args.plot = family["results"], family["plot"]
+    args.difficulty = args.difficulty or family["difficulty"]
+    args.max_staleness = family.get("max_staleness", 0) if args.max_staleness is None \
+        else args.max_staleness
+    args.timeout_s = args.timeout_s or family.get("timeout_s", 900.0)
+    args.eval_seen_sessions = (64 if args.family == "explore" else 0) \
+        if args.eval_seen_sessions is None else args.eval_seen_sessions
+    defaults = {**RUN_DEFAULTS[TINY if args.model == TINY else "pretrained"],
+                **({} if args.model == TINY else family)}
     args.step_limit = args.step_limit or defaults["step_limit"]
     args.max_tokens = args.max_tokens or defaults["max_tokens"]
     args.agent_config = {"auto": defaults["agent_config"], "none": None}.get(

@@ -15,10 +15,13 @@ from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
 from tests.engines.sglang_types import IoStructs, find_wheel, load_api_types, read_source
 from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.front.toolparsers import PARSERS, forced_structural_tag
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 
 PROMPT = (21, 22, 23, 24)
+FORCED_TAG = forced_structural_tag(PARSERS["hermes"], [{"type": "function", "function": {
+    "name": "bash", "parameters": {"type": "object"}}}], None)
 CONTROL_STRUCTS = {  # path -> the io_struct struct its body is parsed as (http_server.py)
     "/abort_request": "AbortReq",
     "/pause_generation": "PauseGenerationReqInput",
@@ -56,6 +59,8 @@ async def drive_everything(client: SGLangClient, server: FaithfulSGLang) -> None
                                               stop_token_ids=(7,), sampling_seed=3)))
     await client.generate(GenerateRequest(text="hello", sampling_params=SamplingParams(
         max_new_tokens=2, temperature=0.0)))
+    await client.generate(GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(
+        max_new_tokens=2, structural_tag=FORCED_TAG)))  # a forced tool call's constraint
     [chunk async for chunk in client.generate_stream(GenerateRequest(
         input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=3)))]
     await client.abort("no-such-request")

@@ -2,7 +2,10 @@
 at a time, and split in two at every position (a stream can break anywhere); the
 events joined must be the same every way. Also detection from a template's text."""
 
+import json
+
 import pytest
+import xgrammar
 
 from undertow.gateway.front.toolparsers import (
     PARSERS,
@@ -11,6 +14,7 @@ from undertow.gateway.front.toolparsers import (
     ToolCall,
     Unparsed,
     create_parser,
+    forced_structural_tag,
     parser_of_template,
 )
 
@@ -147,8 +151,21 @@ def test_a_malformed_call_is_returned_as_text_and_flagged(name):
 
 
 def test_forced_calls_parse_the_constrained_list():
+    """Calls recorded forced as a JSON list (before forced calls were written in the
+    model's own format) still replay."""
     text = '[{"name": "bash", "parameters": {"cmd": "ls -la", "timeout": 5}}]'
     check_every_split("forced", text, ("", "", [BASH], 0))
+
+
+@pytest.mark.parametrize("name", sorted(set(PARSERS) - {"forced"}))
+def test_every_parser_forces_calls_with_a_structural_tag_that_compiles(name):
+    """Each format's forced calls are a structural tag xgrammar (SGLang's grammar library)
+    compiles; the `forced` parser only reads old records and forces nothing."""
+    tag = json.loads(forced_structural_tag(PARSERS[name], TOOLS, None))
+    assert tag["type"] == "structural_tag"
+    xgrammar.Grammar.from_structural_tag(json.dumps(tag))
+    with pytest.raises(ValueError, match="forced"):
+        forced_structural_tag(PARSERS["forced"], TOOLS, None)
 
 
 @pytest.mark.parametrize("name", ["hermes", "qwen3_coder", "glm45", "deepseek_v3"])

@@ -41,6 +41,8 @@ MARKER_ENV = "UNDERTOW_EXEC"
 # in the repository when the agent runs its code or tests (`artefacts.py`).
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 _KILL_GRACE_S = 10.0
+_SIGNALLED_EXIT_CODES = (128 + 9, 128 + 15)  # SIGKILL, SIGTERM
+_STOP_SETTLE_S = 1.0
 # Every command runs under this wrapper, with a fresh marker in its environment. The
 # marker survives `setsid`, double forks and `nohup`, so `sweep` finds the command's whole
 # process tree by it. `sweep` uses bash builtins only (no fork), so it works even when a fork
@@ -212,6 +214,17 @@ class Sandbox:
             return {"Status": "removed"}
         return self.container.attrs.get("State", {})
 
+    async def _stopped(self) -> bool:
+        """Whether the container has stopped. Docker may record the end of a command killed
+        with its container before the container's own end, so a container still running
+        is asked again for up to `_STOP_SETTLE_S`."""
+        deadline = time.monotonic() + _STOP_SETTLE_S
+        while (await self._state()).get("Status") == "running":
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
     async def _died(self) -> ContainerDied:
         state = await self._state()
         detail = ", killed for exceeding its memory limit" if state.get("OOMKilled") else ""
@@ -254,7 +267,8 @@ class Sandbox:
         `keep_background` (e.g. to start a server for later commands; redirect its output,
         or this call waits for it as `docker exec` does). Returns the exit code (124 on
         timeout, as `timeout(1)` does) and the merged, bounded output. Raises
-        ContainerDied when the container is gone, HostLost when its daemon is. Cancelling
+        ContainerDied when the container is gone (also when it died under the command: a
+        test run cut short that way is no verdict), HostLost when its daemon is. Cancelling
         the call kills the command too.
         """
         marker = uuid.uuid4().hex
@@ -288,7 +302,10 @@ class Sandbox:
             raise await self._died() from None
         inspected = await self.connection.call(self.connection.client.api.exec_inspect, exec_id)
         exit_code = inspected.get("ExitCode")
-        if exit_code is None:
+        # A command killed because its container died (docker kill, docker stop, the daemon
+        # shutting down) ends like one killed inside it: only the container's state tells.
+        if exit_code is None or (not timed_out and exit_code in _SIGNALLED_EXIT_CODES
+                                 and await self._stopped()):
             raise await self._died()
         return ExecResult(124 if timed_out else exit_code, output.text(), timed_out,
                           output.truncated, time.monotonic() - started, killed_by)

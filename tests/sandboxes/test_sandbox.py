@@ -150,6 +150,30 @@ async def test_dead_container_is_reported_as_such(sandbox, docker_connection):
         await sandbox.exec("true", timeout_s=30)
 
 
+@pytest.mark.parametrize("end", ["kill", "stop"])
+async def test_a_command_whose_container_dies_under_it_raises_container_died(
+        sandbox, docker_connection, end):
+    """`docker kill` or `docker stop` while a command runs: its exit status (137, 143) is
+    no outcome of the command (a test run cut short so would grade as failed tests), where
+    the same status from a command killed inside the running container is."""
+    killed_inside = await sandbox.exec("kill -9 $$", timeout_s=60)
+    assert (killed_inside.exit_code, killed_inside.timed_out) == (137, False)
+    running = asyncio.ensure_future(sandbox.exec("sleep 120", timeout_s=600))
+    for _ in range(300):
+        top = await docker_connection.call(sandbox.container.top, ps_args="-eo pid,args")
+        if any(process[-1] == "sleep 120" for process in top["Processes"]):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("the command did not start")
+    if end == "kill":
+        await docker_connection.call(sandbox.container.kill)
+    else:
+        await docker_connection.call(sandbox.container.stop, timeout=1)
+    with pytest.raises(ContainerDied, match="is exited"):
+        await running
+
+
 async def test_container_is_removed_when_the_session_fails_midway(
         docker_connection, docker_run, fixture_image):
     with pytest.raises(RuntimeError, match="scaffold crashed"):

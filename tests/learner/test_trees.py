@@ -9,7 +9,12 @@ from tests.gateway.test_tree import logged_group
 from undertow.gateway.front.store import StoreDamaged, TreeStore
 from undertow.gateway.trees.group_log import LogLineError
 from undertow.gateway.trees.tree import tree_to_json
-from undertow.learner.trees import group_staleness, load_store_tree, load_store_trees
+from undertow.learner.trees import (
+    StoreFileDamaged,
+    group_staleness,
+    load_store_tree,
+    load_store_trees,
+)
 
 
 def test_the_learner_and_the_gateway_replay_a_store_to_one_tree(tmp_path, caplog):
@@ -35,3 +40,25 @@ def test_a_damaged_line_stops_both_readers_at_the_same_line(tmp_path):
     list(store.replay(repair=False))     # the gateway sets the group aside, named
     assert isinstance(store.damaged["g"], StoreDamaged)
     assert learner.value.line == 2 and "line 2 is damaged (not JSON" in str(store.damaged["g"])
+
+
+def test_a_damaged_group_is_left_out_by_name_and_the_others_are_read(tmp_path, caplog):
+    """Export, SFT, the run viewer and the trackers read a store whose one group the
+    gateway set aside: that group is named (file, line, count) and the others kept, each
+    the tree the log was written from."""
+    tree, lines = logged_group()
+    good = b"\n".join(lines) + b"\n"
+    (tmp_path / "a.jsonl").write_bytes(good)
+    (tmp_path / "b.jsonl").write_bytes(b"\n".join([lines[0], b"{oops", *lines[1:]]) + b"\n")
+    (tmp_path / "c.jsonl").write_bytes(good)
+    trees = load_store_trees(tmp_path)
+    assert [t.group_id for t in trees] == ["a", "c"]
+    expected = json.dumps({**tree_to_json(tree), "group": None}, sort_keys=True)
+    for loaded in trees:
+        assert json.dumps({**tree_to_json(loaded), "group": None},
+                          sort_keys=True) == expected
+    assert "1 damaged group(s) left out, the other 2 read" in caplog.text
+    assert f"{tmp_path / 'b.jsonl'} line 2 is damaged (not JSON" in caplog.text
+    with pytest.raises(StoreFileDamaged, match=r"b\.jsonl line 2 is damaged") as raised:
+        load_store_tree(tmp_path / "b.jsonl")
+    assert raised.value.line == 2 and raised.value.path == tmp_path / "b.jsonl"

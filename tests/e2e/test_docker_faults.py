@@ -7,9 +7,10 @@ slot runs again on a host that answers; a lost host is marked down and not chose
 Nothing is left behind: no container of the run, no anonymous volume (the task image
 declares a `VOLUME`, as published images may), no relay folder on this machine.
 
-The scaffold runs in the sandbox, linked to the gateway, and waits for a file in the
-relay's folder, the one folder of this machine a linked sandbox sees (`/run/undertow`):
-the test kills what it kills while the first attempt waits, then lets every attempt end.
+The scaffold waits for a file before it ends: one in the relay's folder, the one folder of
+this machine a sandbox linked to the gateway sees (`/run/undertow`), for a scaffold run in
+its sandbox; one on this machine for a scaffold run here (as mini-swe-agent is). The test
+kills what it kills while the first attempt waits, then lets every attempt end.
 """
 
 from __future__ import annotations
@@ -154,6 +155,36 @@ async def test_a_container_killed_mid_session_is_a_sandbox_failure_run_again(
     assert _run_containers(local_client, rollout.run_id) == []
     assert _dangling_volumes(local_client) - volumes_before == set()
     assert not relay.exists()
+
+
+async def test_a_container_killed_under_a_scaffold_on_the_host_is_a_sandbox_failure(
+        volume_task, scripted_gateway, local_client, tmp_path):  # noqa: F811
+    """The scaffold runs on the host, as mini-swe-agent does, and names its container in a
+    file; it ends by itself (exit 0) after the kill: the session is still Undertow's failure,
+    met where grading next touches the sandbox."""
+    started, gate = tmp_path / "started", tmp_path / GATE
+    scaffold = CommandScaffold(f"echo {{container}} >> {started}; "
+                               f"while [ ! -e {gate} ]; do sleep 0.2; done")
+    volumes_before = _dangling_volumes(local_client)
+    with DockerHosts.connect(HostsConfig()) as hosts:
+        rollout = Rollout([volume_task], scaffold, scripted_gateway.admin, hosts,
+                          _config(tmp_path / "out"))
+        running = asyncio.ensure_future(rollout.run())
+        deadline = time.monotonic() + WAIT_S
+        while not started.exists():
+            assert not running.done(), running.result()
+            assert time.monotonic() < deadline, "the scaffold did not start"
+            await asyncio.sleep(0.2)
+        container = local_client.containers.get(started.read_text().split()[0])
+        await asyncio.to_thread(container.kill)
+        gate.touch()
+        summary = await running
+
+    failed, rerun = summary.sessions
+    await _assert_failed_as_undertows(scripted_gateway.admin, failed, "ContainerDied")
+    assert (rerun.attempt, rerun.cause, rerun.index) == (1, "exited", failed.index)
+    assert _run_containers(local_client, rollout.run_id) == []
+    assert _dangling_volumes(local_client) - volumes_before == set()
 
 
 @pytest.fixture

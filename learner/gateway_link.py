@@ -24,7 +24,18 @@ from undertow.learner.errors import LearnerError
 
 
 class GatewayLinkError(LearnerError):
-    """The gateway's admin API refused or failed a request."""
+    """The gateway's admin API refused or failed a request; `status` is its HTTP status
+    (None when the gateway was not reached)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class GroupSetAside(GatewayLinkError):
+    """The gateway set the group aside: a line of its store file is damaged (the message
+    names the file and line), so its tree cannot be read until `undertow trees repair`.
+    For training the group is an infra failure (`rollout_source.ThreadedGroupSource`)."""
 
 
 class GatewayLink:
@@ -43,7 +54,14 @@ class GatewayLink:
                         {"Authorization": f"Bearer {self.token}"})
 
     def group_tree(self, group: str) -> Tree:
-        return tree_from_json(self.request("GET", f"/admin/groups/{group}/tree"))
+        """The group's tree; raises `GroupSetAside` for a group whose store file is
+        damaged (the gateway's 503 for it)."""
+        try:
+            return tree_from_json(self.request("GET", f"/admin/groups/{group}/tree"))
+        except GatewayLinkError as error:
+            if error.status == 503 and f"group {group} is set aside" in str(error):
+                raise GroupSetAside(str(error), error.status) from None
+            raise
 
     def update_weights(self, model_dir: Path, weight_version: int, mode: str = "drain"
                        ) -> dict[str, Any]:
@@ -112,7 +130,7 @@ def _request(base_url: str, method: str, path: str, body: dict[str, Any] | None,
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:500]
         raise GatewayLinkError(f"{method} {base_url}{path} answered {error.code}: "
-                               f"{detail}") from None
+                               f"{detail}", error.code) from None
     except urllib.error.URLError as error:
         raise GatewayLinkError(f"{method} {base_url}{path}: not reachable ({error.reason}); "
                                "is the server running?") from None

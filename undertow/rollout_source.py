@@ -121,6 +121,12 @@ class ThreadedGroupSource:
             lambda f: self.done.put((request, f, time.perf_counter() - started_s)))
 
     def wait(self, timeout_s: float) -> list:
+        """The groups finished so far (waiting up to `timeout_s` for one). A group whose
+        tree the gateway set aside (its store file damaged) comes back empty, its
+        `group_size` sessions failed by Undertow (`error:store`), so that the step drops
+        and replaces it, counts it and names it in the run's log."""
+        from undertow.gateway.trees.tree import Tree
+        from undertow.learner.gateway_link import GroupSetAside
         from undertow.learner.train import FinishedGroup
 
         finished = []
@@ -132,14 +138,22 @@ class ThreadedGroupSource:
         for request, future, rollout_s in finished:
             self.futures.discard(future)
             outcome = future.result()  # a failed rollout stops the run with its error
-            if isinstance(outcome, str):
-                groups.append(FinishedGroup(request.index, self.admin.group_tree(outcome),
-                                            rollout_s))
-                continue
-            groups.append(FinishedGroup(
-                request.index, self._tree(outcome), rollout_s, dict(outcome.failures),
-                outcome.num_reruns, outcome.error))
+            try:
+                groups.append(self._finished(request, outcome, rollout_s))
+            except GroupSetAside as error:  # its store file is damaged: Undertow failed it
+                name = outcome if isinstance(outcome, str) else outcome.group
+                groups.append(FinishedGroup(
+                    request.index, Tree(name), rollout_s, {"error:store": request.group_size},
+                    0 if isinstance(outcome, str) else outcome.num_reruns, str(error)))
         return groups
+
+    def _finished(self, request, outcome: str | GroupOutcome, rollout_s: float):
+        from undertow.learner.train import FinishedGroup
+
+        if isinstance(outcome, str):
+            return FinishedGroup(request.index, self.admin.group_tree(outcome), rollout_s)
+        return FinishedGroup(request.index, self._tree(outcome), rollout_s,
+                             dict(outcome.failures), outcome.num_reruns, outcome.error)
 
     def _recovered(self, request) -> str | None:
         """The name of a finished group of launch `request.index` from before the latest

@@ -5,11 +5,13 @@ of L tokens, by KV transfer versus by re-prefilling the history, for L = 1k to 3
                                         [--reps 3] [--model-dir DIR]
 
 Two built-in engines (one torch thread each) on the tiny model of `undertow model init` (its
-`max_position_embeddings` is 40,960, so 32k fits; `--model-dir` serves another). The source
-holds the session S (L random ordinary token IDs) in its prefix cache; each run brings the
-flushed target to the point where it has produced the token after S, which is what a
-migrated session's resume asks of it. Arms, interleaved (every repetition runs each arm at
-each length, the arms' order rotated from one repetition to the next):
+`max_position_embeddings` is 40,960, so 32k fits; `--model-dir` serves another, up to the
+contexts whose float32 KV fits the 256 MiB a built-in engine takes in one request: about
+5,800 tokens of SmolLM2-135M). The source holds the session S (L random ordinary token IDs)
+in its prefix cache; each run brings the flushed target to the point where it has produced
+the token after S, which is what a migrated session's resume asks of it. Arms, interleaved
+(every repetition runs each arm at each length, the arms' order rotated from one repetition
+to the next):
 
 - `re_prefill`: `/generate` S on the target, which prefills all L tokens: what a migration
   to a real SGLang 0.5.23 server costs today (it has no KV transfer; docs/migration-sglang.md).

@@ -167,8 +167,8 @@ lint: setup
 
 # Every benchmark, one after another (hours on a 2-core machine); each writes
 # benchmarks/results/NAME.json and prints its table. One alone: python -m benchmarks.NAME
-BENCHMARKS := engine gateway sandboxes rollout learner migration elastic live_elastic sft_pass_rate \
-	weight_sync xlong ui
+BENCHMARKS := engine gateway sandboxes rollout learner migration migration_cost cache_logprobs \
+	admission elastic live_elastic sft_pass_rate weight_sync xlong ui
 bench: setup setup-vllm docker-daemon
 	for name in $(BENCHMARKS); do \
 		UNDERTOW_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m benchmarks.$$name || exit 1; done

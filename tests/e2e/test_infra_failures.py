@@ -196,27 +196,32 @@ async def test_a_429_fails_its_session_for_a_rerun(tiny_model_dir, engine, tmp_p
     router = RouterConfig(max_in_flight_per_engine=1, admission_wait_s=0)
     async with (serve_gateway(tiny_model_dir, store_dir, [engine], router=router) as gateway,
                 GatewayAdmin(gateway.url, gateway.admin_token) as admin):
-        hog: list[asyncio.Future] = []
+        hog: list = []
 
         async def take_the_engine() -> None:
             """A long streamed call of another group holds the engine's one place."""
             opened = await admin.open_session("hog")
             client = openai.AsyncOpenAI(base_url=opened["base_url"],
                                         api_key=opened["api_key"], max_retries=0)
-            stream = await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "go on"}], stream=True,
-                max_tokens=4000)
+            deadline = time.monotonic() + WAIT_S
+            while True:   # a call of the group's other session may hold the place still
+                try:
+                    stream = await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "go on"}],
+                        stream=True, max_tokens=4000)
+                    break
+                except openai.RateLimitError:
+                    assert time.monotonic() < deadline, "the engine never came free"
+                    await asyncio.sleep(0.1)
             first = await anext(aiter(stream))
             assert first is not None
-            hog.append(asyncio.ensure_future(drain(stream, client)))
-
-        async def drain(stream, client) -> None:
-            async for _chunk in stream:
-                pass
-            await client.close()
+            hog.extend((stream, client))
 
         async def free_the_engine() -> None:
-            await hog[0]
+            """The long call's client leaves: the gateway aborts its generation."""
+            stream, client = hog
+            await stream.close()
+            await client.close()
 
         rollout = await tripped_rollout(admin, tmp_path / "control", tmp_path,
                                         take_the_engine, free_the_engine)

@@ -12,7 +12,6 @@ Layout of a run directory:
     RUN/weights/step-000003/          a model directory written only to push it (steps
                                       between checkpoints); the last two are kept
     RUN/metrics.jsonl                 per-step metrics (`metrics_log.py`)
-
     RUN/starts.json                   how many times the run was started (`record_start`)
 
 Atomicity: a checkpoint is written into a hidden `.tmp-*` directory, every file is

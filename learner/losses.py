@@ -29,7 +29,17 @@ model's logprob, and (rho_t, w_t) come from the off-policy correction, by name:
                      [mis_low, mis_high], else w = 0 (token masked): masked importance
                      sampling, IcePop (AReaL, Ring-1T); decoupled_ppo is its one-sided case
 
-and, with any of them, `sequence_mask: "geometric"` multiplies w by m_s, where m_s = 1
+Every quantity here is per token: mu_t is the logprob that the weights which sampled t
+gave it when they sampled it (the tree records logprob and weight version per token),
+so in a session whose calls were sampled by several versions (it outlived a weight
+update) each token is corrected against its own sampler, not the session's first.
+
+With any correction, `max_token_version_gap: N` (None: off; AReaL's option of that
+name) sets w = 0 (token masked) where gap_t > N, gap_t being how many versions the
+weights that sampled t are behind the weights the step trains
+(`PackedStep.term_version_gap`).
+
+And `sequence_mask: "geometric"` multiplies w by m_s, where m_s = 1
 if the geometric mean of session s's train/sample ratios,
 
     g_s = exp(1/|T_s| sum_{t in T_s} (sg(l_t) - mu_t)),
@@ -42,9 +52,15 @@ first tokens shares their tree node with the first try). g_s needs sg(l) of all 
 T_s before any of its terms' losses, and T_s spans micro-batches, so the mask costs
 one forward pass without gradient over the step first (`objective.sequence_keep_of`).
 
+g_s counts every token of T_s, a version-masked one too (its ratio still says how far
+the session's sampler is from the policy).
+
 A masked token's term is 0 but it stays counted in the normaliser below (as AReaL
 counts decoupled_ppo's dropped tokens): the normaliser is fixed before the forward
-pass, which keeps the step's loss the sum of its micro-batches' losses.
+pass, which keeps the step's loss the sum of its micro-batches' losses. For the version
+mask, whose tokens are known before, it is also the choice that masks without
+reweighting: every kept term has the weight it has with the mask off, so a session
+whose early calls are stale does not push its later tokens harder.
 
 sg() stops the gradient. Clipping is non-linear, so f is evaluated per (token,
 session) pair: a token trained by several sessions would contribute one term per
@@ -93,6 +109,7 @@ class LossConfig:
     sequence_mask: str = "none"
     sequence_mask_low: float = 0.999
     sequence_mask_high: float = 1.001
+    max_token_version_gap: int | None = None
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -112,6 +129,11 @@ class LossConfig:
         if self.sequence_mask not in SEQUENCE_MASKS:
             raise LossConfigError(f"unknown sequence mask {self.sequence_mask!r}; choose one "
                                   f"of {list(SEQUENCE_MASKS)}")
+        gap = self.max_token_version_gap
+        if gap is not None and (type(gap) is not int or gap < 0):
+            raise LossConfigError(f"LossConfig.max_token_version_gap must be a number >= 0 "
+                                  f"(0: only tokens of the weights trained) or null (off), "
+                                  f"got {gap!r}")
         _check_band("mis", self.mis_low, self.mis_high)
         _check_band("sequence_mask", self.sequence_mask_low, self.sequence_mask_high)
 
@@ -250,14 +272,24 @@ def sequence_keep(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.T
 
 def token_terms(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Tensor,
                 advantages: torch.Tensor, ref_logprobs: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None, keep: torch.Tensor | None = None
+                entropy: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                version_gap: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """(N,) per-term f_t (module docstring) and unweighted sums for metrics. `keep`:
-    (N,) bool, the terms' `sequence_keep` (needed when `sequence_mask` is on)."""
+    (N,) bool, the terms' `sequence_keep` (needed when `sequence_mask` is on);
+    `version_gap`: (N,) long, the terms' version gaps (needed when
+    `max_token_version_gap` is set)."""
     behaviour = behaviour.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype)
     ratio, weight = CORRECTIONS[config.correction](logprobs, behaviour, config)
     masked = {}
+    if config.max_token_version_gap is not None:
+        if version_gap is None:
+            raise LossConfigError("max_token_version_gap needs the terms' version gaps "
+                                  "(PackedStep.term_version_gap)")
+        stale = version_gap.to(weight.device) > config.max_token_version_gap
+        weight = torch.where(stale, 0.0, weight)
+        masked["num_version_masked"] = float(stale.sum())
     if config.sequence_mask != "none":
         if keep is None:
             raise LossConfigError("sequence_mask needs the terms' keep mask "
@@ -302,7 +334,8 @@ def micro_batch_loss(config: LossConfig, step: PackedStep, micro_batch: MicroBat
     ids = micro_batch.term_ids
     terms, stats = token_terms(config, logprobs, step.behaviour_logprobs[ids],
                                step.advantages[ids], ref_logprobs, entropy,
-                               None if keep is None else keep[ids.to(keep.device)])
+                               None if keep is None else keep[ids.to(keep.device)],
+                               step.term_version_gap[ids.to(step.term_version_gap.device)])
     weighted = weights[ids].to(terms.dtype) * terms
     loss = weighted.sum()
     stats["loss"] = float(loss.detach())

@@ -38,7 +38,9 @@ METRICS_FILE = "metrics.jsonl"
 STEP_FIELDS = (
     "reward_mean", "reward_std", "pass_rate", "loss", "kl", "kl_ref", "entropy",
     "clip_fraction", "grad_norm", "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p50",
-    "ratio_p95", "masked_fraction", "sequence_masked_fraction", "num_groups", "num_sessions",
+    "ratio_p95", "masked_fraction", "sequence_masked_fraction", "version_masked_fraction",
+    "version_gap0_fraction", "version_gap1_fraction", "version_gap2_fraction",
+    "version_gap3plus_fraction", "num_groups", "num_sessions",
     "num_dropped_groups",
     "num_dropped_uniform", "num_dropped_invalid", "num_rerun_sessions", "num_infra_failures",
     "infra_failures", "num_trained_tokens",

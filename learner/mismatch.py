@@ -13,10 +13,20 @@ depend on how it was split:
   BIN_FLOOR * 10^((j-1)/BINS_PER_DECADE) <= |d| < BIN_FLOOR * 10^(j/BINS_PER_DECADE),
   the sign of d. Only bins that hold a token are present.
 
+`version_gap_sums` counts the trained tokens by version gap (how many versions the
+weights that sampled a token are behind those the step trains): `num_version_gap:k`
+for k = 0, 1, 2 and `num_version_gap:3` for 3 or more.
+
 `mismatch_metrics` makes the step's metrics from the merged stats: `mismatch_mean`,
-`mismatch_max`, the ratio quantiles `ratio_p5`/`ratio_p50`/`ratio_p95` and the masked
-fractions. A quantile q is the nearest-rank one (the smallest d with at least q*N of
-the d_t at or below it), read as exp of the mean d_t of the bin holding it: exact
+`mismatch_max`, the ratio quantiles `ratio_p5`/`ratio_p50`/`ratio_p95`, the masked
+fractions (`masked_fraction`: every term set to 0, by the correction, the version mask
+or the sequence mask; `version_masked_fraction` with `loss.max_token_version_gap` set,
+`sequence_masked_fraction` with `loss.sequence_mask` on: those of that mask alone) and
+the fractions of the trained tokens by version gap (`version_gap0_fraction`,
+`version_gap1_fraction`, `version_gap2_fraction`, `version_gap3plus_fraction`).
+
+A quantile q is the nearest-rank one (the smallest d with at least q*N of the d_t at
+or below it), read as exp of the mean d_t of the bin holding it: exact
 when that bin's tokens share one value, and always within the bin, i.e. within 12%
 of d (or of BIN_FLOOR) — a ratio of 1.002 is told from 1.0023, not from 1.00201.
 """
@@ -31,6 +41,9 @@ BIN_FLOOR = 1e-6
 BINS_PER_DECADE = 20
 COUNT_KEY, SUM_KEY = "ratio_bin_count:", "ratio_bin_sum:"
 QUANTILES = {"ratio_p5": 0.05, "ratio_p50": 0.5, "ratio_p95": 0.95}
+GAP_KEY = "num_version_gap:"
+GAP_FRACTIONS = ("version_gap0_fraction", "version_gap1_fraction", "version_gap2_fraction",
+                 "version_gap3plus_fraction")   # the last: a gap of 3 or more
 
 
 def ratio_bins(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -61,6 +74,13 @@ def mismatch_sums(logprobs: torch.Tensor, behaviour: torch.Tensor) -> dict[str, 
         return stats
 
 
+def version_gap_sums(version_gap: torch.Tensor) -> dict[str, float]:
+    """The mergeable counts of (N,) long version gaps, by bucket (module docstring)."""
+    last = len(GAP_FRACTIONS) - 1
+    counts = torch.bincount(version_gap.cpu().clamp(max=last), minlength=last + 1)
+    return {f"{GAP_KEY}{k}": float(count) for k, count in enumerate(counts.tolist())}
+
+
 def ratio_quantiles(stats: dict[str, float]) -> dict[str, float]:
     """`QUANTILES` of the train/sample ratio from the merged histogram (empty if none)."""
     bins = sorted((int(key[len(COUNT_KEY):]), count) for key, count in stats.items()
@@ -87,6 +107,11 @@ def mismatch_metrics(stats: dict[str, float]) -> dict[str, float]:
                "mismatch_max": stats.get("mismatch_abs_max", 0.0),
                "masked_fraction": stats.get("num_dropped", 0.0) / num_terms,
                **ratio_quantiles(stats)}
-    if stats.get("num_sequence_masked") is not None:
-        metrics["sequence_masked_fraction"] = stats["num_sequence_masked"] / num_terms
+    for stat, metric in (("num_sequence_masked", "sequence_masked_fraction"),
+                         ("num_version_masked", "version_masked_fraction")):
+        if stats.get(stat) is not None:
+            metrics[metric] = stats[stat] / num_terms
+    for k, metric in enumerate(GAP_FRACTIONS):
+        if stats.get(f"{GAP_KEY}{k}") is not None:
+            metrics[metric] = stats[f"{GAP_KEY}{k}"] / num_terms
     return metrics

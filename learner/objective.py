@@ -8,8 +8,8 @@ activations are alive at a time. The shares sum to the step's loss, and the
 accumulated gradients to the step's gradient. A loss with a sequence mask first scores
 the whole step without gradient (`sequence_keep_of`), since a session's mask depends
 on all of its tokens. Each micro-batch's stats (`losses.token_terms`,
-`mismatch.mismatch_sums`) combine over micro-batches and learner members by
-`merge_stats`.
+`mismatch.mismatch_sums`, `mismatch.version_gap_sums`) combine over micro-batches and
+learner members by `merge_stats`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from undertow.learner.errors import LossConfigError
 from undertow.learner.losses import LossConfig, micro_batch_loss, sequence_keep, step_weights
-from undertow.learner.mismatch import mismatch_sums
+from undertow.learner.mismatch import mismatch_sums, version_gap_sums
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep
 
@@ -91,6 +91,8 @@ def backward_micro_batch(policy: PolicyModel, step: PackedStep, weights: torch.T
     assert scores.entropy is not None, "scored with_entropy"
     stats.update(metric_sums(scores.logprobs, scores.entropy, behaviour))
     stats.update(mismatch_sums(scores.logprobs, behaviour))
+    gaps = step.term_version_gap
+    stats.update(version_gap_sums(gaps[micro_batch.term_ids.to(gaps.device)]))
     return stats
 
 

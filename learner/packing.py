@@ -3,8 +3,9 @@
 Flow: `pack_step(trees, advantages, ...)` walks each group tree depth-first, cuts its
 nodes into units (a node, or a chunk of a long node), lists every trainable token as
 a *term* (the token, the session that trains on it, the path it is counted on, its
-behaviour logprob and the session's advantage), and places the units into
-micro-batches bounded by `max_tokens`. The learner runs the model once per
+behaviour logprob, the session's advantage, and its version gap: how many versions
+the weights that sampled it are behind those the step trains), and places the units
+into micro-batches bounded by `max_tokens`. The learner runs the model once per
 micro-batch (`model.py`) and sums the losses (`losses.py`).
 
 Invariants of a `MicroBatch` (checked in tests/learner/test_packing.py):
@@ -106,8 +107,11 @@ class PackedStep:
     indexes `session_keys`; `term_path` is the index of the first selected path of
     that session containing the token; `term_origin[k]` = (tree index, node ID,
     offset in node) identifies term k's token in its tree; `units[key]` is the unit
-    with that key (`MicroBatch.unit_keys`). `sequence_keep` is filled on first use by
-    `objective.sequence_keep_of` when the loss has a sequence mask.
+    with that key (`MicroBatch.unit_keys`). `term_version_gap[k]` >= 0 is how many
+    versions the weights that sampled term k's token are behind the weights the step
+    trains (`pack_step`'s `weight_version`; 0 where either is unknown). `sequence_keep`
+    is filled on first use by `objective.sequence_keep_of` when the loss has a
+    sequence mask.
     """
 
     session_keys: list[SessionKey]
@@ -116,6 +120,7 @@ class PackedStep:
     term_path: torch.Tensor          # (N,) long
     behaviour_logprobs: torch.Tensor  # (N,) float64
     advantages: torch.Tensor         # (N,) float64, the term's session's advantage
+    term_version_gap: torch.Tensor   # (N,) long
     term_origin: list[tuple[int, int, int]]
     units: list[Unit]
     sequence_keep: torch.Tensor | None = None   # (N,) bool
@@ -143,9 +148,14 @@ LONG_PATHS = ("split", "whole")
 
 
 def pack_step(trees: list[Tree], advantages: dict[SessionKey, float], max_tokens: int,
-              max_paths_per_session: int | None = None, long_paths: str = "split"
-              ) -> PackedStep:
+              max_paths_per_session: int | None = None, long_paths: str = "split",
+              weight_version: int | None = None) -> PackedStep:
     """Packs the sessions named in `advantages` (others are context at most).
+
+    `weight_version`: the version of the weights the step trains (the learner's
+    `state.step`), against which each term's version gap is taken; None (SFT, tests of
+    other things) gives every term gap 0, as does a token whose sampling version the
+    engine did not report (-1 in the tree).
 
     `max_tokens` bounds each micro-batch, except where a subtree plus its context does
     not fit in one, by `long_paths`:
@@ -186,7 +196,18 @@ def pack_step(trees: list[Tree], advantages: dict[SessionKey, float], max_tokens
         term_session=torch.tensor(terms.session), term_path=torch.tensor(terms.path),
         behaviour_logprobs=torch.tensor(terms.behaviour, dtype=torch.float64),
         advantages=torch.tensor(terms.advantage, dtype=torch.float64),
+        term_version_gap=version_gaps(terms.version, weight_version),
         term_origin=terms.origin, units=units)
+
+
+def version_gaps(versions: list[int], weight_version: int | None) -> torch.Tensor:
+    """(N,) long: `weight_version` minus each sampling version, at least 0; 0 where
+    either is unknown (None, or a version < 0)."""
+    sampled = torch.tensor(versions, dtype=torch.long)
+    if weight_version is None:
+        return torch.zeros_like(sampled)
+    gaps = (weight_version - sampled).clamp(min=0)
+    return torch.where(sampled >= 0, gaps, 0)
 
 
 def _needed_nodes(tree: Tree, sessions: list[str], max_paths: int | None
@@ -230,6 +251,7 @@ class _Terms:
         self.session_index: dict[SessionKey, int] = {}
         self.by_unit: dict[int, list[int]] = {}
         self.session, self.path, self.behaviour, self.advantage = [], [], [], []
+        self.version: list[int] = []
         self.origin: list[tuple[int, int, int]] = []
 
     def add_unit(self, tree: Tree, unit: Unit, owner_path: dict[int, int]) -> None:
@@ -250,6 +272,7 @@ class _Terms:
             self.session.append(index)
             self.path.append(owner_path[unit.node_id])
             self.behaviour.append(node.logprobs[offset])
+            self.version.append(node.weight_versions[offset])
             self.advantage.append(self.advantages[key])
             self.origin.append((unit.tree_index, unit.node_id, offset))
 

@@ -6,8 +6,10 @@ dropped and sessions re-run or failed by Undertow), `loss.png` (loss, KL,
 entropy, clip fraction, gradient norm), `tokens.png` (trained, unique and flat tokens,
 unique/flat ratio, staleness), `mismatch.png` (train/sample mismatch |logprob(learner) -
 logprob(engine)| mean and max, the ratio's quantiles, the fractions of tokens masked by
-the off-policy correction) and `time.png` (the step's seconds split into rollout,
-train and sync). matplotlib runs with its file-only Agg backend.
+the off-policy correction and the version mask, the fractions of trained tokens by
+version gap: sampled by the weights trained, 1, 2, or 3 or more versions behind) and
+`time.png` (the step's seconds split into rollout, train and sync). matplotlib runs with
+its file-only Agg backend.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ FIGURES = {
     "tokens": (("num_trained_tokens", "num_unique_tokens", "num_flat_tokens"),
                ("unique_flat_ratio",), ("staleness_mean", "staleness_max")),
     "mismatch": (("mismatch_mean", "mismatch_max"), ("ratio_p5", "ratio_p50", "ratio_p95"),
-                 ("masked_fraction", "sequence_masked_fraction")),
+                 ("masked_fraction", "sequence_masked_fraction", "version_masked_fraction"),
+                 ("version_gap0_fraction", "version_gap1_fraction", "version_gap2_fraction",
+                  "version_gap3plus_fraction")),
 }
 
 

@@ -40,6 +40,7 @@ class FlatSample:
     behaviour: torch.Tensor     # (n,) float64
     path_index: list[int]
     advantage: float
+    versions: torch.Tensor      # (n,) long, the weight version that sampled each
 
 
 def _path_positions(tree: Tree, leaf: int) -> list[tuple[int, int]]:
@@ -72,7 +73,7 @@ def flat_samples(trees: list[Tree], advantages: dict[SessionKey, float], mode: s
             for leaf, num_completion in sequences:
                 positions = _path_positions(tree, leaf)
                 start = len(positions) - num_completion if mode == "call" else 1
-                scored, behaviour, path_index = [], [], []
+                scored, behaviour, path_index, versions = [], [], [], []
                 for index in range(max(start, 1), len(positions)):
                     node_id, offset = positions[index]
                     node = tree.nodes[node_id]
@@ -82,12 +83,13 @@ def flat_samples(trees: list[Tree], advantages: dict[SessionKey, float], mode: s
                     seen.add((node_id, offset))
                     scored.append(index)
                     behaviour.append(node.logprobs[offset])
+                    versions.append(node.weight_versions[offset])
                     path_index.append(first_path[node_id])
                 if scored:
                     samples.append(FlatSample(
                         key, torch.tensor(tree.path_token_ids(leaf)), torch.tensor(scored),
                         torch.tensor(behaviour, dtype=torch.float64), path_index,
-                        advantages[key]))
+                        advantages[key], torch.tensor(versions, dtype=torch.long)))
     return samples
 
 
@@ -137,9 +139,11 @@ def flat_sequence_keep(policy: PolicyModel, samples: list[FlatSample], config: L
 
 
 def flat_loss(policy: PolicyModel, samples: list[FlatSample], config: LossConfig,
-              reference: PolicyModel | None = None, backward: bool = True) -> float:
+              reference: PolicyModel | None = None, backward: bool = True,
+              weight_version: int | None = None) -> float:
     """The step's loss, one sample at a time; with `backward`, each sample's share is
-    backpropagated at once (gradients accumulate in the parameters' `.grad`)."""
+    backpropagated at once (gradients accumulate in the parameters' `.grad`).
+    `weight_version`: the version trained, for `max_token_version_gap` (None: gap 0)."""
     total = 0.0
     kept = (flat_sequence_keep(policy, samples, config) if config.sequence_mask != "none"
             else None)
@@ -152,8 +156,11 @@ def flat_loss(policy: PolicyModel, samples: list[FlatSample], config: LossConfig
                 ref_logprobs = reference.score_path(sample.token_ids, sample.scored).logprobs
         advantages = torch.full_like(sample.behaviour, sample.advantage)
         keep = None if kept is None else torch.full(sample.behaviour.shape, kept[sample.session])
+        gap = torch.zeros_like(sample.versions)
+        if weight_version is not None:
+            gap = torch.where(sample.versions >= 0, weight_version - sample.versions, 0)
         terms, _ = token_terms(config, scores.logprobs, sample.behaviour, advantages,
-                               ref_logprobs, scores.entropy, keep)
+                               ref_logprobs, scores.entropy, keep, gap.clamp(min=0))
         loss = (weights.to(terms.dtype) * terms).sum()
         if backward:
             loss.backward()

@@ -169,7 +169,8 @@ def micro_batch_to(micro_batch: MicroBatch, device: torch.device) -> MicroBatch:
 def step_to(step: PackedStep, device: torch.device) -> PackedStep:
     """The packed step with every tensor on `device` (term arrays and micro-batches)."""
     moved = {name: getattr(step, name).to(device)
-             for name in ("term_session", "term_path", "behaviour_logprobs", "advantages")}
+             for name in ("term_session", "term_path", "behaviour_logprobs", "advantages",
+                          "term_version_gap")}
     return dataclasses.replace(step, micro_batches=[micro_batch_to(mb, device)
                                                     for mb in step.micro_batches], **moved)
 

@@ -198,7 +198,7 @@ class Learner:
         """The trees packed in micro-batches of at most `max_tokens`, long paths as
         `learner.long_paths` says; MicroBatchTooLongError where "split" cannot keep that."""
         step = pack_step(trees, advantages, max_tokens, self.loss.paths_per_session,
-                         long_paths=self.config.long_paths)
+                         long_paths=self.config.long_paths, weight_version=self.state.step)
         longest = max(mb.num_tokens for mb in step.micro_batches)
         if self.config.long_paths == "split" and longest > max_tokens:
             raise MicroBatchTooLongError(

@@ -21,7 +21,8 @@ from safetensors.torch import save as save_tensors
 
 from undertow.learner.packing import MicroBatch, PackedStep, Unit
 
-_STEP_TENSORS = ("term_session", "term_path", "behaviour_logprobs", "advantages")
+_STEP_TENSORS = ("term_session", "term_path", "behaviour_logprobs", "advantages",
+                 "term_version_gap")
 _BATCH_TENSORS = ("token_ids", "position_ids", "unit_index", "unit_ancestors", "term_ids",
                   "term_token_index", "term_predictor_index")
 _NO_PARENT = -1

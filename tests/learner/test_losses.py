@@ -1,12 +1,15 @@
 """Losses: per-token terms and normalisers by hand, and the tree-packed loss and every
 gradient equal to the flat per-session computation for every variant and split."""
 
+import copy
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from undertow.config import build_section
+from undertow.gateway.trees.tree import Tree
 from undertow.learner.errors import LossConfigError
 from undertow.learner.losses import (
     CORRECTIONS,
@@ -278,3 +281,130 @@ def test_one_sample_per_call_trains_the_same_tokens_as_per_session(random_trees)
         return sorted((s.session, float(b)) for s in samples for b in s.behaviour)
 
     assert tokens(by_call) == tokens(by_session)
+
+
+def test_version_gap_mask_by_hand():
+    # Gaps [0, 2, 1] with at most 1 allowed: t1 is masked, its term and gradient 0.
+    config = LossConfig(correction="tis", max_importance_weight=1.5, max_token_version_gap=1)
+    logprobs = torch.tensor(LOGPROBS, dtype=torch.float64, requires_grad=True)
+    terms, stats = token_terms(config, logprobs, torch.tensor(BEHAVIOUR),
+                               torch.tensor(ADVANTAGES), version_gap=torch.tensor([0, 2, 1]))
+    terms.sum().backward()
+    w0 = math.exp(0.1)
+    assert terms.detach().tolist() == pytest.approx([-w0, 0.0, -1.5 * 0.5])
+    assert logprobs.grad.tolist() == pytest.approx([-w0, 0.0, -1.5 * 0.5])
+    assert stats["num_version_masked"] == 1 and stats["num_dropped"] == 1
+    with pytest.raises(LossConfigError, match="version gaps"):
+        token_terms(config, logprobs, torch.tensor(BEHAVIOUR), torch.tensor(ADVANTAGES))
+    # Off (None), the gaps change nothing.
+    off, stats = token_terms(LossConfig(correction="tis", max_importance_weight=1.5),
+                             logprobs, torch.tensor(BEHAVIOUR), torch.tensor(ADVANTAGES),
+                             version_gap=torch.tensor([0, 2, 1]))
+    assert off.detach().tolist() == pytest.approx([-w0, math.exp(-0.5) * 2.0, -1.5 * 0.5])
+    assert "num_version_masked" not in stats
+
+
+@pytest.mark.parametrize("gap", [-1, 1.5, "2"])
+def test_a_bad_version_gap_is_rejected_naming_it(gap):
+    with pytest.raises(ValueError, match=f"max_token_version_gap .* got {gap!r}"):
+        LossConfig(max_token_version_gap=gap)
+
+
+def _versioned(trees, num_versions=4):
+    """Copies of `trees` whose sampled tokens carry versions 0..num_versions-1, varying
+    from token to token (a session's calls, and even one call, sampled by several)."""
+    trees = copy.deepcopy(trees)
+    for tree in trees:
+        for node_id, node in tree.nodes.items():
+            if node.sampled_by is not None:
+                node.weight_versions = [(node_id + offset) % num_versions
+                                        for offset in range(len(node.token_ids))]
+    return trees
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [
+    LossConfig(name="grpo", correction="decoupled_ppo", max_importance_weight=1.5,
+               max_token_version_gap=1),
+    LossConfig(name="token_mean", correction="none", max_token_version_gap=0),
+    LossConfig(name="gyre", correction="mis", mis_low=0.8, mis_high=1.5,
+               max_token_version_gap=2),
+    LossConfig(name="dr_grpo", correction="tis", max_importance_weight=1.5),
+], ids=lambda c: f"{c.name}-{c.correction}-gap{c.max_token_version_gap}")
+def test_tree_equals_flat_with_the_version_mask(random_trees, policy32, config):
+    trees = _versioned(random_trees)
+    advantages = _advantages(trees)
+    policy32.model.zero_grad(set_to_none=True)
+    samples = flat_samples(trees, advantages, "session", config.paths_per_session)
+    flat = flat_loss(policy32, samples, config, weight_version=3)
+    flat_grads = _gradients(policy32)
+    for budget in (10**6, 40):
+        step = pack_step(trees, advantages, budget, config.paths_per_session,
+                         weight_version=3)
+        stats = backward_step(policy32, step, config)
+        assert abs(stats["loss"] - flat) <= RTOL * stats["loss_abs_sum"]
+        if config.max_token_version_gap is not None:
+            stale = int((step.term_version_gap > config.max_token_version_gap).sum())
+            assert 0 < stats["num_version_masked"] == stale < stats["num_terms"]
+        _assert_gradients_close(_gradients(policy32), flat_grads)
+
+
+def _two_version_session(tiny_model_dir, old, new):
+    """One session of two calls: the first sampled by `old` (version 0), the second,
+    after a weight update, by `new` (version 1); each call's logprobs are its sampler's
+    own (as the engine records them). Returns the tree and the session's token IDs and
+    scored positions."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    prompt, first = encode("Look up the key alpha."), encode("lookup(alpha)")
+    observation, second = encode("The value is 42."), encode("The answer is 42.")
+    tree = Tree("g")
+    path = prompt + first
+    with torch.no_grad():
+        mu_first = old.score_path(torch.tensor(path), torch.arange(len(prompt), len(path)))
+        prompt_2 = path + observation
+        path_2 = prompt_2 + second
+        mu_second = new.score_path(torch.tensor(path_2),
+                                   torch.arange(len(prompt_2), len(path_2)))
+    tree.add_call("c0", "s", prompt, first, mu_first.logprobs.double().tolist(),
+                  [0] * len(first))
+    tree.add_call("c1", "s", prompt_2, second, mu_second.logprobs.double().tolist(),
+                  [1] * len(second))
+    scored = list(range(len(prompt), len(path))) + list(range(len(prompt_2), len(path_2)))
+    return tree, path_2, scored, len(first)
+
+
+@pytest.mark.slow
+def test_each_token_is_corrected_against_the_version_that_sampled_it(tiny_model_dir, policy32,
+                                                                      reference32):
+    # Version 0 is `reference32` (the policy's weights plus noise), version 1 the policy
+    # itself: the step trains version 1, so the second call is on-policy (w = 1) and the
+    # first is weighted by exp(l - mu_0) with its own sampler's logprobs.
+    tree, path, scored, num_first = _two_version_session(tiny_model_dir, reference32, policy32)
+    advantages = {("g", "s"): 1.0}
+    with torch.no_grad():
+        logprobs = policy32.score_path(torch.tensor(path), torch.tensor(scored)).logprobs
+        behaviour = reference32.score_path(torch.tensor(path), torch.tensor(scored)).logprobs
+    behaviour = torch.cat([behaviour[:num_first], logprobs[num_first:]]).double()
+    weights = torch.exp(logprobs.double() - behaviour)
+    assert (weights[:num_first] - 1).abs().max() > 1e-3   # the versions do differ
+    config = LossConfig(name="token_mean", correction="tis", max_importance_weight=100.0)
+    step = pack_step([tree], advantages, 10**6, weight_version=1)
+    assert step.term_version_gap.tolist() == [1] * num_first + [0] * (len(scored) - num_first)
+    with torch.no_grad():
+        stats = backward_step(policy32, step, config, backward=False)
+    # tis with rho = 1 at the current weights: f_t = -w_t * A, the mean over the tokens.
+    assert stats["importance_weight_sum"] == pytest.approx(float(weights.sum()), rel=1e-5)
+    assert stats["loss"] == pytest.approx(-float(weights.mean()), rel=1e-5)
+    # Masking the first call's tokens (gap 1 > 0) keeps them in the normaliser.
+    masked = dataclasses.replace(config, max_token_version_gap=0)
+    with torch.no_grad():
+        stats = backward_step(policy32, step, masked, backward=False)
+    assert stats["num_version_masked"] == num_first
+    assert stats["loss"] == pytest.approx(-float(weights[num_first:].sum()) / len(scored),
+                                          rel=1e-5)

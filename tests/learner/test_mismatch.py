@@ -12,7 +12,12 @@ from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
-from undertow.learner.mismatch import mismatch_metrics, mismatch_sums, ratio_bins
+from undertow.learner.mismatch import (
+    mismatch_metrics,
+    mismatch_sums,
+    ratio_bins,
+    version_gap_sums,
+)
 from undertow.learner.objective import merge_stats
 from undertow.learner.train import Learner
 
@@ -107,3 +112,46 @@ def test_a_training_step_reports_the_hand_computed_metrics(tiny_model_dir, tmp_p
     assert ("sequence_masked_fraction" in metrics) == (num_sequence_masked is not None)
     record = read_metrics(tmp_path)[0]
     assert {k: record[k] for k in expected} == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_version_gap_counts_by_hand_and_whatever_the_split():
+    gaps = [0, 0, 1, 5, 2, 3, 0]
+    whole = version_gap_sums(torch.tensor(gaps))
+    assert whole == {"num_version_gap:0": 3.0, "num_version_gap:1": 1.0,
+                     "num_version_gap:2": 1.0, "num_version_gap:3": 2.0}
+    parts = merge_stats(merge_stats({}, version_gap_sums(torch.tensor(gaps[:2]))),
+                        version_gap_sums(torch.tensor(gaps[2:])))
+    assert parts == whole
+    metrics = mismatch_metrics({**whole, "num_terms": 7.0, "num_version_masked": 3.0})
+    assert {k: v for k, v in metrics.items() if "version" in k} == pytest.approx({
+        "version_gap0_fraction": 3 / 7, "version_gap1_fraction": 1 / 7,
+        "version_gap2_fraction": 1 / 7, "version_gap3plus_fraction": 2 / 7,
+        "version_masked_fraction": 3 / 7})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("max_gap", "num_masked"), [(None, 0), (1, 2), (0, 4)])
+def test_a_training_step_reports_tokens_by_version_gap(tiny_model_dir, tmp_path, max_gap,
+                                                       num_masked):
+    # A learner two steps in (it trains version 2): s0's four tokens were sampled by
+    # versions [0, 0, 1, 2] (a session that outlived two updates), s1's three by [2, 1, 2].
+    learner = Learner(TrainConfig(lr=1e-3, group_size=2, num_steps=3), LossConfig(
+        max_token_version_gap=max_gap), AdvantageConfig(), tiny_model_dir, tmp_path)
+    learner.state.step = 2
+    versions = {"s0": [0, 0, 1, 2], "s1": [2, 1, 2]}
+    tree = Tree("g")
+    for session_id, completion in COMPLETIONS.items():
+        tree.add_call(f"{session_id}-0", session_id, PROMPT, completion,
+                      [-1.0] * len(completion), versions[session_id])
+        tree.close_session(session_id, reward=REWARDS[session_id])
+    metrics = learner.train_step([tree])
+    learner.metrics.append(3, 3, metrics)
+    expected = {"version_gap0_fraction": 3 / 7, "version_gap1_fraction": 2 / 7,
+                "version_gap2_fraction": 2 / 7, "version_gap3plus_fraction": 0.0}
+    if max_gap is not None:
+        expected["version_masked_fraction"] = num_masked / 7
+    record = read_metrics(tmp_path)[0]
+    for values in (metrics, record):
+        assert {k: v for k, v in values.items() if k.startswith("version_")} \
+            == pytest.approx(expected)
+        assert values["masked_fraction"] == pytest.approx(num_masked / 7)

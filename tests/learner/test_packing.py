@@ -144,3 +144,24 @@ def test_a_first_token_is_never_a_term():
     tree.add_call("c0", "alpha", [], [7], [-1.0], [0])
     with pytest.raises(EmptyStepError, match="g/alpha"):
         pack_step([tree], {("g", "alpha"): 1.0}, 100)
+
+
+def test_each_term_carries_the_version_gap_of_its_own_token():
+    # One session, three calls sampled by versions 0, 2 and 3 (the last call's versions
+    # change mid-call: a resume after a weight update), and one token whose version the
+    # engine did not report (-1); the step trains version 3.
+    tree = Tree("g")
+    tree.add_call("c0", "s", [1, 2], [10, 11], [-1.0, -1.1], [0, 0])
+    tree.add_call("c1", "s", [1, 2, 10, 11, 5], [12, 13, 14], [-1.2] * 3, [2, -1, 2])
+    tree.add_call("c2", "s", [1, 2, 10, 11, 5, 12, 13, 14, 6], [15, 16], [-1.3] * 2, [2, 3])
+    advantages = {("g", "s"): 1.0}
+    for budget in (10**6, 3):
+        step = pack_step([tree], advantages, budget, weight_version=3)
+        by_token = {tree.nodes[n].token_ids[o]: int(step.term_version_gap[term])
+                    for term, (_, n, o) in enumerate(step.term_origin)}
+        assert by_token == {10: 3, 11: 3, 12: 1, 13: 0, 14: 1, 15: 1, 16: 0}
+    # A version newer than the weights trained (never sampled by this run) counts as 0,
+    # and without a weight version every gap is 0.
+    assert pack_step([tree], advantages, 100, weight_version=1).term_version_gap.tolist() \
+        == [1, 1, 0, 0, 0, 0, 0]
+    assert pack_step([tree], advantages, 100).term_version_gap.tolist() == [0] * 7

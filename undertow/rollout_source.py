@@ -34,6 +34,7 @@ from undertow.sandboxes.hosts import HostsConfig
 from undertow.sandboxes.sandbox import SandboxConfig
 
 CHAT = "chat"
+CHAT_MULTITURN = "chat-multiturn"   # two calls a session (`adapters/chat_multiturn.py`)
 DEFAULT_PROMPT_TASKS = "directions.yaml"   # in undertow.adapters.configs
 
 
@@ -194,21 +195,26 @@ def outcome_of(group: str, results) -> GroupOutcome:
 
 
 def chat_rollouts(context: RolloutContext) -> RunGroup:
-    """`rollout.scaffold: chat`: one-call chat sessions on a prompt task set."""
+    """`rollout.scaffold: chat`: one-call chat sessions on a prompt task set (or
+    `chat-multiturn`: two-call lookup sessions)."""
+    from undertow.adapters.chat_multiturn import ChatMultiturnConfig, ChatMultiturnRollout
     from undertow.adapters.chat_rollout import ChatRollout, ChatRolloutConfig
     from undertow.adapters.gateway_client import GatewayAdmin
 
     section = context.rollout
+    multiturn = section.scaffold == CHAT_MULTITURN
+    rollout_class = ChatMultiturnRollout if multiturn else ChatRollout
+    config_class = ChatMultiturnConfig if multiturn else ChatRolloutConfig
     tasks = select_prompt_tasks(section)
 
     async def run_group(request) -> GroupOutcome:
-        config = ChatRolloutConfig(group_size=request.group_size,
+        config = config_class(group_size=request.group_size,
                                    concurrency=section.concurrency,
                                    timeout_s=section.timeout_s, max_attempts=section.max_attempts,
                                    **section.scaffold_options)
         task = tasks[request.index % len(tasks)]
         async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
-            results = await ChatRollout(admin, config).run_group(
+            results = await rollout_class(admin, config).run_group(
                 task, request.group_id, {"run_group": request.index})
         return outcome_of(request.group_id, results)
     return run_group
@@ -272,7 +278,7 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
 
 def load_source(context: RolloutContext) -> RunGroup:
     """The `run_group` of `context.rollout`: chat, a registered scaffold or `source`."""
-    if not context.rollout.source and context.rollout.scaffold == CHAT:
+    if not context.rollout.source and context.rollout.scaffold in (CHAT, CHAT_MULTITURN):
         return chat_rollouts(context)
     if not context.rollout.source:
         return scaffold_rollouts(context)

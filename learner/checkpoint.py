@@ -189,8 +189,9 @@ def _atomic_dir(final: Path, fill: Callable[[Path], Any]) -> Path:
     return final
 
 
-class _FileWriteError(Exception):
-    """A failure of one part of a save, `name` the file it was writing (`_writing`)."""
+class _FileWriteError(LearnerError):
+    """A failure of one part of a save, `name` the file it was writing (`_writing`); never
+    leaves this module (`_atomic_dir` turns it into a `CheckpointError`)."""
 
     def __init__(self, name: str):
         super().__init__(name)

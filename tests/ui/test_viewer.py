@@ -147,10 +147,12 @@ def test_click_runs_step_session_tree(viewer, runs_dir, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
 
     _click_to(page, 'tr[data-run="a"] a', "#/run/a")
-    assert page.locator('[data-testid="charts"] .chart').count() == 9
+    assert page.locator('[data-testid="charts"] .chart').count() == 12
     reward_chart = page.locator('svg[data-chart="reward (mean ± spread)"]')
     assert reward_chart.locator("circle").count() == 2   # one point per step
     assert reward_chart.locator("polygon").count() == 1  # the spread band
+    behind = page.locator('svg[data-chart="tokens sampled ≥ 1 version behind"]')
+    assert behind.locator("circle").count() == 2
     steps = page.locator('[data-testid="steps"] tr')
     assert steps.count() == 3   # header and two steps
     assert '"group_size": 2' in page.locator('[data-testid="config"]').inner_text()

@@ -9,6 +9,9 @@ const CHARTS = [
   ["loss", "loss"], ["KL (behaviour ‖ policy)", "kl"], ["entropy", "entropy"],
   ["staleness (mean)", "staleness_mean"], ["tokens / s (trained)", "tokens_per_s"],
   ["groups dropped", "groups_dropped"], ["sessions re-run", "num_rerun_sessions"],
+  ["train/sample mismatch (mean |Δ logprob|)", "mismatch_mean"],
+  ["tokens sampled ≥ 1 version behind", "version_behind_fraction"],
+  ["tokens masked by the version gap", "version_masked_fraction"],
 ];
 const STEPS_PER_PAGE = 50;
 const GROUPS_PER_PAGE = 50;
@@ -74,7 +77,9 @@ function problems(list) {
 // ---- charts ----
 
 function derive(records) {
-  return records.map(r => ({ ...r, groups_dropped: dropped(r) }));
+  return records.map(r => ({ ...r, groups_dropped: dropped(r),
+    version_behind_fraction: typeof r.version_gap0_fraction === "number"
+      ? 1 - r.version_gap0_fraction : undefined }));
 }
 
 function lineChart(title, series) {

@@ -12,24 +12,34 @@ where no gateway pool stands in between.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from undertow.gateway.trees.tree import Tree, tree_from_json
 from undertow.learner.errors import LearnerError
 
+RESTART_POLL_S = 0.5
+
 
 class GatewayLinkError(LearnerError):
     """The gateway's admin API refused or failed a request; `status` is its HTTP status
-    (None when the gateway was not reached)."""
+    (None when the gateway was not reached) and `reply` its JSON body (None if not JSON)."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, reply: Any = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.reply = status, reply
+
+
+class EngineDropped(UserWarning):
+    """An engine the user started died during a weight update and left the pool."""
 
 
 class GroupSetAside(GatewayLinkError):
@@ -39,14 +49,20 @@ class GroupSetAside(GatewayLinkError):
 
 
 class GatewayLink:
-    """Admin calls to one gateway at `url` with the admin `token`."""
+    """Admin calls to one gateway at `url` with the admin `token`. `launched_urls`: the
+    engines Undertow launched, which are started again should they die
+    (`engine_keeper.py`); a weight push waits up to `restart_timeout_s` for such an engine
+    to come back, where it drops an engine the user started (see `update_weights`)."""
 
     def __init__(self, url: str, token: str, timeout_s: float = 600.0,
-                 push_mode: str = "drain"):
+                 push_mode: str = "drain", launched_urls: Collection[str] = (),
+                 restart_timeout_s: float = 600.0):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
         self.push_mode = push_mode
+        self.launched_urls = {u.rstrip("/") for u in launched_urls}
+        self.restart_timeout_s = restart_timeout_s
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None
                 ) -> dict[str, Any]:
@@ -63,15 +79,74 @@ class GatewayLink:
                 raise GroupSetAside(str(error), error.status) from None
             raise
 
-    def update_weights(self, model_dir: Path, weight_version: int, mode: str = "drain"
-                       ) -> dict[str, Any]:
-        """Pushes `model_dir` to every engine as `weight_version`; raises when any failed."""
-        result = self.request("POST", "/admin/update_weights",
-                              {"model_path": str(Path(model_dir).resolve()),
-                               "weight_version": int(weight_version), "mode": mode})
-        if result.get("failed"):
-            raise GatewayLinkError(f"engines failed to load {model_dir}: {result['failed']}")
+    def update_weights(self, model_dir: Path, weight_version: int, mode: str = "drain",
+                       launched_urls: Collection[str] | None = None) -> dict[str, Any]:
+        """Pushes `model_dir` to every engine as `weight_version`. An engine that refused
+        the weights raises `GatewayLinkError`. One that died loading them (the result's
+        `dead`) does not stop the run: one Undertow launched (`launched_urls`, default
+        the link's) is waited for until it serves again, restarted, and the weights are
+        pushed once more; one the user started is drained and removed from the pool, with
+        a warning. Raises when no engine serves afterwards."""
+        result = self._push(model_dir, weight_version, mode)
+        dead: set[str] = {str(e) for e in result.get("dead") or ()}
+        if dead:
+            launched = self.launched_urls if launched_urls is None else {
+                u.rstrip("/") for u in launched_urls}
+            if self._recover(model_dir, dead, launched):
+                result = self._push(model_dir, weight_version, mode)
+                if result.get("dead"):
+                    raise GatewayLinkError(
+                        f"engines {result['dead']} died loading {model_dir} again after "
+                        "their restart; the checkpoint kills them: check it (undertow "
+                        "model check) and its engine logs")
+            if not any(e["state"] == "healthy" for e in self.engines()):
+                raise GatewayLinkError(f"no engine serves after the push of {model_dir}: "
+                                       f"every engine died loading it ({sorted(dead)})")
         return result
+
+    def _push(self, model_dir: Path, weight_version: int, mode: str) -> dict[str, Any]:
+        """One `POST /admin/update_weights` (its 502 names the engines that failed);
+        raises for an engine that refused the weights."""
+        try:
+            result = self.request("POST", "/admin/update_weights",
+                                  {"model_path": str(Path(model_dir).resolve()),
+                                   "weight_version": int(weight_version), "mode": mode})
+        except GatewayLinkError as error:
+            if error.status != 502 or not isinstance(error.reply, dict) or \
+                    "failed" not in error.reply:
+                raise
+            result = error.reply
+        dead = set(result.get("dead") or ())
+        refused = {e: why for e, why in (result.get("failed") or {}).items() if e not in dead}
+        if refused:
+            raise GatewayLinkError(f"engines failed to load {model_dir}: {refused}")
+        return result
+
+    def _recover(self, model_dir: Path, dead: set[str], launched: set[str]) -> bool:
+        """Drops the dead engines the user started (warned), waits until those Undertow
+        launched serve again; True when any of those came back."""
+        urls = {e["id"]: e["url"].rstrip("/") for e in self.engines()}
+        restarted = {e for e in dead if urls.get(e) in launched}
+        for engine_id in sorted(dead - restarted):
+            warnings.warn(
+                f"engine {engine_id} at {urls.get(engine_id)} died loading {model_dir}; it "
+                "was started outside Undertow, so it is drained and removed from the pool "
+                "and the run goes on with the others. Restart it and add it back with POST "
+                "/admin/engines (or restart the run)", EngineDropped, stacklevel=3)
+            with contextlib.suppress(GatewayLinkError):   # already gone: nothing to drop
+                self.remove_engine(engine_id, migrate=True)
+        deadline_s = time.monotonic() + self.restart_timeout_s
+        while restarted and time.monotonic() < deadline_s:
+            states = {e["id"]: e["state"] for e in self.engines()}
+            if all(states.get(e) == "healthy" for e in restarted):
+                return True
+            time.sleep(RESTART_POLL_S)
+        if restarted:
+            raise GatewayLinkError(
+                f"engines {sorted(restarted)} died loading {model_dir} and did not serve "
+                f"again within {self.restart_timeout_s:.0f} s of their restart; see their "
+                "engine logs (each restart writes its own, `*-restart-N.log`)")
+        return False
 
     def push(self, model_dir: Path, weight_version: int) -> None:
         """`WeightSink` of the training loop: through the gateway's pool."""
@@ -128,9 +203,13 @@ def _request(base_url: str, method: str, path: str, body: dict[str, Any] | None,
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:
             return json.loads(reply.read() or b"{}")
     except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:500]
+        text = error.read().decode(errors="replace")
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            reply = None
         raise GatewayLinkError(f"{method} {base_url}{path} answered {error.code}: "
-                               f"{detail}", error.code) from None
+                               f"{text[:500]}", error.code, reply) from None
     except urllib.error.URLError as error:
         raise GatewayLinkError(f"{method} {base_url}{path}: not reachable ({error.reason}); "
                                "is the server running?") from None

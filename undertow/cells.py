@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from undertow.gateway.engines.launch import LAUNCHERS, Launcher, RunningEngine, start_engine
+from undertow.engine_keeper import KeptEngine
+from undertow.gateway.engines.launch import LAUNCHERS, Launcher, RunningEngine, sharing_kv
 from undertow.learner.pool.config import CellPoolConfig
 
 if TYPE_CHECKING:   # the learner's modules import torch: for the annotations only
@@ -66,10 +67,13 @@ def cell_launcher(pool: CellPoolConfig, cell_id: int, weight_version: int,
     """The launcher of cell `cell_id`'s engine on `weight_version`: `pool.engine`'s kind
     (`Launcher.for_cell`). A GPU engine sees `gpu_ids` (default: the cell's block,
     `cell_gpu_ids`)."""
-    return LAUNCHERS[pool.engine].for_cell(
+    launcher = LAUNCHERS[pool.engine].for_cell(
         weight_version=str(weight_version), num_threads=pool.threads_per_cell,
         gpu_ids=gpu_ids or cell_gpu_ids(cell_id, pool.tp_size),
         mem_fraction_static=pool.mem_fraction_static, python=pool.sglang_python)
+    if pool.sglang_kv_share_dir:  # an SGLang cell (`CellPoolConfig` refuses it otherwise)
+        launcher = sharing_kv(launcher, Path(pool.sglang_kv_share_dir))
+    return launcher
 
 
 def check_engine_gpus(pool: CellPoolConfig, num_gpus: int) -> None:
@@ -102,8 +106,8 @@ class GatewayEngineSlots:
         self.launchers = launchers or self._builtin_launcher
         self.warm_start = warm_start
         self.weights: tuple[Path, int] = (Path(model_dir), 0)
-        self.engines: dict[int, tuple[RunningEngine, str]] = {}
-        self.warm: dict[int, RunningEngine] = {}
+        self.engines: dict[int, tuple[RunningEngine | KeptEngine, str]] = {}
+        self.warm: dict[int, RunningEngine | KeptEngine] = {}
         self.num_started = 0
 
     def start_all(self, cell_ids: list[int]) -> None:
@@ -111,7 +115,8 @@ class GatewayEngineSlots:
         running = self._wait(_gather([self._start(c) for c in cell_ids]))
         failed = [r for r in running if isinstance(r, BaseException)]
         if failed:
-            self._wait(_gather([r.stop() for r in running if isinstance(r, RunningEngine)]))
+            self._wait(_gather([r.stop() for r in running
+                                if not isinstance(r, BaseException)]))
             raise failed[0]
         for cell_id, engine in zip(cell_ids, running, strict=True):
             self._register(cell_id, engine)
@@ -141,12 +146,16 @@ class GatewayEngineSlots:
         cold = [c for c in cell_ids if c not in self.engines and c not in self.warm]
         running = self._wait(_gather([self._start(c) for c in cold]))
         for cell_id, engine in zip(cold, running, strict=True):
-            if isinstance(engine, RunningEngine):
+            if not isinstance(engine, BaseException):
                 self.warm[cell_id] = engine  # a failed start is retried by `serve`
 
     def push(self, model_dir: Path, weight_version: int) -> None:
+        """Publishes the weights; a cell's engine that dies loading them is waited for
+        until it serves again (its `KeptEngine` restarts it) and given them again."""
         self.weights = (Path(model_dir), weight_version)
-        self.admin.update_weights(model_dir, weight_version, self.push_mode)
+        self.admin.update_weights(model_dir, weight_version, self.push_mode,
+                                  [engine.url for engine, _id in self.engines.values()
+                                   if isinstance(engine, KeptEngine)])
 
     def num_sessions(self) -> dict[int, int]:
         """Sessions pinned to each serving cell's engine at the gateway."""
@@ -177,18 +186,19 @@ class GatewayEngineSlots:
         self._wait(_gather([engine.stop() for engine, _id in engines.values()] +
                            [engine.stop() for engine in warm.values()]))
 
-    async def _start(self, cell_id: int) -> RunningEngine:
+    async def _start(self, cell_id: int) -> RunningEngine | KeptEngine:
+        """The cell's engine, started again on its port should it die (`KeptEngine`)."""
         self.num_started += 1
         model_dir, version = self.weights
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        return await start_engine(self.launchers(cell_id, version), model_dir,
-                                  log_path=self.log_dir / f"cell-{cell_id}-{self.num_started}.log")
+        return await KeptEngine.start(self.launchers(cell_id, version), model_dir,
+                                      self.log_dir / f"cell-{cell_id}-{self.num_started}.log")
 
     def _builtin_launcher(self, cell_id: int, weight_version: int) -> Launcher:
         return cell_launcher(CellPoolConfig(threads_per_cell=self.threads_per_cell), cell_id,
                              weight_version)
 
-    def _register(self, cell_id: int, engine: RunningEngine) -> None:
+    def _register(self, cell_id: int, engine: RunningEngine | KeptEngine) -> None:
         try:
             record = self.admin.add_engine(engine.url)
             if record.get("weight_version") != str(self.weights[1]):

@@ -3,8 +3,11 @@
 `embedded_gateway(model_dir, store_dir)` starts the built-in engine on the model (unless
 engine URLs are given), serves the gateway in this process (by default on a free port of
 127.0.0.1, with a fresh admin token), and yields its URL and token; on exit both stop.
-`undertow rollout`, `undertow train` and `undertow serve` use it. This is composition-root
-wiring, so it lives in `undertow/` and may import every part.
+`undertow rollout`, `undertow train` and `undertow serve` use it. The built-in engine it
+starts is started again on its port should it die (`engine_keeper.py`); it is named in
+`launched_urls`, which tells the learner's weight pushes to wait for it rather than drop
+it (`learner/gateway_link.py`). This is composition-root wiring, so it lives in
+`undertow/` and may import every part.
 
 `held_on(loop, manager)` is how the sync run (`train_run.py`, `cells.py`) holds such
 services: entered and exited on the asyncio loop of their background thread.
@@ -14,16 +17,20 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 
 @dataclass(frozen=True)
 class EmbeddedGateway:
+    """The gateway's URL and admin token, its engines, and of those the ones Undertow
+    launched (`launched_urls`: restarted when they die, `engine_keeper.py`)."""
+
     url: str
     admin_token: str
     engine_urls: tuple[str, ...]
+    launched_urls: tuple[str, ...] = ()
 
 
 @contextlib.asynccontextmanager
@@ -55,17 +62,21 @@ async def serve_gateway(model_dir: Path, store_dir: Path, engine_urls: Sequence[
 async def embedded_gateway(model_dir: Path, store_dir: Path,
                            engine_urls: Sequence[str] = (), **config
                            ) -> AsyncIterator[EmbeddedGateway]:
-    """The gateway, and the built-in engine on `model_dir` when no engine URL is given."""
-    from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
+    """The gateway, and the built-in engine on `model_dir` when no engine URL is given
+    (kept serving: started again on its port should it die, `engine_keeper.KeptEngine`)."""
+    from undertow.engine_keeper import KeptEngine
+    from undertow.gateway.engines.launch import BuiltinLauncher
 
     async with contextlib.AsyncExitStack() as stack:
+        launched: tuple[str, ...] = ()
         if not engine_urls:
-            engine = await stack.enter_async_context(
-                launch_engine(BuiltinLauncher(), model_dir, log_path=Path(store_dir).parent /
-                              "engine.log"))
-            engine_urls = (engine.url,)
-        yield await stack.enter_async_context(
+            engine = await KeptEngine.start(BuiltinLauncher(), Path(model_dir),
+                                            Path(store_dir).parent / "engine.log")
+            stack.push_async_callback(engine.stop)
+            engine_urls = launched = (engine.url,)
+        gateway = await stack.enter_async_context(
             serve_gateway(model_dir, store_dir, engine_urls, **config))
+        yield replace(gateway, launched_urls=launched)
 
 
 @contextlib.contextmanager

@@ -155,7 +155,8 @@ class OneCell:
         run, config = self.sections.run, self.sections.learner
         with held_on(loop, embedded_gateway(model_dir, run.run_dir / "store",
                                             run.engine_urls)) as gateway:
-            admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode)
+            admin = GatewayLink(gateway.url, gateway.admin_token, push_mode=config.push_mode,
+                                launched_urls=gateway.launched_urls)
             if weights[1] > 0:
                 admin.push(*weights)
             pool, policy = one_cell(learner)

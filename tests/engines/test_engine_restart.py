@@ -6,7 +6,8 @@ its port, the pool takes it back, and the learner's push (`GatewayLink.update_we
 waits for it and gives it the new weights; the engine itself then reports them. Engines
 the user started (faithful SGLang fakes, one with `die_on_update`) are not restarted by
 Undertow: the dead one is drained and removed with a warning, and the push goes on with
-the other, which serves the new weights."""
+the other, which serves the new weights. A rollout cell's engine (`cells.GatewayEngineSlots`)
+killed during the pool run's push comes back the same way."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import psutil
 import pytest
 
 from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
+from undertow.cells import GatewayEngineSlots, engineless_gateway
 from undertow.embedded import embedded_gateway, held_on
 from undertow.gateway.engines.client import SGLangClient
 from undertow.learner.gateway_link import EngineDropped, GatewayLink, GatewayLinkError
@@ -68,15 +70,7 @@ def test_the_launched_engine_killed_during_an_update_restarts_with_the_new_weigh
         assert gateway.launched_urls == (url,)
         link = GatewayLink(gateway.url, gateway.admin_token,
                            launched_urls=gateway.launched_urls, restart_timeout_s=300)
-        pid = listening_pid(url)
-        os.kill(pid, signal.SIGSTOP)   # it takes the update request but never answers it
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            push = pool.submit(link.update_weights, other_tiny_model_dir, 1)
-            while not has_unread_request(urllib.parse.urlsplit(url).port):
-                assert not push.done(), push.result()
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGKILL)
-            result = push.result(timeout=600)
+        pid, result = kill_during_push(url, lambda: link.update_weights(other_tiny_model_dir, 1))
         [engine] = link.engines()
         info = model_info(loop, url)
         new_pid = listening_pid(url)
@@ -123,3 +117,39 @@ def test_a_push_that_leaves_no_engine_serving_stops_the_run_by_name(
                 GatewayLinkError, match=r"no engine serves after the push .* every engine "
                 "died loading it"):
             link.update_weights(other_tiny_model_dir, 1)
+
+
+def kill_during_push(url: str, push) -> tuple[int, dict]:
+    """SIGSTOPs the engine at `url`, runs `push()` in a thread, SIGKILLs the engine once
+    the push's request waits unread on its port; returns its PID and the push's result."""
+    pid = listening_pid(url)
+    os.kill(pid, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pushed = pool.submit(push)
+        while not has_unread_request(urllib.parse.urlsplit(url).port):
+            assert not pushed.done(), pushed.result()
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        return pid, pushed.result(timeout=600)
+
+
+def test_a_cells_engine_killed_during_a_push_restarts_with_the_new_weights(
+        tiny_model_dir, other_tiny_model_dir, tmp_path):
+    with background_loop() as loop, engineless_gateway(
+            loop, tiny_model_dir, tmp_path / "store") as gateway:   # the pool run's
+        link = GatewayLink(gateway.url, gateway.admin_token, restart_timeout_s=300)
+        slots = GatewayEngineSlots(loop, link, tiny_model_dir, tmp_path / "engines")
+        try:
+            slots.start_all([0])
+            engine, engine_id = slots.engines[0]
+            pid, _ = kill_during_push(engine.url, lambda: slots.push(other_tiny_model_dir, 1))
+            [record] = link.engines()
+            info = model_info(loop, engine.url)
+            new_pid = listening_pid(engine.url)
+        finally:
+            slots.close()
+    assert (record["id"], record["state"], record["weight_version"]) == (
+        engine_id, "healthy", "1")
+    assert info.weight_version == "1" and new_pid != pid and slots.engines == {}
+    assert sorted(p.name for p in (tmp_path / "engines").iterdir()) == [
+        "cell-0-1-restart-1.log", "cell-0-1.log"]

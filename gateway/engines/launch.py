@@ -80,8 +80,10 @@ __all__ = [
     "SGLangLauncher",
     "VLLMLauncher",
     "default_vllm_python",
+    "kv_share_args",
     "launch_engine",
     "node_launchers",
+    "sharing_kv",
     "start_engine",
     "start_engines",
 ]
@@ -211,6 +213,9 @@ class BuiltinLauncher:
 # which it refuses.
 DETERMINISTIC_ATTENTION_BACKENDS = ("ascend", "fa3", "fa4", "flashinfer", "intel_xpu", "triton")
 CPU_ATTENTION_BACKEND = "torch_native"  # the one SGLang 0.5.23 serves with on any x86 CPU
+KV_SHARE_MODEL_NAME = "undertow-policy"  # `--served-model-name` of servers sharing KV storage
+KV_SHARE_PAGE_SIZE = 64  # tokens per stored page (HiCache stores whole pages only)
+KV_SHARE_PREFETCH_THRESHOLD = 64  # SGLang's default, 256, re-prefills shorter remainders
 
 
 def sglang_device() -> str | None:
@@ -235,6 +240,12 @@ class SGLangLauncher:
     `attention_backend` None is SGLang's choice (on a CPU `torch_native`).
     `deterministic` asks for `--enable-deterministic-inference`, which the command carries
     only where SGLang accepts it (`deterministic_inference`).
+    `kv_share_dir`, a directory every server of the pool sees, makes the servers hand each
+    other a session's KV through HiCache's `file` storage (`kv_share_args`,
+    docs/migration-sglang.md): a session resumed on another server after a migration
+    loads its prefix from there instead of prefilling it. One directory per run: the
+    storage keys are the token IDs, the served name (`KV_SHARE_MODEL_NAME`, the same on
+    every server) and the weight version the driver sends as `cache_salt`.
     """
 
     weight_version: str = "0"
@@ -245,6 +256,7 @@ class SGLangLauncher:
     tp_size: int = 1
     gpu_ids: tuple[int, ...] | None = None
     extra_args: tuple[str, ...] = ()
+    kv_share_dir: Path | None = None
     python: Path = Path(sys.executable)
     name: str = "sglang"
     needs_port: bool = True
@@ -324,6 +336,8 @@ class SGLangLauncher:
             command += ["--tp-size", str(self.tp_size)]
         if self.gpu_ids is not None:
             command += ["--base-gpu-id", "0"]  # counted among the visible GPUs only
+        if self.kv_share_dir is not None:
+            command += kv_share_args(self.kv_share_dir)
         return [*command, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
@@ -340,6 +354,29 @@ class SGLangLauncher:
 
     async def after_ready(self, driver: EngineDriver) -> None:
         return None
+
+
+def kv_share_args(kv_share_dir: Path) -> list[str]:
+    """SGLang 0.5.23's flags that make servers share KV through HiCache's `file` storage in
+    `kv_share_dir` (docs/migration-sglang.md): every prefix written through to storage
+    (`write_through`), a request's missing pages loaded from it before its prefill, all of
+    them (`wait_complete`) once at least `KV_SHARE_PREFETCH_THRESHOLD` tokens are there, in
+    pages of `KV_SHARE_PAGE_SIZE` tokens, under a served name that is the same on every
+    server (the `file` backend's keys carry it)."""
+    extra_config = json.dumps({"prefetch_threshold": KV_SHARE_PREFETCH_THRESHOLD})
+    return ["--enable-hierarchical-cache", "--hicache-write-policy", "write_through",
+            "--hicache-storage-backend", "file", "--file-storage-path", str(kv_share_dir),
+            "--hicache-storage-backend-extra-config", extra_config,
+            "--hicache-storage-prefetch-policy", "wait_complete",
+            "--page-size", str(KV_SHARE_PAGE_SIZE), "--served-model-name", KV_SHARE_MODEL_NAME]
+
+
+def sharing_kv(launcher: Launcher, kv_share_dir: Path) -> Launcher:
+    """`launcher` (an `SGLangLauncher`) with `kv_share_dir`."""
+    if not isinstance(launcher, SGLangLauncher):
+        raise ValueError(f"a {launcher.name} engine cannot share KV through a directory "
+                         f"({kv_share_dir}); only SGLang servers can (HiCache storage)")
+    return replace(launcher, kv_share_dir=kv_share_dir)
 
 
 def node_launchers(num_gpus: int, tp_size: int = 1, *, num_engines: int | None = None,

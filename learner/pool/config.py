@@ -57,7 +57,10 @@ class CellPoolConfig:
     Engines: `engine` is what a rollout cell serves: `builtin`, Undertow's own engine on
     `threads_per_cell` CPU threads; `sglang`, an SGLang server on the cell's `tp_size`
     GPUs (tensor parallel) taking `mem_fraction_static` of their memory (None: SGLang's
-    choice), run by `sglang_python` ("": this python). On the local backend cell c's
+    choice), run by `sglang_python` ("": this python); `sglang_kv_share_dir`, a directory
+    every cell's node sees ("": none), makes the engines share KV through HiCache's file
+    storage, so that a migrated session loads its prefix there instead of prefilling it
+    (`SGLangLauncher.kv_share_dir`). On the local backend cell c's
     engine sees GPUs c * tp_size .. (c + 1) * tp_size - 1 only, the GPUs its learner
     member trains on, so `processes_per_cell` must equal `tp_size`; on Ray its engine
     host asks for `tp_size` GPUs and the engine sees the ones Ray assigns. Either way the
@@ -83,6 +86,7 @@ class CellPoolConfig:
     tp_size: int = 1
     mem_fraction_static: float | None = None
     sglang_python: str = ""
+    sglang_kv_share_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -138,7 +142,7 @@ class CellPoolConfig:
                              f"SGLang's choice), got {fraction!r}")
         if self.engine == "builtin":
             for name, default in (("tp_size", 1), ("mem_fraction_static", None),
-                                  ("sglang_python", "")):
+                                  ("sglang_python", ""), ("sglang_kv_share_dir", "")):
                 if getattr(self, name) != default:
                     raise ValueError(f"pool.{name}={getattr(self, name)!r} is read by SGLang "
                                      "cells only; set pool.engine=sglang or remove it")

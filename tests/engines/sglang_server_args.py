@@ -4,7 +4,8 @@ lists on stdin and writes, for each, what SGLang makes of it, as one JSON list o
 
 Each argument list goes through the parser `sglang.launch_server` builds
 (`ServerArgs.add_cli_args`, `srt/server_args.py`: an unknown flag or a value outside a
-flag's choices is an error) and then the override rule for deterministic inference
+flag's choices is an error; the HiCache fields are given back as parsed) and then the
+override rule for deterministic inference
 (`_deterministic_attention_backend`, `srt/arg_groups/overrides.py`), which refuses an
 attention backend outside `DETERMINISTIC_ATTENTION_BACKEND_CHOICES`, after the CPU
 platform's default backend (`X86_CPU_ATTENTION_BACKEND`). The rest of SGLang's
@@ -30,6 +31,10 @@ NOT_INSTALLED = ("pybase64", "zmq", "zmq.auth", "zmq.auth.thread")
 # the override runs (`srt/arg_groups/platform_hook.py`, `handle_cpu_backends`; a resolution
 # step whose bookkeeping needs the whole pipeline, so its rule is applied here by hand).
 X86_CPU_ATTENTION_BACKEND = "intel_amx"
+# The fields of a HiCache shared-storage launch (`SGLangLauncher.kv_share_dir`), as parsed.
+HICACHE_FIELDS = ("enable_hierarchical_cache", "hicache_write_policy", "hicache_storage_backend",
+                  "file_storage_path", "hicache_storage_backend_extra_config",
+                  "hicache_storage_prefetch_policy", "page_size", "served_model_name")
 
 
 class _Absent(types.ModuleType):
@@ -71,7 +76,8 @@ def judge(server_args: types.ModuleType, overrides: types.ModuleType, argv: list
         return {"error": str(error)}
     return {"error": None, "device": parsed.device, "attention_backend": parsed.attention_backend,
             "enable_deterministic_inference": parsed.enable_deterministic_inference,
-            "weight_version": parsed.weight_version}
+            "weight_version": parsed.weight_version,
+            "hicache": {name: getattr(parsed, name) for name in HICACHE_FIELDS}}
 
 
 def main() -> None:

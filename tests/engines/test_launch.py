@@ -7,23 +7,28 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.engines.sglang_types import REPO, find_wheel
+from undertow.cells import cell_launcher
 from undertow.gateway.engines.launch import (
     DETERMINISTIC_ATTENTION_BACKENDS,
     LAUNCHERS,
     BuiltinLauncher,
     SGLangLauncher,
     VLLMLauncher,
+    kv_share_args,
     launch_engine,
     node_launchers,
+    sharing_kv,
     start_engine,
     start_engines,
 )
 from undertow.gateway.engines.protocol import EngineLaunchError
+from undertow.learner.pool.config import CellPoolConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -233,6 +238,28 @@ async def test_sglang_commands_pass_sglangs_own_argument_rules(tmp_path):
                              for name, launcher in launchers.items()}
 
 
+async def test_kv_share_dir_adds_hicache_shared_storage_flags_sglang_accepts(tmp_path):
+    """Every server of a pool with `kv_share_dir` gets the same HiCache flags, each parsed by
+    SGLang 0.5.23's own parser to what docs/migration-sglang.md says they do."""
+    shared = tmp_path / "kv"
+    launchers = [replace(launcher, kv_share_dir=shared)
+                 for launcher in node_launchers(4, tp_size=2, mem_fraction_static=0.8)]
+    commands = [launcher.command(tmp_path / f"ckpt{i}", 30000 + i)
+                for i, launcher in enumerate(launchers)]
+    judged = _sglang_judges([*commands, SGLangLauncher(device=None).command(tmp_path, 30000)])
+    *shared_results, plain = judged["results"]
+    assert [result["error"] for result in judged["results"]] == [None] * 3
+    expected = {"enable_hierarchical_cache": True, "hicache_write_policy": "write_through",
+                "hicache_storage_backend": "file", "file_storage_path": str(shared),
+                "hicache_storage_backend_extra_config": '{"prefetch_threshold": 64}',
+                "hicache_storage_prefetch_policy": "wait_complete", "page_size": 64,
+                "served_model_name": "undertow-policy"}
+    assert [result["hicache"] for result in shared_results] == [expected] * 2
+    assert plain["hicache"]["hicache_storage_backend"] is None
+    assert not plain["hicache"]["enable_hierarchical_cache"]
+    assert plain["hicache"]["served_model_name"] is None
+
+
 async def test_sglangs_rules_refuse_what_the_old_command_asked_on_a_cpu(tmp_path):
     """The check itself: the deterministic flag with SGLang's CPU backend (explicit, or its
     default there) is refused by the wheel's rule, as the server refused it (30 s, exit)."""
@@ -245,3 +272,19 @@ async def test_sglangs_rules_refuse_what_the_old_command_asked_on_a_cpu(tmp_path
     assert all(errors), errors
     assert "'intel_amx'" in errors[0] and "'torch_native'" in errors[1]
     assert "no-such-flag" in errors[2]
+
+
+async def test_pool_sglang_kv_share_dir_reaches_every_cells_command(tmp_path):
+    """`pool.sglang_kv_share_dir` gives every SGLang cell the same shared-storage flags; a
+    built-in pool refuses the key by name."""
+    pool = CellPoolConfig(engine="sglang", num_cells=2, sglang_kv_share_dir=str(tmp_path))
+    commands = [cell_launcher(pool, cell_id, 3).command(tmp_path, 30000)
+                for cell_id in range(2)]
+    assert [command[-len(kv_share_args(tmp_path)):] for command in commands] == [
+        kv_share_args(tmp_path)] * 2
+    assert "--enable-hierarchical-cache" not in cell_launcher(
+        CellPoolConfig(engine="sglang"), 0, 3).command(tmp_path, 30000)
+    with pytest.raises(ValueError, match=r"pool\.sglang_kv_share_dir=.* SGLang cells only"):
+        CellPoolConfig(sglang_kv_share_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="only SGLang servers can"):
+        sharing_kv(BuiltinLauncher(), tmp_path)

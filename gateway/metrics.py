@@ -239,6 +239,7 @@ class GatewayMetrics:
     token_truth: Counter
     branches: Counter
     resumes: Counter
+    resume_prompt_tokens: Counter
     engine_generations: Counter
     engine_in_flight: Gauge
     engine_state: Gauge
@@ -285,6 +286,12 @@ class GatewayMetrics:
             resumes=r.counter("undertow_resumes_total",
                               "Generations resumed from partial output, by cause "
                               "(engine_died, pause, migrate).", ("cause",)),
+            resume_prompt_tokens=r.counter(
+                "undertow_resume_prompt_tokens_total", "Prompt tokens of resumed generations "
+                "(prompt + partial output), by cause and by where the engine got their KV: "
+                "storage (shared KV storage, SGLang's HiCache), cache (its own prefix cache, "
+                "a KV migration's staging included) or prefill (computed anew).",
+                ("cause", "source")),
             engine_generations=r.counter("undertow_engine_generations_total",
                                          "Generation requests sent to each engine.", ("engine",)),
             engine_in_flight=r.gauge("undertow_engine_in_flight",

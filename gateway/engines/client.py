@@ -45,6 +45,20 @@ and what the driver does about it (each is read from the file named, and has a t
 9. `/get_server_info` and `/get_model_info` are deprecated (a warning per call) for
    `/server_info` and `/model_info`; the driver asks those and falls back to the old paths
    on a 404 (older servers, the built-in engine).
+10. Shared KV storage (HiCache with a storage backend, `--hicache-storage-backend`, which
+   `/server_info` reports; `SGLangLauncher.kv_share_dir`): a page's storage key is a hash
+   chained over the token IDs, seeded only by the request's `cache_salt`
+   (`mem_cache/utils.py`, `storage_namespace_seed`), and neither a weight update nor
+   `/flush_cache` clears storage (`UnifiedRadixCache.reset`): a server would load KV that
+   older weights computed. So the driver sends the weight version as `cache_salt` with
+   every `/generate` to such a server (`kv_salt`; re-read after each weight update). A
+   salt, not `POST /hicache/storage-backend/clear` after each update: with servers
+   sharing one storage, a clear by one races with writes of the old version by another
+   not yet updated, while a salted key is exact whatever the order (the old versions'
+   files stay: one storage directory per run). Each reply says how many prompt tokens
+   came from storage, `meta_info.cached_tokens_details.storage`
+   (`scheduler_components/output_streamer.py`, `get_cached_tokens_details`), which the
+   results carry as `storage_tokens`.
 
 Streams are SSE (`data: {...}` events, then `data: [DONE]`). SGLang sends cumulative
 `text`/`output_ids`/`output_token_logprobs` by default and deltas with
@@ -64,6 +78,7 @@ unsupported, and the vLLM driver answers False and has none of the other methods
         result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
 """
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -131,10 +146,11 @@ def sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
     return wire
 
 
-def sglang_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
+def sglang_body(request: GenerateRequest, *, stream: bool,
+                cache_salt: str | None = None) -> dict[str, Any]:
     """The JSON body of SGLang's `POST /generate`, to be serialised with orjson (which
-    writes `input_ids_json` as it is)."""
-    body = _sglang_fields(request, stream)
+    writes `input_ids_json` as it is); `cache_salt` as the module docstring, item 10, says."""
+    body = _sglang_fields(request, stream, cache_salt)
     if request.input_ids_json is not None:
         body["input_ids"] = orjson.Fragment(request.input_ids_json.to_bytes())
     elif request.input_ids is not None:
@@ -145,20 +161,24 @@ def sglang_body(request: GenerateRequest, *, stream: bool) -> dict[str, Any]:
     return body
 
 
-def sglang_body_pieces(request: GenerateRequest, *, stream: bool) -> list[bytes]:
+def sglang_body_pieces(request: GenerateRequest, *, stream: bool,
+                       cache_salt: str | None = None) -> list[bytes]:
     """`sglang_body` serialised, in pieces for a vectored write: the pieces of
     `input_ids_json` go as they are, never joined."""
     if request.input_ids_json is None:
-        return [orjson.dumps(sglang_body(request, stream=stream))]
-    rest = orjson.dumps(_sglang_fields(request, stream))  # b'{"rid":...}'
+        return [orjson.dumps(sglang_body(request, stream=stream, cache_salt=cache_salt))]
+    rest = orjson.dumps(_sglang_fields(request, stream, cache_salt))  # b'{"rid":...}'
     return [b'{"input_ids":', *request.input_ids_json.pieces, b"]," + rest[1:]]
 
 
-def _sglang_fields(request: GenerateRequest, stream: bool) -> dict[str, Any]:
+def _sglang_fields(request: GenerateRequest, stream: bool,
+                   cache_salt: str | None) -> dict[str, Any]:
     """The body's fields other than the prompt."""
     body: dict[str, Any] = {"rid": request.rid,
                             "sampling_params": sglang_sampling_params(request.sampling_params),
                             "stream": stream}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     if request.return_logprob:
         body["return_logprob"] = True
         body["logprob_start_len"] = -1  # logprobs of the output tokens only
@@ -176,20 +196,27 @@ class SGLangClient(HttpEngine):
         self._ready_path = "/ready"
         self._missing_paths: set[str] = set()
         self._seeds_said: bool | None = None  # what the log last said of this engine's seeds
+        self._kv_salt: str | None = None  # the cache_salt of every /generate (item 10)
+        self._kv_salt_known = False
+        self._kv_salt_lock = asyncio.Lock()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        reply = await self._http.request("POST", "/generate", sglang_body(request, stream=False))
+        body = sglang_body(request, stream=False, cache_salt=await self.kv_salt())
+        reply = await self._http.request("POST", "/generate", body)
         return read_result(reply, request)
 
     def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
-        return self._chunks("/generate", sglang_body_pieces(request, stream=True), request)
+        return self._chunks("/generate", None, request)
 
-    async def _chunks(self, path: str, body: dict | list[bytes], request: GenerateRequest
+    async def _chunks(self, path: str, body: dict | None, request: GenerateRequest
                       ) -> AsyncGenerator[GenerateChunk, None]:
         """The deltas of a streamed `/generate`-shaped reply (`sglang_replies.StreamReader`),
-        one per event less those a later event of the same read holds (`latest_events`)."""
+        one per event less those a later event of the same read holds (`latest_events`).
+        `body` None: `request`'s own, salted (module docstring, item 10)."""
+        pieces = body if body is not None else sglang_body_pieces(
+            request, stream=True, cache_salt=await self.kv_salt())
         reader = StreamReader(request.rid, num_prompt_ids(request))
-        async for events in self._http.sse_batches(path, body):
+        async for events in self._http.sse_batches(path, pieces):
             for event in latest_events(events):
                 yield reader.chunk(event)
 
@@ -205,9 +232,33 @@ class SGLangClient(HttpEngine):
         await self._http.request("POST", "/continue_generation", {})
         self._pause_mode = None
 
+    async def kv_salt(self) -> str | None:
+        """The `cache_salt` of this engine's requests: its weight version where it shares KV
+        storage (module docstring, item 10), else None. Asked once (and again after each
+        weight update); an engine that does not answer gets no salt this time."""
+        if self._kv_salt_known:
+            return self._kv_salt
+        async with self._kv_salt_lock:
+            if not self._kv_salt_known:
+                try:
+                    info = await self.server_info()
+                    shares = isinstance(info, dict) and bool(info.get("hicache_storage_backend"))
+                    self._kv_salt = (await self.model_info()).weight_version if shares else None
+                except EngineError:
+                    return None
+                self._kv_salt_known = True
+            return self._kv_salt
+
     async def update_weights_from_disk(self, model_path: str,
                                        weight_version: str | None = None) -> None:
-        """See `EngineDriver.update_weights_from_disk` and the module docstring, item 8."""
+        """See `EngineDriver.update_weights_from_disk` and the module docstring, items 8
+        and 10."""
+        try:
+            await self._update_weights(model_path, weight_version)
+        finally:
+            self._kv_salt_known = False  # the weight version may be another now
+
+    async def _update_weights(self, model_path: str, weight_version: str | None) -> None:
         body = {"model_path": str(model_path)}
         if weight_version is not None:
             body["weight_version"] = weight_version

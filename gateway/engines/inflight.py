@@ -64,7 +64,9 @@ UNKNOWN_WEIGHT_VERSION = -1
 @dataclass(frozen=True)
 class GenerationChunk:
     """New tokens of one generation since the previous chunk (see `pool.py`'s module doc);
-    `received_s`: when the engine's first piece of them came (`time.time()`)."""
+    `received_s`: when the engine's first piece of them came (`time.time()`);
+    `storage_tokens`: prompt tokens its attempts so far loaded from KV storage the engines
+    share (SGLang's HiCache: a migrated generation's history read back, not prefilled)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -72,6 +74,7 @@ class GenerationChunk:
     finish_reason: dict | None = None
     cached_tokens: int = 0
     received_s: float = 0.0
+    storage_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class InFlight:
         produced: list[int] = []
         max_new = params.max_new_tokens
         cause: str | None = None
-        cached_tokens = 0
+        cached_tokens = storage_before = 0
         staged: StagedResume | None = None  # a KV migration's staging, for the next attempt
         for num_attempt in itertools.count():
             if cause is not None:
@@ -123,12 +126,18 @@ class InFlight:
                                                  admitted=num_attempt > 0, waits=bool(produced))
             batches = self._stream_attempt(attempt, prompt_ids, attempt_params, live, staged,
                                            None if produced else input_ids_json)
+            resumed_by, storage = cause, 0
             try:
                 async with contextlib.aclosing(batches):
                     async for pieces, received_s in batches:
                         if num_attempt == 0:
                             cached_tokens = pieces[-1].cached_tokens or 0
-                        chunk = _joined(pieces, attempt, cached_tokens, received_s)
+                        if resumed_by is not None:  # a resume's first pieces
+                            self._count_resume_prompt(resumed_by, pieces[-1], len(prompt_ids))
+                            resumed_by = None
+                        storage = pieces[-1].storage_tokens or 0
+                        chunk = _joined(pieces, attempt, cached_tokens, received_s,
+                                        storage_before + storage)
                         produced += chunk.token_ids
                         if chunk.token_ids or chunk.finish_reason is not None:
                             yield chunk
@@ -145,6 +154,17 @@ class InFlight:
             if attempt.handover is not None:  # a KV migration finishes its copy first
                 await attempt.handover.wait()
             staged = attempt.staged
+            storage_before += storage
+
+    def _count_resume_prompt(self, cause: str, piece: GenerateChunk, num_prompt: int) -> None:
+        """Where a resume's prompt KV came from, as its engine's first piece says: loaded
+        from shared storage, found in the engine's own cache (a KV migration's staging
+        included), or prefilled anew."""
+        cached = min(piece.cached_tokens or 0, num_prompt)
+        storage = min(piece.storage_tokens or 0, cached)
+        for source, num in (("storage", storage), ("cache", cached - storage),
+                            ("prefill", num_prompt - cached)):
+            self.metrics.resume_prompt_tokens.inc(num, cause=cause, source=source)
 
     async def _stream_attempt(self, attempt: Attempt, input_ids: Sequence[int],
                               params: SamplingParams, live: bool,
@@ -280,7 +300,7 @@ class PieceBuffer:
 
 
 def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
-            received_s: float) -> GenerationChunk:
+            received_s: float, storage_tokens: int) -> GenerationChunk:
     """One chunk of an attempt's pieces (in order; only the last may finish it): their
     tokens, logprobs and each token's weight version. An abort the pool caused itself
     (`interrupted_by`) is no finish: the generation resumes."""
@@ -294,7 +314,8 @@ def _joined(pieces: list[GenerateChunk], attempt: Attempt, cached_tokens: int,
     final = _finish_dict(pieces[-1].finish_reason)
     if attempt.interrupted_by and final and final["type"] == "abort":
         final = None
-    return GenerationChunk(token_ids, logprobs, versions, final, cached_tokens, received_s)
+    return GenerationChunk(token_ids, logprobs, versions, final, cached_tokens, received_s,
+                           storage_tokens)
 
 
 def parse_weight_version(value: Any) -> int:

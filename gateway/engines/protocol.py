@@ -301,6 +301,8 @@ class GenerateResult:
     `text` is the detokenized output (stop strings trimmed, as the engine returns it).
     `cached_tokens` is None where the engine does not report it; `weight_version` names the
     weights that produced the output (the last ones, if they changed during generation).
+    `storage_tokens`: how many of the cached tokens the engine loaded from KV storage it
+    shares with other engines (SGLang's HiCache; None where it reports none).
     """
 
     rid: str
@@ -312,6 +314,7 @@ class GenerateResult:
     completion_tokens: int
     cached_tokens: int | None
     weight_version: str | None
+    storage_tokens: int | None = None
 
 
 class GenerateChunk(NamedTuple):
@@ -333,6 +336,7 @@ class GenerateChunk(NamedTuple):
     completion_tokens: int
     cached_tokens: int | None
     weight_version: str | None
+    storage_tokens: int | None = None  # as `GenerateResult.storage_tokens`
 
 
 def result_from_chunks(chunks: Iterable[GenerateChunk]) -> GenerateResult:
@@ -352,7 +356,8 @@ def result_from_chunks(chunks: Iterable[GenerateChunk]) -> GenerateResult:
         rid=last.rid, output_ids=output_ids, text="".join(texts),
         finish_reason=last.finish_reason, output_token_logprobs=logprobs,
         prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
-        cached_tokens=last.cached_tokens, weight_version=last.weight_version)
+        cached_tokens=last.cached_tokens, weight_version=last.weight_version,
+        storage_tokens=last.storage_tokens)
 
 
 @dataclass(frozen=True)

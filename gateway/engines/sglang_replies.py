@@ -10,6 +10,9 @@ holds entirely are skipped first (`latest_events`). Both read
 Invariants (SGLang 0.5.23, items 4 to 6 of `client.py`'s module doc):
 - Concatenating a stream's chunks gives each output ID, character and logprob once, also
   when a request aborted while queued answers with its whole output (or its last ID only).
+- `storage_tokens` is `meta_info.cached_tokens_details.storage` (SGLang 0.5.23,
+  `output_streamer.get_cached_tokens_details`: present only when the server has a HiCache
+  storage backend), None where absent.
 - A reply the gateway could not record (a `null` logprob, an abort's reply lacking IDs the
   stream never delivered) is `EngineUnavailable`, so that the pool resumes the generation
   elsewhere, never a `TypeError`.
@@ -58,7 +61,16 @@ def read_result(reply: dict, request: GenerateRequest) -> GenerateResult:
         output_token_logprobs=logprob_pairs(meta.get("output_token_logprobs") or []),
         prompt_tokens=num_prompt_ids(request) if prompt_tokens is None else prompt_tokens,
         completion_tokens=meta.get("completion_tokens", 0),
-        cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"))
+        cached_tokens=meta.get("cached_tokens"), weight_version=meta.get("weight_version"),
+        storage_tokens=storage_tokens(meta))
+
+
+def storage_tokens(meta: dict) -> int | None:
+    """The prompt tokens an SGLang server loaded from its HiCache storage backend, as
+    `meta_info.cached_tokens_details` says (None: it says nothing of storage)."""
+    details = meta.get("cached_tokens_details")
+    value = details.get("storage") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
 
 
 class StreamReader:
@@ -78,6 +90,7 @@ class StreamReader:
         self.num_ids = self.num_logprobs = self.num_chars = 0
         self.prompt_tokens = num_prompt_ids
         self.cached_tokens: int | None = None
+        self.storage_tokens: int | None = None
 
     def chunk(self, event: dict) -> GenerateChunk:
         meta = event["meta_info"]
@@ -103,9 +116,10 @@ class StreamReader:
         self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
         if meta.get("cached_tokens") is not None:
             self.cached_tokens = meta["cached_tokens"]
+            self.storage_tokens = storage_tokens(meta)
         return GenerateChunk(meta.get("id", self.rid), output_ids, text, logprobs, finish,
                              self.prompt_tokens, completion_tokens, self.cached_tokens,
-                             meta.get("weight_version"))
+                             meta.get("weight_version"), self.storage_tokens)
 
     def _queued_abort_ids(self, output_ids: list[int], logprobs: list[tuple[float, int]],
                           completion_tokens: int) -> list[int]:

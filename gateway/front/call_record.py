@@ -105,6 +105,7 @@ class CallRecorder:
                 "cached_tokens": result.cached_tokens, "extends": prompt.extends,
                 "token_truth": prompt.token_truth, "honours_seeds": result.honours_seeds,
                 **({"head": head} if head else {}),
+                **({"storage_tokens": result.storage_tokens} if result.storage_tokens else {}),
                 "timings": {"start_s": started_s, "first_token_s": result.first_token_s,
                             "end_s": time.time()}}
         return tree.add_call(result.call_id, session.session_id, prompt.token_ids,

@@ -70,6 +70,7 @@ class Sampled:
     first_token_s: float | None
     sampling: SamplingParams
     honours_seeds: bool | None = None  # whether the engines honour `sampling`'s seed (fleet.py)
+    storage_tokens: int = 0  # prompt tokens loaded from shared KV storage (`GenerationChunk`)
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class ChoiceSampler:
         detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions, all_events = [], [], [], []
-        finish_reason, cached, first_token_s = None, 0, None
+        finish_reason, cached, first_token_s, storage = None, 0, None, 0
         sampling = reasoning_first(request.sampling, parser) if parser else request.sampling
         params = sampling.for_choice(index, max_new_tokens)
         chunks = self.pool.generate(session_id, prompt.token_ids, params, call_id,
@@ -122,6 +122,7 @@ class ChoiceSampler:
                 versions += chunk.weight_versions
                 finish_reason = chunk.finish_reason or finish_reason
                 cached = max(cached, chunk.cached_tokens)
+                storage = max(storage, chunk.storage_tokens)
                 text = stops.push(detokenizer.push(chunk.token_ids))
                 events: list[Event] = ((parser.feed(text) if parser else [Content(text)])
                                        if text else [])
@@ -136,7 +137,7 @@ class ChoiceSampler:
         yield Delta(index, call_id, events, [], [])
         yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
                       finish_reason or {"type": "stop", "matched": None}, cached,
-                      first_token_s, params, self.pool.fleet.honours_seeds)
+                      first_token_s, params, self.pool.fleet.honours_seeds, storage)
 
     def _parser(self, request: CallRequest, prompt: Prompt):
         """A tool-call parser for one choice, told the tools and the prompt's last text."""

@@ -48,6 +48,26 @@ the `sglang==0.5.23` wheel, `sglang/srt/...`):
    `/server_info` reports `enable_deterministic_inference` as launched (`deterministic`;
    SGLang's own default is off, the launcher's on where the backend allows it).
 
+11. Shared KV storage (HiCache with the `file` backend on a directory several servers see,
+   `SGLangLauncher.kv_share_dir`): `kv_storage`, a dict shared by the servers, stands for
+   the directory. Pages of `page_size` tokens are keyed by a hash chained over their token
+   IDs, seeded by the request's `cache_salt` only (`mem_cache/utils.py`,
+   `storage_namespace_seed`, `get_hash_str`; the served model name, the same on every
+   server, is left out), and hold the weights that computed them. A prompt's whole pages
+   are written through after its prefill, and the prompt's and output's when the request
+   ends, finished or aborted (`write_through`; `batch_result_processor.py`, release with
+   `checkpoint=True`). A request loads from storage the whole pages beyond its own cache's
+   (page-aligned) match, when they are at least `prefetch_threshold` tokens
+   (`wait_complete`: all of them), and keeps one token to compute. A weight update or
+   a flush clears the server's own cache, never storage (`UnifiedRadixCache.reset`); the
+   prefix cache is namespaced by the salt too (`RadixKey.cache_salt`). `cached_tokens`
+   counts the storage hits too, and `cached_tokens_details` splits them: `device`,
+   `host` (0 here), `storage`, `storage_backend` (`output_streamer.py`,
+   `get_cached_tokens_details`; absent when nothing was cached). A request that loads
+   pages other weights computed continues from wrong KV: its tokens differ from the
+   right ones (`stale_kv_loads` counts those pages). `/server_info` reports
+   `hicache_storage_backend` ("file", or None without storage).
+
 `bodies` keeps every JSON body received, by path, and `replies` every `/generate` reply and
 stream event sent, for tests that check both against SGLang's own types (`sglang_types.py`).
 """
@@ -85,9 +105,12 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     queued: bool = False  # in the waiting queue (retracted), not the running batch
+    cache_salt: str | None = None
+    stale_kv: bool = False  # continues from KV that other weights computed (item 11)
     abort_message: str | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     num_sent: int = 0  # output IDs already streamed (incremental form)
+    cached_details: dict | None = None  # `meta_info.cached_tokens_details` (item 11)
 
 
 @dataclass
@@ -118,6 +141,11 @@ class FaithfulSGLang:
     updating: bool = False
     weights: str = ""
     dead: bool = False
+    kv_storage: dict[str, str] | None = None  # shared storage: page key -> its weights (11)
+    page_size: int = 64
+    prefetch_threshold: int = 64  # as `SGLangLauncher.kv_share_dir` launches it
+    prompt_salts: list[str | None] = field(default_factory=list)  # the cache_salt of each prompt
+    stale_kv_loads: int = 0
 
     def __post_init__(self) -> None:
         self.weights = self.weights or self.model_path
@@ -176,7 +204,8 @@ class FaithfulSGLang:
             seed = DEFAULT_SEED
         context = (request.input_ids + request.output_ids)[-NUM_CONTEXT_IDS:]
         position = len(request.input_ids) + len(request.output_ids)
-        key = f"{self.weights}|{seed}|{position}|{context}".encode()
+        weights = f"stale:{self.weights}" if request.stale_kv else self.weights
+        key = f"{weights}|{seed}|{position}|{context}".encode()
         value = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
         logprob = -0.01 - (value >> 40) % 1000 / 100
         if self.null_logprob_at == len(request.output_ids):
@@ -202,6 +231,7 @@ class FaithfulSGLang:
             await asyncio.sleep(self.step_delay_s)
 
     def finish(self, request: Request, reason: dict) -> None:
+        self.write_through(request.cache_salt, request.input_ids + request.output_ids)
         request.events.put_nowait(self.reply(request, reason))
         request.events.put_nowait(None)
         self.requests.pop(request.rid, None)
@@ -214,6 +244,8 @@ class FaithfulSGLang:
                 "prompt_tokens": len(request.input_ids),
                 "completion_tokens": len(request.output_ids),
                 "cached_tokens": request.cached_tokens, "weight_version": self.weight_version}
+        if request.cached_tokens and request.cached_details is not None:
+            meta["cached_tokens_details"] = request.cached_details
         if request.return_logprob:
             meta["output_token_logprobs"] = self.logprob_entries(request, start)
         return {"text": self.text(request.output_ids[start:]),
@@ -251,10 +283,14 @@ class FaithfulSGLang:
         if any(not 0 <= token_id < self.vocab_size for token_id in input_ids):
             self.die()  # the embedding's IndexError (item 10)
             return web.Response(status=500)  # never sent
+        salt = body.get("cache_salt") or None  # "" is no salt (`io_struct.py`)
         request = Request(rid, input_ids, dict(body.get("sampling_params") or {}),
                           bool(body.get("stream")), bool(body.get("return_logprob")),
-                          self.cached_prefix(input_ids))
+                          self.cached_prefix(input_ids, salt), cache_salt=salt)
+        self.load_from_storage(request)
         self.prompts.append(input_ids)
+        self.prompt_salts.append(salt)
+        self.write_through(salt, input_ids)
         self.requests[rid] = request
         task = asyncio.create_task(self.run(request))
         try:
@@ -284,15 +320,54 @@ class FaithfulSGLang:
             self.replies.append(event)
             yield event
 
-    def cached_prefix(self, input_ids: list[int]) -> int:
-        """The longest prefix shared with an earlier prompt since the last flush."""
+    def cached_prefix(self, input_ids: list[int], salt: str | None = None) -> int:
+        """The longest prefix shared with an earlier prompt of the same salt since the last
+        flush (whole pages only where the server has storage: its `page_size` is set)."""
         best = 0
-        for prompt in self.prompts:
+        for prompt, prompt_salt in zip(self.prompts, self.prompt_salts, strict=True):
+            if prompt_salt != salt:
+                continue
             num = 0
             while num < min(len(prompt), len(input_ids)) and prompt[num] == input_ids[num]:
                 num += 1
             best = max(best, num)
-        return min(best, len(input_ids) - 1)
+        best = min(best, len(input_ids) - 1)
+        return best if self.kv_storage is None else best // self.page_size * self.page_size
+
+    def page_keys(self, salt: str | None, token_ids: list[int]) -> list[str]:
+        """The storage keys of `token_ids`' whole pages, each chained on the previous one's
+        and seeded by the salt (item 11)."""
+        keys, prior = [], "" if salt is None else hashlib.sha256(
+            b"sglang-cache-namespace-v1" + salt.encode()).hexdigest()
+        for end in range(self.page_size, len(token_ids) + 1, self.page_size):
+            page = json.dumps(token_ids[end - self.page_size:end]).encode()
+            prior = hashlib.sha256(prior.encode() + page).hexdigest()
+            keys.append(prior)
+        return keys
+
+    def write_through(self, salt: str | None, token_ids: list[int]) -> None:
+        if self.kv_storage is not None:
+            for key in self.page_keys(salt, token_ids):
+                self.kv_storage.setdefault(key, self.weights)
+
+    def load_from_storage(self, request: Request) -> None:
+        """The pages storage holds beyond the request's cached prefix (item 11)."""
+        if self.kv_storage is None:
+            return
+        device = request.cached_tokens
+        keys = self.page_keys(request.cache_salt, request.input_ids[:-1])  # one to compute
+        stored = next((i for i, key in enumerate(keys) if key not in self.kv_storage),
+                      len(keys))
+        hit = max(0, stored * self.page_size - device)
+        if hit < self.prefetch_threshold:
+            hit = 0
+        loaded = keys[device // self.page_size:(device + hit) // self.page_size]
+        stale = sum(self.kv_storage[key] != self.weights for key in loaded)
+        self.stale_kv_loads += stale
+        request.stale_kv = stale > 0
+        request.cached_tokens = device + hit
+        request.cached_details = {"device": device, "host": 0, "storage": hit,
+                                  "storage_backend": "HiCacheFile"}
 
     async def record(self, http: web.Request) -> dict:
         body = await http.json() if http.can_read_body else {}
@@ -368,6 +443,7 @@ class FaithfulSGLang:
             return web.json_response({"success": False, "message": FLUSH_REFUSED,
                                       "num_paused_requests": 0}, status=400)
         self.prompts.clear()
+        self.prompt_salts.clear()
         if body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]
         return web.json_response({"success": True, "num_paused_requests": 0,
@@ -392,6 +468,7 @@ class FaithfulSGLang:
         if not self.idle():
             return web.Response(status=400, text="Flush cache failed.\n")
         self.prompts.clear()
+        self.prompt_salts.clear()
         return web.Response(text="Cache flushed.\n")
 
     # -- probes and information -------------------------------------------------------
@@ -422,7 +499,9 @@ class FaithfulSGLang:
     async def server_info(self, http: web.Request) -> web.Response:
         return web.json_response({"version": "0.5.23", "internal_states": [{}],
                                   "enable_deterministic_inference": self.deterministic,
-                                  "incremental_streaming_output": self.incremental})
+                                  "incremental_streaming_output": self.incremental,
+                                  "hicache_storage_backend": (
+                                      None if self.kv_storage is None else "file")})
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,7 @@ imported only when their tracker opens (the `trackers` extra installs them).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -39,7 +40,9 @@ from typing import Any, Protocol
 import yaml
 
 from undertow.learner.metrics_log import MetricsLog
-from undertow.learner.trees import load_store_tree
+from undertow.learner.trees import StoreFileDamaged, load_store_tree
+
+log = logging.getLogger(__name__)
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 STEPS_FILE = "steps.jsonl"
@@ -223,7 +226,12 @@ class Trackers:
             path = self.store_dir / f"{group_id}.jsonl" if self.store_dir else None
             if path is None or not path.exists():
                 continue
-            tree = load_store_tree(path)
+            try:
+                tree = load_store_tree(path)
+            except StoreFileDamaged as damage:   # set aside by the gateway; dropped
+                log.warning("step %d's sample sessions leave group %s out: %s", step,
+                            group_id, damage)
+                continue
             for session_id, paths in sorted(tree.sessions.items()):
                 if len(rows) >= self.num_sample_sessions:
                     return rows

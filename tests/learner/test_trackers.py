@@ -149,3 +149,21 @@ def test_no_trackers_writes_only_the_metrics_and_steps(tmp_path):
 def test_unknown_tracker_is_named():
     with pytest.raises(ValueError, match=r"logging.trackers: unknown \['neptune'\]"):
         TrackerConfig(trackers=("tensorboard", "neptune"))
+
+
+def test_a_group_set_aside_for_damage_is_left_out_of_the_sample_sessions(tmp_path, caplog):
+    """A group the gateway set aside (a damaged line in its store file) is consumed and
+    dropped by its step: the step's sample sessions name it and hold the others."""
+    asyncio.run(_write_group(tmp_path / "store", "g000000-r0", [1.0, 0.0]))
+    asyncio.run(_write_group(tmp_path / "store", "g000001-r0", [0.5]))
+    damaged = tmp_path / "store" / "g000001-r0.jsonl"
+    damaged.write_bytes(b'{"kind": "call", \x00 garbage\n' + damaged.read_bytes())
+    trackers = open_trackers(TrackerConfig(trackers=("tensorboard",), num_sample_sessions=4),
+                             tmp_path, RUN_CONFIG, list)
+    try:
+        rows = trackers.session_rows(3, ["g000000-r0", "g000001-r0"])
+    finally:
+        trackers.close()
+    assert [(row[1], row[2], row[3]) for row in rows] == [
+        ("g000000-r0", "g000000-r0-s0", 1.0), ("g000000-r0", "g000000-r0-s1", 0.0)]
+    assert f"leave group g000001-r0 out: {damaged} line 1 is damaged" in caplog.text

@@ -53,7 +53,11 @@ def fix_files(tasks_dir: Path) -> dict[str, str]:
     files = {}
     for line in (tasks_dir / "tasks.jsonl").read_text().splitlines():
         task = json.loads(line)
-        files[task["instance_id"]] = re.search(r"^\+\+\+ b/(.+)$", task["patch"], re.M)[1]
+        changed = re.findall(r"^\+\+\+ b/(.+)$", task["patch"], re.M)
+        if len(changed) != 1:
+            raise ValueError(f"{task['instance_id']}: its patch changes {len(changed)} files; "
+                             "explore_tasks.py writes one: regenerate the tasks")
+        files[task["instance_id"]] = changed[0]
     return files
 
 

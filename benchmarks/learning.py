@@ -65,9 +65,10 @@ EXPLORE_CONFIG = REPO / "benchmarks" / "configs" / "explore_mini_swe_agent.yaml"
 TINY = "tiny"
 # The task families, by `--family`: the generator, where results go, and the settings a
 # pretrained policy gets where the command line leaves them out. "explore": the statement
-# shows a symptom only, so a session is many calls (find, read, edit): a step limit of 10
-# calls, and a time limit that the slowest sessions reach on this loaded machine; a later
-# call of a session may be sampled by newer weights (max_staleness 1).
+# shows a symptom only, so a session is many calls (find, read, edit): a step limit of 8
+# calls of at most 96 tokens (a reply is one command), and a time limit that the slowest
+# sessions reach on this loaded machine; a later call of a session may be sampled by newer
+# weights (max_staleness 1).
 FAMILIES = {
     "swe": {"module": "benchmarks.learning_tasks", "results": RESULTS, "plot": PLOT,
             "difficulty": "line", "splits": ("heldout",)},
@@ -75,7 +76,7 @@ FAMILIES = {
                 "results": REPO / "benchmarks" / "results" / "learning_explore.json",
                 "plot": REPO / "benchmarks" / "results" / "learning_explore_heldout.png",
                 "difficulty": "numbers", "splits": ("heldout", "heldout-seen"),
-                "step_limit": 10, "max_tokens": 160, "agent_config": EXPLORE_CONFIG,
+                "step_limit": 8, "max_tokens": 96, "agent_config": EXPLORE_CONFIG,
                 "timeout_s": 600.0, "max_staleness": 1},
 }
 # Settings where the command line leaves them out, by start policy: the tiny model's SFT

@@ -189,7 +189,7 @@ def test_behaviour_is_read_from_the_tree_store(tmp_path):
 
 def test_the_explore_family_runs_many_calls_and_chooses_how_cut_sessions_count(tmp_path):
     args = parse_args(["--family", "explore", "--cut-sessions", "tree_value"])
-    assert scaffold_options(args) == {"step_limit": 10, "max_tokens": 160, "temperature": 1.0,
+    assert scaffold_options(args) == {"step_limit": 8, "max_tokens": 96, "temperature": 1.0,
                                       "overrides": [str(EXPLORE_CONFIG)]}
     assert (args.difficulty, args.max_staleness, args.eval_seen_sessions) == ("numbers", 1, 64)
     assert args.results.name == "learning_explore.json"

@@ -14,6 +14,10 @@ it); those defined here are the training path's (packing, losses, advantages, mo
     │                        (`modeldir/pretrained.py`)
     ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
     ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
+    │   └── GroupSetAside    the gateway set a damaged group aside (its tree is not read)
+    ├── EngineDropped        (a UserWarning) an engine the user started died loading
+    │                        weights and left the pool (`gateway_link.py`)
+    ├── StoreFileDamaged     (also a TreeError) a store file's damaged line (`trees.py`)
     ├── CheckpointError      a checkpoint cannot be written (a full disk) or read back
     │                        (a damaged file): names the file (`checkpoint.py`)
     ├── MembershipError      an elastic step's member failed or timed out (`elastic/step.py`)

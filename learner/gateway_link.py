@@ -38,7 +38,7 @@ class GatewayLinkError(LearnerError):
         self.status, self.reply = status, reply
 
 
-class EngineDropped(UserWarning):
+class EngineDropped(LearnerError, UserWarning):
     """An engine the user started died during a weight update and left the pool."""
 
 

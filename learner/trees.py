@@ -20,11 +20,12 @@ from pathlib import Path
 
 from undertow.gateway.trees.group_log import LogLineError, replay_log
 from undertow.gateway.trees.tree import Tree
+from undertow.learner.errors import LearnerError
 
 log = logging.getLogger(__name__)
 
 
-class StoreFileDamaged(LogLineError):
+class StoreFileDamaged(LearnerError, LogLineError):
     """Store file `path` has a damaged line (`line`, 1-based; `reason`): its group's tree
     cannot be replayed past it. `undertow trees repair STORE` mends the store."""
 

@@ -27,6 +27,7 @@ from undertow.gateway.trees.tree import Tree, tree_from_json
 from undertow.learner.errors import LearnerError
 
 RESTART_POLL_S = 0.5
+SET_ASIDE = "group_set_aside"   # the gateway's error code for a group it set aside
 
 
 class GatewayLinkError(LearnerError):
@@ -75,7 +76,8 @@ class GatewayLink:
         try:
             return tree_from_json(self.request("GET", f"/admin/groups/{group}/tree"))
         except GatewayLinkError as error:
-            if error.status == 503 and f"group {group} is set aside" in str(error):
+            body = error.reply if isinstance(error.reply, dict) else {}
+            if error.status == 503 and (body.get("error") or {}).get("code") == SET_ASIDE:
                 raise GroupSetAside(str(error), error.status) from None
             raise
 

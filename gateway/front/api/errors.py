@@ -26,10 +26,12 @@ from aiohttp import web
 
 from undertow.gateway.errors import Busy, ContextTooLong, GatewayError, UnsupportedParameter
 from undertow.gateway.front.sessions import Session
+from undertow.gateway.front.store import GroupSetAside
 
 log = logging.getLogger(__name__)
 SESSION_KEY = web.RequestKey("session", Session)
 REPLY_STATUS_KEY = web.RequestKey("reply_status", int)
+GROUP_SET_ASIDE = "group_set_aside"   # the `code` of a set-aside group's 503
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                  404: "invalid_request_error", 413: "invalid_request_error",
@@ -53,6 +55,8 @@ def openai_error(error: GatewayError) -> dict:
         code = "context_length_exceeded"
     elif isinstance(error, UnsupportedParameter):
         code = "unsupported_parameter"
+    elif isinstance(error, GroupSetAside):   # the learner tells it from other 503s by it
+        code = GROUP_SET_ASIDE
     return {"error": {"message": error.message, "type": _OPENAI_TYPES.get(error.status,
                                                                           "server_error"),
                       "param": error.param, "code": code}}

@@ -10,6 +10,7 @@ to the sessions' folders. Ctrl-C stops cleanly (sessions closed, containers remo
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,16 +95,26 @@ async def run_rollout(command: RolloutCommand):
                 return await Rollout(tasks, scaffold, admin, connection, config).run()
 
 
+async def _until_terminated(command: RolloutCommand):
+    """`run_rollout`, cancelled by a SIGTERM as Ctrl-C cancels it (asyncio.run's SIGINT
+    handler), so that a stopped rollout closes its sessions and removes its containers
+    (the default action would end the process at once and leave both behind)."""
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    return await run_rollout(command)
+
+
 def main(command: RolloutCommand) -> int:
     try:
-        summary = asyncio.run(run_rollout(command))
-    except KeyboardInterrupt:
+        summary = asyncio.run(_until_terminated(command))
+    except (KeyboardInterrupt, asyncio.CancelledError) as stop:
         print("rollout interrupted: sessions closed, containers removed", flush=True)
         # A Docker call still running in a worker thread (a task image's first build takes
         # minutes) would hold the interpreter's exit until it ended, though nothing waits
         # for its answer: leave now (the daemon finishes or drops the build on its own).
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(130 if isinstance(stop, KeyboardInterrupt) else 128 + signal.SIGTERM)
     print(summary.table())
     print(f"summary: {command.out_dir / summary.run_id / 'summary.json'}")
     return 0

@@ -131,10 +131,12 @@ def heeds_sigint() -> None:
 
 
 async def interrupted_rollout(gateway, tasks: Path, out_dir: Path, group_size: int,
-                              settle_s: float, exit_within_s: float) -> bytes:
+                              settle_s: float, exit_within_s: float,
+                              signal_number: int = signal.SIGINT) -> bytes:
     """Runs `undertow rollout` of one task (a `sleep 600` scaffold) until all `group_size`
-    sessions run, waits `settle_s`, sends SIGINT, and returns its output once it has exited
-    with 130; fails with that output if it has not exited within `exit_within_s`."""
+    sessions run, waits `settle_s`, sends `signal_number`, and returns its output once it
+    has exited with 128 + 2 (SIGINT: 130) or 128 + 15 (SIGTERM); fails with that output if
+    it has not exited within `exit_within_s`."""
     token = gateway.admin._headers["Authorization"].removeprefix("Bearer ")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "undertow.cli", "rollout", "--tasks", str(tasks),
@@ -150,22 +152,26 @@ async def interrupted_rollout(gateway, tasks: Path, out_dir: Path, group_size: i
         assert line, output.decode()
         output += line
     await asyncio.sleep(settle_s)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal_number)
     try:
         output += await asyncio.wait_for(process.stdout.read(), exit_within_s)
     except TimeoutError:  # say what it was doing, not only that it hung
         process.kill()
         output += await process.stdout.read()
-        pytest.fail(f"the rollout had not exited {exit_within_s:.0f} s after SIGINT; its "
-                    f"output:\n{output.decode()}")
-    assert await process.wait() == 130, output.decode()
+        pytest.fail(f"the rollout had not exited {exit_within_s:.0f} s after "
+                    f"{signal.Signals(signal_number).name}; its output:\n{output.decode()}")
+    assert await process.wait() == 128 + signal_number, output.decode()
     return output
 
 
 @pytest.mark.docker
-async def test_sigint_closes_sessions_and_removes_containers(scripted_gateway, tmp_path):
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
+async def test_an_interrupt_closes_sessions_and_removes_containers(scripted_gateway, tmp_path,
+                                                                    signal_number):
     output = await interrupted_rollout(scripted_gateway, BUNDLED, tmp_path, group_size=2,
-                                       settle_s=1, exit_within_s=120)
+                                       settle_s=1, exit_within_s=120,
+                                       signal_number=signal_number)
     sessions = (await scripted_gateway.admin._call("GET", "/admin/sessions"))["sessions"]
     assert len(sessions) == 2
     assert all(s["closed"] and s["meta"]["cause"] == "interrupted" for s in sessions), (

@@ -464,9 +464,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-staleness", type=int, default=None,
                         help="learner.max_staleness (default 0; explore: 1)")
     parser.add_argument("--cut-sessions", default="partial_credit",
-                        choices=("partial_credit", "tree_value"),
+                        choices=("partial_credit", "tree_value", "drop"),
                         help="advantages.timeout_reward: the reward of a session cut by its "
-                        "time limit (tree_value: adapters/tree_value.py's value of the tree)")
+                        "time limit (tree_value: adapters/tree_value.py's value of the tree; "
+                        "drop: not trained, the arm to compare with)")
     parser.add_argument("--frozen", default="auto",
                         help="learner.frozen, comma-separated ('' trains every parameter)")
     parser.add_argument("--checkpoint-every", type=int, default=1,

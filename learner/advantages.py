@@ -10,7 +10,9 @@ group with the reward chosen by `timeout_reward`:
   what it had done so far);
 - "tree_value": the mean reward of the sessions that did not time out and share
   the longest token prefix with it (the value of the deepest tree node it shares);
-  its own recorded reward when no such session exists.
+  its own recorded reward when no such session exists;
+- "drop": it does not enter the group (no advantage, so never trained, and it does not
+  move the group's mean): the arm that measures what the other two are worth.
 Only sessions with an outcome the policy earned enter a group: a session closed
 with `infra_failure: true` in its meta, or with a cause `error:<stage>`, `killed` or
 `interrupted` (Undertow failed it, or stopped it: `adapters/summary.py`), has no
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from undertow.gateway.trees.tree import Tree
 
 SCALES = ("std", "none")
-TIMEOUT_REWARDS = ("partial_credit", "tree_value")
+TIMEOUT_REWARDS = ("partial_credit", "tree_value", "drop")
 # Causes of sessions stopped or failed by Undertow, not by the policy (with `error:*`).
 INFRA_CAUSES = ("killed", "interrupted", "pending")
 
@@ -98,6 +100,8 @@ def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
     if config.timeout_reward == "partial_credit":
         return dict(closed)
     finished = {s: r for s, r in closed.items() if not is_timed_out(tree, s)}
+    if config.timeout_reward == "drop":
+        return finished
     rewards = {}
     for session_id, reward in closed.items():
         if session_id in finished or not finished:

@@ -68,6 +68,12 @@ def test_timed_out_session_takes_the_value_of_its_deepest_shared_node():
         {"a": 2 / 3, "b": -1 / 3, "c": -1 / 3})
 
 
+def test_dropped_timed_out_session_has_no_advantage_and_does_not_move_the_mean():
+    config = AdvantageConfig(timeout_reward="drop", scale="none")
+    assert session_rewards(_timeout_tree(), config) == {"a": 1.0, "b": 0.0}
+    assert group_advantages(_timeout_tree(), config) == pytest.approx({"a": 0.5, "b": -0.5})
+
+
 def test_tree_value_averages_equally_deep_peers():
     prompts = {"a": [1, 2, 3, 9], "b": [1, 2, 3, 8], "c": [1, 2, 3, 7]}
     tree = _group({"a": 1.0, "b": 0.0, "c": 0.3}, prompts, timed_out=("c",))

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import random
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.learning_tasks import write_task_folder
 
 TRAIN_LOW, TRAIN_HIGH = 3, 99
 UNSEEN_LOW, UNSEEN_HIGH = 101, 199
@@ -342,17 +342,8 @@ def task_record(instance: Instance, difficulty: str = "numbers") -> dict:
 
 def write_split(folder: Path, instances: list[Instance], difficulty: str = "numbers") -> Path:
     """`folder/tasks.jsonl` and `folder/repos/`, base commits stamped; returns the folder."""
-    from undertow.sandboxes.taskset import stamp_task_set
-
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    for instance in instances:
-        write_repository(folder / "repos" / instance.instance_id, instance)
-    lines = [json.dumps(task_record(instance, difficulty)) for instance in instances]
-    (folder / "tasks.jsonl").write_text("\n".join(lines) + "\n")
-    stamp_task_set(folder)
-    return folder
+    return write_task_folder(folder, instances, write_repository,
+                             lambda instance: task_record(instance, difficulty))
 
 
 def draw_splits(num_instances: int, num_unseen: int, seed: int,

@@ -262,6 +262,15 @@ def task_record(instance: Instance, difficulty: str = "numbers") -> dict:
 
 def write_split(folder: Path, instances: list[Instance], difficulty: str = "numbers") -> Path:
     """`folder/tasks.jsonl` and `folder/repos/`, base commits stamped; returns the folder."""
+    return write_task_folder(folder, instances, write_repository,
+                             lambda instance: task_record(instance, difficulty))
+
+
+def write_task_folder(folder: Path, instances: list, write_repository: Callable,
+                      task_record: Callable) -> Path:
+    """A generated family's split in the bundled task format: each instance's repository
+    in `folder/repos/<instance_id>/`, its record in `folder/tasks.jsonl`, base commits
+    stamped (`explore_tasks.py` writes its splits with it too)."""
     from undertow.sandboxes.taskset import stamp_task_set
 
     if folder.exists():
@@ -269,7 +278,7 @@ def write_split(folder: Path, instances: list[Instance], difficulty: str = "numb
     folder.mkdir(parents=True)
     for instance in instances:
         write_repository(folder / "repos" / instance.instance_id, instance)
-    lines = [json.dumps(task_record(instance, difficulty)) for instance in instances]
+    lines = [json.dumps(task_record(instance)) for instance in instances]
     (folder / "tasks.jsonl").write_text("\n".join(lines) + "\n")
     stamp_task_set(folder)
     return folder

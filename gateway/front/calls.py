@@ -99,8 +99,9 @@ class CallRunner:
         self.pool, self.store, self.renderer, self.sessions = pool, store, renderer, sessions
         self.metrics = metrics
         self.context_length = context_length
-        self.num_token_ids = min(renderer.tokenizer.get_vocab_size(with_added_tokens=True),
-                                 vocab_size or sys.maxsize)
+        num_tokenizer_ids = renderer.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.num_token_ids = min(num_tokenizer_ids, vocab_size or sys.maxsize)
+        self._embeds_every_id = self.num_token_ids == num_tokenizer_ids
         self.default_max_tokens = default_max_tokens
         self.tool_parser = tool_parser
         create_parser(tool_parser)
@@ -222,7 +223,7 @@ class CallRunner:
 
     def _check_rendered_ids(self, prompt: Prompt) -> None:
         """A chat prompt's IDs, where the tokenizer holds IDs the embedding does not."""
-        if self.num_token_ids == self.renderer.tokenizer.get_vocab_size(with_added_tokens=True):
+        if self._embeds_every_id:   # decided once: no rendered ID can be out of range
             return
         highest = max(prompt.token_ids, default=0)
         if highest >= self.num_token_ids:

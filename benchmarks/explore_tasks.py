@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.learning_tasks import write_task_folder
+from benchmarks.learning_tasks import split_instances, write_task_folder
 
 TRAIN_LOW, TRAIN_HIGH = 3, 99
 UNSEEN_LOW, UNSEEN_HIGH = 101, 199
@@ -209,18 +209,6 @@ def draw_instances(repo: Repo, num_instances: int, rng: random.Random,
         instances.append(Instance(first_number + len(instances), repo, chain, decoy, wrong,
                                   right, tuple(others)))
     return instances
-
-
-def split_instances(instances: list[Instance], heldout_fraction: float,
-                    seed: int) -> tuple[list[Instance], list[Instance]]:
-    """(train, held-out): a seeded shuffle of the instances, cut by `heldout_fraction`."""
-    if not 0 < heldout_fraction < 1:
-        raise ValueError(f"heldout_fraction={heldout_fraction} must be between 0 and 1")
-    shuffled = list(instances)
-    random.Random(seed + 1).shuffle(shuffled)
-    num_heldout = max(1, round(len(shuffled) * heldout_fraction))
-    return (sorted(shuffled[num_heldout:], key=lambda instance: instance.number),
-            sorted(shuffled[:num_heldout], key=lambda instance: instance.number))
 
 
 def module_sources(instance: Instance, fixed: bool) -> dict[str, str]:

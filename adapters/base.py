@@ -1,16 +1,5 @@
-"""The protocol every scaffold adapter implements, and the records it exchanges.
-
-A rollout session gives an adapter three things: the task, the session's sandbox,
-and the gateway endpoint of this session (`Endpoint`: its OpenAI/Anthropic base URL
-and key). The adapter launches the scaffold and returns a `ScaffoldProcess`, which
-the runner waits on with a time limit, kills, and asks for its exit and logs:
-
-    process = await scaffold.launch(task, sandbox, endpoint, workdir)
-    exit = await process.wait(timeout_s)        # kills it when the time is up
-    print(exit.cause, exit.exit_code, exit.log_tail)
-
-Adapters configure a scaffold only through what it already exposes (its command
-line, config files, environment variables); they never patch its code.
+"""The protocol every scaffold adapter implements (`Scaffold`, `ScaffoldProcess`) and the
+records it exchanges; how a session uses them: docs/adapters.md#scaffolds.
 """
 
 from dataclasses import dataclass, field
@@ -95,8 +84,11 @@ class Scaffold(Protocol):
     `endpoint.inside_sandbox()`). `workdir` is a host folder for this session's files
     (configs, logs, trajectories)."""
 
-    name: str
-    runs_in_sandbox: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def runs_in_sandbox(self) -> bool: ...
 
     async def launch(self, task: Task, sandbox: Sandbox, endpoint: Endpoint,
                      workdir: Path) -> ScaffoldProcess: ...

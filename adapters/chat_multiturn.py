@@ -1,25 +1,6 @@
-"""Multi-turn chat rollouts: a lookup task whose second call needs the first call's tool
-result (`rollout.scaffold: chat-multiturn`).
-
-A task is a row of a prompt task set (`chat_rollout.py`) with a `key`: its `messages` ask
-for the value of that key (they may hold solved examples before the question). A session
-is two chat calls through the gateway:
-
-1. the task's messages; the policy should reply `lookup(KEY)` with the task's key;
-2. the messages, that reply and a tool message answering it: the value when the reply
-   called `lookup` with the task's key, else that there is no such key. The value is
-   drawn per session, an integer in [min_value, max_value] from (`seed`, group, slot,
-   attempt), so it cannot be learned from the task; the reply should be that value.
-
-The reward is the task's function (`reward`, `module:function`) called as in
-`chat_rollout.py` with the value as the task's `answer`, so
-`undertow.adapters.rewards:exact_answer` pays 1 only when the second reply is the
-value, which needs both calls right. `drop_tool_result` sends the tool message without
-its content: the fault switch that shows a policy cannot learn the task without it.
-
-Failures of Undertow's own are handled as in `chat_rollout.py`, whose group runner
-(slots, attempts, closing) this reuses: a failed call or reward function makes an infra
-failure whose slot is run again.
+"""Multi-turn chat rollouts (`rollout.scaffold: chat-multiturn`): a lookup task whose second
+call needs the first call's tool result.
+See docs/adapters.md#multi-turn-a-lookup-through-a-tool-result.
 """
 
 from __future__ import annotations
@@ -52,7 +33,7 @@ NO_SUCH_KEY = "error: no such key"
 @dataclass(frozen=True)
 class ChatMultiturnConfig(ChatRolloutConfig):
     """`ChatRolloutConfig` (`max_tokens` bounds each call's reply) plus the lookup
-    task's values and the `drop_tool_result` fault switch (module docstring)."""
+    task's values and the `drop_tool_result` fault switch (docs/adapters.md)."""
 
     min_value: int = 10
     max_value: int = 99
@@ -79,7 +60,7 @@ def tool_result(reply: str, key: str, value: int) -> str:
 
 
 class ChatMultiturnRollout(ChatRollout):
-    """Runs groups of two-call lookup sessions (module docstring) against a gateway."""
+    """Runs groups of two-call lookup sessions (docs/adapters.md) against a gateway."""
 
     def __init__(self, admin: GatewayAdmin, config: ChatRolloutConfig):
         super().__init__(admin, config)

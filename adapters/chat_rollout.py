@@ -1,24 +1,6 @@
-"""Chat rollouts: tasks that need no repository, no sandbox and no scaffold program.
-
-A prompt task set is a JSONL (or YAML list) file, one task per row:
-
-    {"instance_id": "colour", "prompt": "Name a colour.", "answer": "blue",
-     "reward": "undertow.adapters.rewards:exact_answer"}
-
-`prompt` (one user message) or `messages` (a chat) opens the session; `reward`
-names a function as `module:function`. Every other field is the task's own and is
-passed to that function. A session is one chat call through the gateway
-(`/s/{session}/v1/chat/completions`); the reply is appended to the messages, and
-the reward is `function(messages, task)` where `task` holds every field of the row.
-The function returns a number (a bool counts as 0 or 1).
-
-Failures of Undertow's own are not outcomes of the policy (`summary.is_infra_failure`):
-a session the gateway refuses to open (`error:open`), a chat call that fails
-(`error:gateway`; so is one the gateway closes as an infra failure, having answered
-it with an error of its own: `SessionResult.take_verdict`), a reward function that
-raises or returns no number (`error:reward`). Such a session is closed (when it was
-opened) with its cause in the meta, where the learner leaves it out, and the slot is run
-again as a new session of the same group, up to `max_attempts` attempts in all.
+"""Chat rollouts: tasks that need no repository, no sandbox and no scaffold program, one chat
+call a session. The task set's format, the reward call and the failures:
+docs/adapters.md#chat-rollouts.
 """
 
 from __future__ import annotations
@@ -39,7 +21,8 @@ from undertow.adapters.errors import RewardError, RolloutError
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.summary import SessionResult, is_infra_failure
 
-RewardFunction = Callable[[list[dict[str, Any]], dict[str, Any]], float]
+# A user's function, loaded by name: it should return a number, and `score` checks that it does.
+RewardFunction = Callable[[list[dict[str, Any]], dict[str, Any]], object]
 
 
 @dataclass(frozen=True)
@@ -67,7 +50,7 @@ def load_prompt_tasks(path: Path) -> list[PromptTask]:
     return [_task(row, f"{path}, task {number}") for number, row in enumerate(rows, 1)]
 
 
-def _task(row: Any, where: str) -> PromptTask:
+def _task(row: object, where: str) -> PromptTask:
     if not isinstance(row, dict) or not row.get("instance_id"):
         raise RolloutError(f"{where}: a task is a mapping with an instance_id, got {row!r}")
     name = row["instance_id"]

@@ -1,23 +1,5 @@
-"""Any program as a scaffold: a templated command line plus the usual environment.
-
-The command is a bash command line run on the host (`where="host"`, in the session's
-own folder) or inside the session's sandbox (`where="sandbox"`, as the sandbox's user,
-in the repository; the sandbox is then linked to the gateway, its only network peer).
-Placeholders in the command and in `env` values, replaced verbatim (not quoted):
-
-    {base_url}            OpenAI base URL of the session (`.../s/{session}/v1`)
-    {anthropic_base_url}  the same without `/v1` (Anthropic SDKs add it)
-    {api_key}             the session's key
-    {model}               the model name the gateway serves
-    {session_id} {instance_id}
-    {problem_file}        a file holding the task's problem statement
-    {repo_dir}            the repository folder inside the sandbox (e.g. /testbed)
-    {container}           the sandbox container's ID (host programs may `docker exec`)
-    {session_dir}         the session's folder on the host
-
-Other braces are left alone, so shell `${VAR}` and JSON in the command are safe.
-The environment always carries `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
-`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (and `OPENAI_MODEL`, `UNDERTOW_SESSION_ID`).
+"""Any program as a scaffold (`CommandScaffold`): a templated command line plus the usual
+environment. The placeholders and the variables: docs/adapters.md#any-program-command.
 """
 
 import os
@@ -74,7 +56,7 @@ class CommandScaffold:
                 "api_key": endpoint.api_key, "model": endpoint.model_name,
                 "session_id": endpoint.session_id, "instance_id": task.instance_id,
                 "problem_file": problem_file, "repo_dir": sandbox.workdir,
-                "container": sandbox.container.id, "session_dir": str(workdir)}
+                "container": sandbox.container_id, "session_dir": str(workdir)}
 
     def environment(self, values: Mapping[str, str]) -> dict[str, str]:
         env = {"OPENAI_BASE_URL": values["base_url"], "OPENAI_API_KEY": values["api_key"],

@@ -6,8 +6,7 @@
     ├── RolloutError          a rollout cannot run as configured (no tasks, bad scaffold name)
     └── RewardError           a prompt task's reward function failed on one session
 
-A scaffold that crashes, hangs or floods its output is not an error here: it is an
-ordinary outcome of a session, recorded as the session's cause (see `rollout.py`).
+A scaffold that crashes, hangs or floods its output is no error: it is the session's cause.
 """
 
 

@@ -22,7 +22,7 @@ class GatewayAdmin:
     async def __aenter__(self) -> "GatewayAdmin":
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def close(self) -> None:

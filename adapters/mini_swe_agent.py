@@ -1,19 +1,5 @@
-"""mini-swe-agent (the real package from PyPI, v2.4, unmodified) as a scaffold.
-
-Launch: `python -m minisweagent.run.mini -c swebench.yaml -c configs/mini_swe_agent.yaml
--c KEY=VALUE ... --task=PROBLEM -y --exit-immediately -o TRAJECTORY`, on the host, where:
-- the model is litellm's OpenAI-compatible provider, `openai/<model name>`, with
-  `api_base` = the session's gateway URL (`.../s/{session}/v1`) and the session's key
-  in `OPENAI_API_KEY`; cost tracking ignores the unknown model
-  (`cost_tracking: ignore_errors`, `cost_limit: 0`) and litellm's cost map is the local
-  copy (`LITELLM_LOCAL_MODEL_COST_MAP=True`, no network);
-- the environment is `undertow.adapters.mini_swe_env.SandboxEnvironment` (chosen by
-  import path, as mini-swe-agent allows), which runs each command in the session's
-  sandbox container;
-- mini-swe-agent's global config folder is the session's own (`MSWEA_GLOBAL_CONFIG_DIR`),
-  so a user's `~/.config/mini-swe-agent/.env` cannot change a rollout.
-
-The trajectory it saves gives the session's `details` (`exit_status`, number of calls).
+"""mini-swe-agent (the real package from PyPI, v2.4, unmodified) as a scaffold, run on the host
+against the session's endpoint; its command line and config: docs/adapters.md#mini-swe-agent.
 """
 
 import json
@@ -53,7 +39,7 @@ class MiniSweAgent:
     def command(self, task: Task, sandbox: Sandbox, endpoint: Endpoint,
                 workdir: Path) -> list[str]:
         specs = [
-            f"environment.container={sandbox.container.id}",
+            f"environment.container={sandbox.container_id}",
             f"environment.cwd={sandbox.workdir}",
             f"environment.timeout={self.command_timeout_s}",
             f"model.model_name=openai/{endpoint.model_name}",

@@ -1,16 +1,5 @@
-"""The environment mini-swe-agent runs its commands in: the session's sandbox container.
-
-mini-swe-agent chooses its environment class by import path from its config
-(`environment.environment_class`), so Undertow gives it this class instead of patching
-anything: `undertow.adapters.mini_swe_env.SandboxEnvironment`, with the container's ID.
-It runs inside mini-swe-agent's process and implements that package's `Environment`
-protocol (`execute`, `get_template_vars`, `serialize`); each command goes through
-`Sandbox.exec`, so a command past its time limit is killed with its whole process tree
-inside the container. As mini-swe-agent's own environments do, an output whose first
-line is `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (exit code 0) ends the run by raising
-its `Submitted`.
-
-The container belongs to the rollout runner: this class never starts or removes it.
+"""The environment mini-swe-agent runs its commands in, chosen by import path from its config:
+the session's sandbox container, which it never starts or removes (docs/adapters.md#mini-swe-agent).
 """
 
 import asyncio
@@ -34,8 +23,8 @@ class SandboxEnvironment:
 
     def __init__(self, *, container: str, cwd: str = "/testbed", timeout: int = 60,
                  env: dict[str, str] | None = None, max_output_bytes: int = 256 * 2**10,
-                 docker_url: str | None = None, **extra: Any):
-        self.config = {"container": container, "cwd": cwd, "timeout": timeout,
+                 docker_url: str | None = None, **extra: object):
+        self.config: dict[str, Any] = {"container": container, "cwd": cwd, "timeout": timeout,
                        "env": dict(env or {}), "max_output_bytes": max_output_bytes, **extra}
         self._connection = connect(docker_url)
         handle = self._connection.client.containers.get(container)
@@ -72,7 +61,7 @@ class SandboxEnvironment:
             raise Submitted({"role": "exit", "content": submission,
                              "extra": {"exit_status": "Submitted", "submission": submission}})
 
-    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+    def get_template_vars(self, **kwargs: object) -> dict[str, Any]:
         return {**self.config, **platform.uname()._asdict(), **kwargs}
 
     def serialize(self) -> dict[str, Any]:

@@ -1,19 +1,5 @@
-"""Scaffold processes: on the host (a process group) or inside the sandbox (one `exec`).
-
-`HostProcess` runs a program in its own process group with its merged output read as it
-comes: the log keeps the head and the tail (bounded by `max_log_bytes`, however long the
-program runs: nothing it prints is held whole), every byte is counted, and a program
-that prints more than `max_output_bytes` within one `flood_window_s` is killed (cause
-OUTPUT_FLOOD), so a scaffold that floods its output costs the run neither memory nor
-disk. The limit is a rate, not a total, so that a session that runs for hours and
-prints steadily is not mistaken for a flood. Killing sends SIGTERM to the group, then
-SIGKILL after a grace period.
-
-`SandboxProcess` runs a shell command inside the session's sandbox through
-`Sandbox.exec`, whose output is bounded the same way.
-
-`stop_sandbox_processes` kills whatever a scaffold left running in its sandbox, so that
-the diff taken next is the state at the cut-off and nothing changes it afterwards.
+"""Scaffold processes: on the host (`HostProcess`, a process group) or inside the sandbox
+(`SandboxProcess`, one `exec`), with bounded output (docs/adapters.md#processes).
 """
 
 import asyncio
@@ -47,7 +33,11 @@ exit 0
 
 
 class HostProcess:
-    """A scaffold running on the host. Create with `await HostProcess.start(...)`."""
+    """A scaffold running on the host. Create with `await HostProcess.start(...)`.
+
+    A program that prints more than `max_output_bytes` within one `flood_window_s` is killed
+    (cause OUTPUT_FLOOD): a rate, not a total, so that a session that runs for hours and
+    prints steadily is no flood. Killing sends SIGTERM to the group, then SIGKILL."""
 
     def __init__(self, process: asyncio.subprocess.Process, log_path: Path,
                  max_output_bytes: int, max_log_bytes: int, flood_window_s: float = 60.0):
@@ -84,6 +74,7 @@ class HostProcess:
 
     async def _read(self) -> None:
         window_start_s, num_window_bytes = time.monotonic(), 0
+        assert self.process.stdout is not None, "started with stdout=PIPE"
         while chunk := await self.process.stdout.read(_CHUNK_BYTES):
             self.output.add(chunk)
             now_s = time.monotonic()

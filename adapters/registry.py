@@ -1,10 +1,5 @@
-"""Scaffolds by short name: a plain dict of import paths, resolved when chosen.
-
-    scaffold = create_scaffold("mini-swe-agent", {"step_limit": 10})
-    scaffold = create_scaffold("command", {"command": "my-agent --task {problem_file}"})
-    scaffold = create_scaffold("claude-code")          # a preset built on `command`
-
-A new scaffold is a new module plus one line here.
+"""Scaffolds by short name: a plain dict of import paths, resolved when chosen
+(`create_scaffold`). A new scaffold is a new module plus one line here.
 """
 
 import importlib

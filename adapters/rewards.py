@@ -1,9 +1,5 @@
-"""Reward functions for prompt task sets (`adapters/chat_rollout.py`), named in a task
-row as `reward: undertow.adapters.rewards:<function>`.
-
-A reward function is called as `function(messages, task)`: `messages` is the
-session's chat, the policy's reply last (`{"role": "assistant", "content": ...}`),
-and `task` holds every field of the task's row. It returns a number (or a bool).
+"""Reward functions for prompt task sets, named in a task row as
+`reward: undertow.adapters.rewards:<function>`; how they are called: docs/adapters.md#chat-rollouts.
 """
 
 from typing import Any

@@ -1,40 +1,6 @@
-"""The rollout runner: every task `group_size` times, each session in its own sandbox,
-at most `concurrency` sessions at once, against a gateway reached over HTTP.
-
-One session, top to bottom (`Rollout._session`):
-1. open a session at the gateway (group = the task's group of this run);
-2. start a sandbox from the task's image (linked to the gateway when the scaffold runs
-   inside it), run the task's start commands in it (SWE-smith: check out the instance's
-   branch) and take HEAD as the base of its diff (`sandboxes/task_setup.py`; what ran is
-   in the session's `sandbox.log`);
-3. launch the scaffold against (task, sandbox, endpoint) and wait up to `timeout_s`;
-   a scaffold past its limit, or flooding its output, is killed;
-4. stop whatever it left running in the sandbox, take the diff, grade it in a fresh
-   container (a timed-out session gets partial credit);
-5. attach reward and details to the session at the gateway, which closes it; remove
-   the sandbox.
-A scaffold that crashes, hangs or floods is an outcome (`SessionResult.cause`), not an
-error of the run; an error of Undertow's own (image, sandbox, setup, grading; or an error
-reply the gateway gave the scaffold, which it noted on the session: `error:gateway`, not
-graded, the scaffold's own cause kept as `scaffold_cause`) closes the
-session with reward 0, `cause = error:<stage>` and `infra_failure: true` in its meta
-(the learner leaves it out; `error` says why, as does the last line of the session's
-`sandbox.log`), and the slot is run again as a new session of the same
-group (same `index`, next `attempt`; the task's image is built again if that failed),
-up to `max_attempts` attempts in all.
-
-Sandboxes run on one Docker daemon (a `Connection`) or on several (`DockerHosts`,
-`sandboxes/hosts.py`): each session is placed on the least-loaded live host, builds the
-task's image there on first use, and grades there. After a failure of Undertow's own
-the runner pings the session's host; one that does not answer is marked down, so the
-slot's next attempt runs elsewhere.
-
-With `timeout_value="tree_estimate"`, a timed-out session is closed only after its
-group's other sessions: its reward is then QwenGyre's tree-value estimate
-(`tree_value.py`), or its partial credit when no finished session shares its path.
-
-Cancelling `run()` (Ctrl-C) kills the scaffolds, closes every open session (cause
-`interrupted`) and removes every container of the run.
+"""The rollout runner (`Rollout`): every task `group_size` times, each session in its own
+sandbox, against a gateway reached over HTTP. A session top to bottom, failures of Undertow's
+own, hosts, tree estimates and cancelling: docs/adapters.md#the-rollout-runner.
 """
 
 import asyncio
@@ -102,15 +68,16 @@ def failure_reason(error: BaseException) -> str:
     """What went wrong, never empty: the error's type and message, and the errors it was
     raised from; one without a message (a bare TimeoutError) also says where it was
     raised (file, line and function of the innermost frame)."""
-    reasons = []
-    while error is not None and len(reasons) < 4:
-        message = str(error).strip()
+    reasons: list[str] = []
+    link: BaseException | None = error
+    while link is not None and len(reasons) < 4:
+        message = str(link).strip()
         if not message:
-            frame = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+            frame = traceback.extract_tb(link.__traceback__)[-1:] if link.__traceback__ else []
             message = (f"(no message) raised at {Path(frame[0].filename).name}:"
                        f"{frame[0].lineno} in {frame[0].name}" if frame else "(no message)")
-        reasons.append(f"{type(error).__name__}: {message}")
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        reasons.append(f"{type(link).__name__}: {message}")
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
     return "; from ".join(reasons)
 
 
@@ -151,6 +118,9 @@ class Rollout:
         try:
             if getattr(self.scaffold, "runs_in_sandbox", False):
                 gateway = urlsplit(self.admin.url)
+                if not gateway.hostname:
+                    raise RolloutError(f"the gateway URL {self.admin.url!r} names no host; "
+                                       "give it as http://HOST:PORT")
                 self._link = await GatewayRelay(gateway.hostname, gateway.port or 80).start()
             # A TaskGroup, not gather: on cancellation it waits for every session's
             # clean-up, where gather returns as soon as the first child is cancelled.
@@ -304,11 +274,13 @@ class Rollout:
 
     async def _start_sandbox(self, task: Task, host: DockerHost, image: str,
                              session_id: str) -> Sandbox:
-        options = dict(run=self.run_id, session=session_id, workdir=task.workdir,
-                       base_commit=task.base_commit, config=self.config.sandbox)
         if self._link is not None:
-            return await start_linked_sandbox(host.connection, image, self._link, **options)
-        return await Sandbox.start(host.connection, image, **options)
+            return await start_linked_sandbox(
+                host.connection, image, self._link, run=self.run_id, session=session_id,
+                workdir=task.workdir, base_commit=task.base_commit, config=self.config.sandbox)
+        return await Sandbox.start(
+            host.connection, image, run=self.run_id, session=session_id, workdir=task.workdir,
+            base_commit=task.base_commit, config=self.config.sandbox)
 
     def _session_dir(self, result: SessionResult) -> Path:
         return self.out_dir / "sessions" / result.session_id
@@ -373,9 +345,9 @@ class Rollout:
             with contextlib.suppress(Exception):
                 tree = await self.admin.group_tree(self.group_name(task))
         for result in waiting:
-            estimate = tree and result.timed_out and estimate_tree_value(
-                tree, result.session_id, finished)
-            if estimate:
+            estimate = (estimate_tree_value(tree, result.session_id, finished)
+                        if tree and result.timed_out else None)
+            if estimate is not None:
                 result.tree_value = {"value": estimate.value, "node_id": estimate.node_id,
                                      "depth": estimate.depth,
                                      "num_sessions": estimate.num_sessions}

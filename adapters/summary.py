@@ -1,23 +1,6 @@
-"""What a rollout reports: one record per session, the run summary, and live progress.
-
-`SessionResult` is what the runner learns about one session and attaches (as `meta`)
-when it closes the session at the gateway. `RolloutSummary` aggregates them per task
-(pass rate, rewards, tokens, durations, timeouts, failures by cause, sessions re-run
-after failures of Undertow's own) and renders JSON and a Markdown table. `Progress`
-prints one line at a time while the run goes on: tasks done, sessions running, pass
-rate so far, re-runs, tokens per second.
-
-Outcomes and failures: a session whose scaffold ended by itself (`exited`, `crashed`),
-ran out of time (`timeout`) or flooded its output (`output_flood`, the policy's doing)
-has an outcome the policy earned, unless the gateway failed its calls (an error reply of
-Undertow's own, which the gateway notes on the session and which makes its close an infra
-failure: `error:gateway`, `gateway_errors`, `SessionResult.take_verdict`). Any other cause
-(`error:<stage>`: Undertow could not open, build, start, run or grade it; `killed`,
-`interrupted`: the runner stopped it) is a failure of Undertow's own
-(`is_infra_failure`): the session carries
-`infra_failure: true` in its meta, never enters advantages or the loss, and its slot
-is run again as a new session of the same group (`attempt` counts from 0). Pass
-rates and rewards of a summary count only the sessions with outcomes.
+"""What a rollout reports: one record per session (`SessionResult`), the run summary
+(`RolloutSummary`) and live progress (`Progress`). Which causes are outcomes, and which are
+failures of Undertow's own: docs/adapters.md#what-a-rollout-reports.
 """
 
 import json
@@ -30,7 +13,7 @@ from typing import Any, TextIO
 
 # Causes that are not failures of the scaffold: it ended by itself or ran out of time.
 NOT_FAILURES = ("exited", "timeout")
-# Causes of sessions whose reward the policy earned (see the module docstring).
+# Causes of sessions whose reward the policy earned (docs/adapters.md#what-a-rollout-reports).
 OUTCOME_CAUSES = ("exited", "crashed", "timeout", "output_flood")
 
 

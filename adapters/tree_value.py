@@ -1,11 +1,5 @@
-"""QwenGyre's value estimate for a session cut off by its time limit.
-
-A timed-out session has no outcome of its own. Its group's tree tells how far it got:
-the deepest node on its paths that finished sessions of the same group also went
-through. The finished sessions that share that node started the same way, so the
-mean of their rewards estimates what the cut-off session would have earned. The
-estimate uses the group tree as the gateway's admin API returns it (`tree_to_json` in
-`gateway/trees/tree.py`: `nodes` with `id` and `parent`, `sessions` with `leaves`).
+"""QwenGyre's value estimate for a session cut off by its time limit, from its group's tree
+(docs/adapters.md#the-rollout-runner).
 """
 
 from collections.abc import Mapping
@@ -25,8 +19,9 @@ class TreeValue:
 
 
 def _path(parents: Mapping[int, int | None], leaf: int) -> list[int]:
-    path, node = [], leaf
-    while node in parents:
+    path: list[int] = []
+    node: int | None = leaf
+    while node is not None and node in parents:
         path.append(node)
         node = parents[node]
     return path[::-1]
@@ -35,8 +30,9 @@ def _path(parents: Mapping[int, int | None], leaf: int) -> list[int]:
 def estimate_tree_value(tree: Mapping[str, Any], session_id: str,
                         finished_rewards: Mapping[str, float]) -> TreeValue | None:
     """The estimate for `session_id` from the sessions in `finished_rewards` (those that
-    ended by themselves, with their rewards); None when no finished session shares any
-    node with it."""
+    ended by themselves, with their rewards): the mean reward of those that share the
+    deepest node on its paths; None when none shares any node with it. `tree` is the group
+    tree as the gateway's admin API returns it (`tree_to_json`)."""
     parents = {node["id"]: node["parent"] for node in tree["nodes"]}
     sessions = tree["sessions"]
     if session_id not in sessions:

@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.engine import model_dir_of
-from undertow.gateway.engines.builtin.tokenizer import Tokenizer
-from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.builtin_engine.tokenizer import Tokenizer
 from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
 from undertow.gateway.engines.protocol import GenerateRequest, GenerateResult, SamplingParams
+from undertow.gateway.engines.sglang import SGLangDriver
 
 RESULTS = Path(__file__).parent / "results" / "cache_logprobs.json"
 NUM_TOKENS = 32
@@ -60,8 +60,8 @@ CONDITIONS = ("cold", "cold_again", "cached", "half_cached", "chunked", "kv_impo
 
 @dataclass(frozen=True)
 class Engines:
-    plain: SGLangClient
-    chunked: SGLangClient
+    plain: SGLangDriver
+    chunked: SGLangDriver
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Outcome:
     cached_tokens: int | None
 
 
-async def generate(engine: SGLangClient, ids: list[int], max_new_tokens: int) -> GenerateResult:
+async def generate(engine: SGLangDriver, ids: list[int], max_new_tokens: int) -> GenerateResult:
     return await engine.generate(GenerateRequest(
         input_ids=ids, return_logprob=True, sampling_params=SamplingParams(
             max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)))
@@ -198,7 +198,7 @@ async def measure_engines(model_dir: Path, dtype: str, prompts: list[list[int]]
                                         "max_prefill_tokens": CHUNK_TOKENS})
     async with launch_engine(plain, model_dir) as first, \
             launch_engine(chunky, model_dir) as second, \
-            SGLangClient(first.url) as plain_client, SGLangClient(second.url) as chunked_client:
+            SGLangDriver(first.url) as plain_client, SGLangDriver(second.url) as chunked_client:
         return await run_prompts(Engines(plain_client, chunked_client), prompts)
 
 

@@ -336,8 +336,8 @@ def _pool_gradient(model_dir: Path, learner, packed, timeout_s: float):
     """The same step on the pool's member processes; the coordinator's gradient and the
     step's result. The chunk is appended once both members hold a ticket, so each
     trains part of it."""
-    from undertow.learner.elastic.local import ProcessMembers
-    from undertow.learner.elastic.step import Coordinator
+    from undertow.cells.elastic.local import ProcessMembers
+    from undertow.cells.elastic.step import Coordinator
     from undertow.learner.model import PolicyModel
     from undertow.learner.sharding import place
 

@@ -12,9 +12,9 @@ and samples (the same sessions, drawn per step from the seed):
 - `elastic` with the same `max_staleness` (the main comparison), and `elastic` synchronous
   (staleness 0), which is the on-policy comparison with colocate.
 
-Each run also reports its work floor (see `learner/sim/results.py`): slot-seconds of rollout plus
-cell-seconds of training per step over the cells, below which no policy can go. It shows how much
-room the best split leaves, hence the most any policy could gain over it.
+Each run also reports its work floor (see `undertow/cells/sim/results.py`): slot-seconds of
+rollout plus cell-seconds of training per step over the cells, below which no policy can
+go. It shows how much room the best split leaves, hence the most any policy could gain over it.
 
 Then, on the long-tail workload only, it repeats the comparison with the training cost scaled
 (x0.25 to x4), since the workload file sets the ratio of training to rollout time by hand, and
@@ -34,8 +34,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from undertow.learner.sim import SimResult, format_table, load_workload, simulate
-from undertow.learner.sim.plot import plot_timeline
+from undertow.cells.sim import SimResult, format_table, load_workload, simulate
+from undertow.cells.sim.plot import plot_timeline
 
 RESULTS_DIR = Path(__file__).parent / "results"
 WORKLOADS = ("qwengyre_long_tail", "short_tail")

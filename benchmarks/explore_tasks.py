@@ -10,7 +10,8 @@ which calls a leaf function in a third; the leaf uses a module-level constant. A
 instance is a chain and two numbers: in its base state the chain's constant holds the
 wrong one. Its statement shows only the symptom, one call of the public function, the
 result it gave and the one expected ("numbers" also says which number is used and which
-is meant), never the file, the function or the constant to fix: the agent must find the
+is meant, "constant" also the name of the constant that holds it), never the file or
+the function to fix: the agent must find the
 chain (grep/ls), read it (cat/sed -n) and edit the constant (sed -i). A decoy makes a
 blind edit fail: another chain's constant, in another module, holds the same wrong
 number in both states, and a test that is kept passing (PASS_TO_PASS) checks that chain.
@@ -26,7 +27,9 @@ format (`sandboxes/taskset.py`), one folder per split:
     DIR/heldout/        `--num-unseen` instances of the held-out repository
     DIR/heldout-seen/   held-out instances of the three (a seeded `--heldout-fraction`)
 
-each with tasks.jsonl and repos/<instance_id>/ (the FIXED state), base commits stamped.
+each with tasks.jsonl and repos/<instance_id>/ (the FIXED state), base commits stamped,
+and oracle.jsonl: each instance's gold session (`oracle_commands`: grep, read the call's
+path, sed, submit), which `undertow sft-collect --commands` turns into SFT transcripts.
 Output depends only on the arguments: the same seed gives byte-identical folders.
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,7 +168,11 @@ REPOS: tuple[Repo, ...] = (
 )
 TRAIN_REPOS = ("ledger", "orbit", "quill")
 UNSEEN_REPO = "harbor"
-DIFFICULTIES = ("call", "numbers")
+DIFFICULTIES = ("call", "numbers", "constant")
+# The gold sessions' file in each split folder, and their last command: the submit line
+# of benchmarks/configs/explore_mini_swe_agent.yaml's step 4.
+ORACLE_FILE = "oracle.jsonl"
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 @dataclass(frozen=True)
@@ -269,7 +277,8 @@ def held_back_tests(instance: Instance) -> str:
 
 def problem_statement(instance: Instance, difficulty: str = "numbers") -> str:
     """The symptom: one call, its result and the expected one ("numbers": and which
-    number is used where which is meant). Never a file, function or line of the fix."""
+    number is used where which is meant; "constant": and the constant's name, which
+    tells its grep hit from the decoy's). Never a file, function or line of the fix."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty={difficulty!r}: choose one of {list(DIFFICULTIES)}")
     chain = instance.repo.chains[instance.chain]
@@ -277,9 +286,11 @@ def problem_statement(instance: Instance, difficulty: str = "numbers") -> str:
             f">>> from {instance.repo.public} import {chain.entry}\n"
             f">>> {chain.entry}({chain.arg})\n{chain.result(instance.wrong)}\n```\n\n"
             f"I expected {chain.result(instance.right)}.\n")
-    if difficulty == "numbers":
+    if difficulty in ("numbers", "constant"):
         text += (f"\nSomewhere on the way the number {instance.wrong} is used where "
                  f"{instance.right} is meant.\n")
+    if difficulty == "constant":
+        text += f"The constant that holds it is named {chain.constant}.\n"
     return text
 
 
@@ -328,10 +339,33 @@ def task_record(instance: Instance, difficulty: str = "numbers") -> dict:
     }
 
 
+def oracle_commands(instance: Instance, testbed: str = "/testbed") -> list[str]:
+    """The gold session, one shell command a reply, as a careful agent runs it: search for
+    the wrong number (the chain's constant and the decoy both show), read the public
+    module (which helper the call goes through) and the helper's module (which leaf module
+    it imports: one of the two hits), fix that module's constant, submit. Each command's
+    output holds what the next one needs, so a policy that imitates it learns to read
+    before it edits, not where the fix is."""
+    repo, chain = instance.repo, instance.repo.chains[instance.chain]
+    leaf = f"{testbed}/{repo.path(chain.leaf_module)}"
+    return [f"grep -rn {instance.wrong} {testbed} --include=*.py",
+            f"cat {testbed}/{repo.path(repo.entry_module)}",
+            f"cat {testbed}/{repo.path(chain.helper_module)}",
+            f"sed -i 's/{chain.constant} = {instance.wrong}/{chain.constant} = "
+            f"{instance.right}/' {leaf}",
+            SUBMIT_COMMAND]
+
+
 def write_split(folder: Path, instances: list[Instance], difficulty: str = "numbers") -> Path:
-    """`folder/tasks.jsonl` and `folder/repos/`, base commits stamped; returns the folder."""
-    return write_task_folder(folder, instances, write_repository,
-                             lambda instance: task_record(instance, difficulty))
+    """`folder/tasks.jsonl` and `folder/repos/`, base commits stamped, and
+    `folder/oracle.jsonl` (`undertow sft-collect --commands`: each instance's
+    `oracle_commands`); returns the folder."""
+    write_task_folder(folder, instances, write_repository,
+                      lambda instance: task_record(instance, difficulty))
+    (folder / ORACLE_FILE).write_text("".join(
+        json.dumps({"instance_id": i.instance_id, "commands": oracle_commands(i)}) + "\n"
+        for i in instances))
+    return folder
 
 
 def draw_splits(num_instances: int, num_unseen: int, seed: int,
@@ -374,7 +408,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout-fraction", type=float, default=0.25)
     parser.add_argument("--difficulty", default="numbers", choices=DIFFICULTIES,
-                        help="call: the call's results only; numbers: also the two numbers")
+                        help="call: the call's results only; numbers: also the two numbers; "
+                        "constant: also the constant's name")
     args = parser.parse_args()
     folders = generate(args.out, args.num_instances, args.num_unseen, args.seed,
                        args.heldout_fraction, args.difficulty)

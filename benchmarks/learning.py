@@ -4,6 +4,8 @@
         [--difficulty line] [--num-steps 24] [--eval-every 8] [--group-size 8]
         [--groups-per-step 4] [--rl-lr 3e-6] [--eval-sessions 150] [--concurrency 8]
     python -m benchmarks.learning --model tiny [--num-sft-tasks 60] [--sft-epochs 2] ...
+    python -m benchmarks.learning --family explore --start sft [--num-sft-tasks 40]
+        [--sft-lr 1e-5] [--sft-epochs 2] --num-steps 0 --eval-sessions 32 ...
 
 `--model` is the start policy: a pretrained model directory, or the name of one that
 `make setup-models` puts in .cache/models (`benchmarks.learner.MODELS`), trained by RL
@@ -14,8 +16,10 @@ where it stopped):
 
 1. `python -m benchmarks.learning_tasks`: the generated task family (`learning_tasks.py`,
    at `--difficulty`), split by instance into `WORK/tasks/train` and `WORK/tasks/heldout`;
-2. tiny only: `undertow model init`, `undertow sft-collect` on `--num-sft-tasks` training
-   instances (the gold patch applied by the real mini-swe-agent), `undertow sft`;
+2. tiny, or a pretrained policy with `--start sft` (explore): `undertow model init` (tiny),
+   `undertow sft-collect` on `--num-sft-tasks` training instances (tiny: the gold patch
+   applied by the real mini-swe-agent; explore: the gold session of
+   `explore_tasks.oracle_commands`, grep, read, sed, submit), `undertow sft`;
 3. `undertow rollout` on the held-out instances with the start policy: at least
    `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times);
 4. `undertow train` from it to the next held-out point (every `--eval-every` steps):
@@ -54,6 +58,7 @@ import time
 from pathlib import Path
 
 from benchmarks.explore_behaviour import behaviour
+from benchmarks.explore_tasks import ORACLE_FILE
 from benchmarks.learner import resolve_model
 from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
@@ -84,10 +89,14 @@ FAMILIES = {
 # is its embedding; a pretrained policy's embedding and untied head stay as they are
 # (learner.frozen: 3.3 GB less resident for Qwen2.5-Coder-0.5B, whose learner at 10.9 GB
 # was OOM-killed twice here beside other work).
+# SFT (the tiny model always; a pretrained one with `--start sft`): random weights need
+# 3e-3 to learn two turns at all; a pretrained 0.5B model is pushed off its format by a
+# tenth of that (RL at 1e-5 collapsed in one step), so it gets 1e-5 on fewer transcripts.
 RUN_DEFAULTS = {TINY: {"step_limit": 3, "max_tokens": 256, "agent_config": None,
-                       "frozen": ""},
+                       "frozen": "", "sft_lr": 3e-3, "num_sft_tasks": 60},
                 "pretrained": {"step_limit": 1, "max_tokens": 96, "agent_config": AGENT_CONFIG,
-                               "frozen": "model.embed_tokens,lm_head"}}
+                               "frozen": "model.embed_tokens,lm_head", "sft_lr": 1e-5,
+                               "num_sft_tasks": 40}}
 STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy", "grad_norm",
              "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p95", "masked_fraction",
              "num_sessions", "num_dropped_uniform", "num_trained_tokens",
@@ -148,27 +157,74 @@ def prepare(work: Path, args, record: dict) -> tuple[str, Path]:
     _timed(record, "tasks", argv, work / "tasks.log",
            all((tasks / split / "tasks.jsonl").exists() for split in family["splits"]),
            family["module"])
-    if args.model != TINY:
-        return "start", resolve_model(args.model)
-    return "sft", sft_model(work, args, record)
+    if args.model == TINY:
+        base = work / "base"
+        _timed(record, "init", ["model", "init", "--out", str(base), "--size", "tiny",
+                                "--seed", str(args.seed)], work / "init.log",
+               (base / "model.safetensors").exists())
+        return "sft", sft_model(work, args, record, base)
+    if args.start == "sft":
+        return "sft", sft_model(work, args, record, resolve_model(args.model))
+    return "start", resolve_model(args.model)
 
 
-def sft_model(work: Path, args, record: dict) -> Path:
-    """The tiny model: random weights, then SFT on oracle trajectories."""
-    tasks, base, store, sft = (work / "tasks", work / "base", work / "oracle-store",
-                               work / "sft")
-    _timed(record, "init", ["model", "init", "--out", str(base), "--size", "tiny",
-                            "--seed", str(args.seed)], work / "init.log",
-           (base / "model.safetensors").exists())
-    _timed(record, "collect", [
-        "sft-collect", "--tasks", str(tasks / "train"), "--num-tasks", str(args.num_sft_tasks),
-        "--model", str(base), "--out", str(store), "--logs", str(work / "collect"),
-        "--concurrency", str(args.concurrency), "--progress-interval-s", "0"],
-        work / "collect.log", any(store.glob("*.jsonl")))
-    _timed(record, "sft", [
-        "sft", "--store", str(store), "--model", str(base), "--out", str(sft),
-        f"sft.num_epochs={args.sft_epochs}", f"sft.lr={args.sft_lr}", "sft.min_reward=1"],
-        work / "sft.log", (sft / "model.safetensors").exists())
+def collect_argv(work: Path, base: Path, args) -> list[str]:
+    """`undertow sft-collect` on `--num-sft-tasks` training instances (tiny: the first;
+    explore: `spread_over_repositories`). The tiny model imitates the gold patch's two
+    tool calls; a pretrained one (explore) the gold session that
+    `explore_tasks.oracle_commands` wrote beside the tasks, as text actions, under the
+    same prompts and limits its held-out sessions get."""
+    train = work / "tasks" / "train"
+    argv = ["sft-collect", "--tasks", str(train), "--model", str(base),
+            "--out", str(work / "oracle-store"), "--logs", str(work / "collect"),
+            "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
+            "--progress-interval-s", "0"]
+    if args.model == TINY:
+        return argv + ["--num-tasks", str(args.num_sft_tasks)]
+    for instance_id in spread_over_repositories(train / "tasks.jsonl", args.num_sft_tasks):
+        argv += ["--task", instance_id]
+    argv += ["--commands", str(train / ORACLE_FILE), "--step-limit", str(args.step_limit),
+             "--max-tokens", str(args.max_tokens)]
+    argv += ["--agent-config", str(Path(args.agent_config).resolve())] \
+        if args.agent_config else []
+    return argv
+
+
+def spread_over_repositories(tasks_file: Path, num_tasks: int) -> list[str]:
+    """The first `num_tasks` instance ids taken from each repository in turn: the split
+    lists a repository's instances together, so its first N are one repository's (an SFT
+    on 8 ledger sessions learned to `cat ledger/api.py` in every repository)."""
+    by_repo: dict[str, list[str]] = {}
+    for line in tasks_file.read_text().splitlines():
+        record = json.loads(line)
+        by_repo.setdefault(record["repo"], []).append(record["instance_id"])
+    turns = [ids[i] for i in range(max(map(len, by_repo.values()), default=0))
+             for ids in by_repo.values() if i < len(ids)]
+    return turns[:num_tasks]
+
+
+def sft_argv(work: Path, base: Path, args) -> list[str]:
+    """`undertow sft` from `base` on the collected sessions that resolved their task, the
+    same parameters frozen as in RL (`--frozen`)."""
+    argv = ["sft", "--store", str(work / "oracle-store"), "--model", str(base),
+            "--out", str(work / "sft"), f"sft.num_epochs={args.sft_epochs}",
+            f"sft.lr={args.sft_lr}", "sft.min_reward=1"]
+    if args.frozen:
+        argv.append(f"sft.frozen={json.dumps(args.frozen.split(','))}")
+    return argv
+
+
+def sft_model(work: Path, args, record: dict, base: Path) -> Path:
+    """The SFT start policy: `base` trained on oracle sessions of training instances
+    (stages collect and sft, each skipped when its output is in `work`)."""
+    store, sft = work / "oracle-store", work / "sft"
+    _timed(record, "collect", collect_argv(work, base, args), work / "collect.log",
+           any(store.glob("*.jsonl")), num_threads=args.threads)
+    _timed(record, "sft", sft_argv(work, base, args), work / "sft.log",
+           (sft / "model.safetensors").exists(), num_threads=args.threads)
+    rewards = [r for runs in group_rewards(store)["rewards"].values() for r in runs]
+    record["collect"].update({"num_sessions": len(rewards),
+                              "num_resolved": sum(r >= 1 for r in rewards)})
     metrics = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
     steps_per_epoch = len(metrics) // args.sft_epochs
     record["sft"].update({
@@ -433,7 +489,7 @@ def write_results(work: Path, record: dict, evals: list[dict], args) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct",
                         help="start policy: a model directory, a name of benchmarks.learner."
                         "MODELS, or `tiny` (random weights + SFT)")
@@ -442,6 +498,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--family", default="swe", choices=list(FAMILIES),
                         help="swe: benchmarks/learning_tasks.py (the statement quotes the "
                         "fix); explore: benchmarks/explore_tasks.py (a symptom only)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="results JSON (its plot beside it, .png); default "
+                        "benchmarks/results/learning.json or learning_explore.json")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-instances", type=int, default=300,
                         help="explore: of the three training repositories")
@@ -449,12 +508,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="explore: instances of the held-out repository")
     parser.add_argument("--difficulty", default=None,
                         help="learning_tasks.DIFFICULTIES (line, numbers or call; default "
-                        "line) or explore_tasks.DIFFICULTIES (call or numbers; default "
+                        "line) or explore_tasks.DIFFICULTIES (call, numbers or constant; default "
                         "numbers)")
-    parser.add_argument("--num-sft-tasks", type=int, default=60,
-                        help="tiny: training instances with an oracle trajectory")
+    parser.add_argument("--start", default="base", choices=("base", "sft"),
+                        help="a pretrained policy's start: its weights, or (explore) them "
+                        "after SFT on gold sessions of training instances (tiny: always sft)")
+    parser.add_argument("--num-sft-tasks", type=int, default=None,
+                        help="training instances with an oracle session (default: tiny 60, "
+                        "pretrained 40)")
     parser.add_argument("--sft-epochs", type=int, default=2)
-    parser.add_argument("--sft-lr", type=float, default=3e-3)
+    parser.add_argument("--sft-lr", type=float, default=None,
+                        help="default: tiny 3e-3, pretrained 1e-5")
     parser.add_argument("--num-steps", type=int, default=24, help="RL steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=8,
                         help="held-out point every N steps")
@@ -496,7 +560,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     family = FAMILIES[args.family]
     suffix = "" if args.family == "swe" else f"-{args.family}"
     args.work = args.work or Path("runs") / f"learning{suffix}-{Path(args.model).name}"
-    args.results, args.plot = family["results"], family["plot"]
+    args.results, args.plot = (family["results"], family["plot"]) if args.results is None \
+        else (args.results, args.results.with_suffix(".png"))
     args.difficulty = args.difficulty or family["difficulty"]
     args.max_staleness = family.get("max_staleness", 0) if args.max_staleness is None \
         else args.max_staleness
@@ -510,6 +575,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.agent_config = {"auto": defaults["agent_config"], "none": None}.get(
         args.agent_config, args.agent_config)
     args.frozen = defaults["frozen"] if args.frozen == "auto" else args.frozen
+    args.sft_lr = args.sft_lr or defaults["sft_lr"]
+    args.num_sft_tasks = args.num_sft_tasks or defaults["num_sft_tasks"]
+    if args.start == "sft" and args.model != TINY and args.family != "explore":
+        parser.error("--start sft: gold sessions exist for --family explore only "
+                     "(explore_tasks.oracle_commands); the swe family starts from the weights")
     return args
 
 

@@ -37,6 +37,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 MIN_VALUE, MAX_VALUE = 3, 99
 TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
@@ -151,8 +152,18 @@ def draw_instances(num_instances: int, seed: int) -> list[Instance]:
     return instances
 
 
-def split_instances(instances: list[Instance], heldout_fraction: float,
-                    seed: int) -> tuple[list[Instance], list[Instance]]:
+class Numbered(Protocol):
+    """An instance of a generated family (this one's or explore_tasks')."""
+
+    @property
+    def number(self) -> int: ...
+
+
+NumberedT = TypeVar("NumberedT", bound=Numbered)
+
+
+def split_instances(instances: list[NumberedT], heldout_fraction: float,
+                    seed: int) -> tuple[list[NumberedT], list[NumberedT]]:
     """(train, held-out): a seeded shuffle of the instances, cut by `heldout_fraction`."""
     if not 0 < heldout_fraction < 1:
         raise ValueError(f"heldout_fraction={heldout_fraction} must be between 0 and 1")

@@ -105,7 +105,7 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, work: Pat
 
 
 def summarize(policy: str, run_dir: Path, total_s: float) -> dict:
-    from undertow.learner.loop import read_timeline
+    from undertow.cells.loop import read_timeline
     from undertow.learner.metrics_log import read_metrics
 
     events, records = read_timeline(run_dir), read_metrics(run_dir)

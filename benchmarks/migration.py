@@ -5,24 +5,25 @@
                                    [--reps-slow 1] [--modes kv_transfer,re_prefill]
 
 Two built-in engines on the tiny model (one torch thread each), behind the gateway's engine
-pool (`gateway/engines/pool.py`). For each context length L and each mode, a session streams a
-greedy generation from an L-token prompt on engine e0; after 16 tokens the pool drains e0 with
-`migrate=True`, and the generation continues on e1. The consumer of `pool.generate` (the code
-that streams to the scaffold) timestamps every token; the pause is the gap between the last
-token produced on e0 and the first produced on e1. Modes: `kv_transfer` (the staged copy of
-`gateway/engines/migration.py`) and `re_prefill` (the same pool with the copy off: e1 prefills the
-history). e1's cache is flushed before each run, so nothing of the session is on it but what
-migration puts there; e0's prefix cache gets the prompt once per L, before the first run (that
-prefill is not part of any pause). Also reported: the median gap between tokens before the
-migration (the normal decode step), the pause beyond it (a one-token step on the target over
-the whole context is the least a resume costs, and on CPU that step grows with the context),
-and for KV transfer how long the drain call took (the staged copy while decoding, plus the
-cut-over), how many tokens the last delta held, and where the pause went: `tail` (from the
-last token from e0 to the end of the cut-over: the source stops the request and returns the
-last delta, the target stages it while the attempt's stream ends) and `resume` (from then to
-the first token from e1: the resume request by handle, the target's decode step, the stream
-back). The JSON also has `stop_ms` and `stage_ms` (the cut-over's two calls from the gateway;
-the stop includes waiting for the source's step in progress, whose token is e0's last).
+pool (`gateway/engine_pool/pool.py`). For each context length L and each mode, a session
+streams a greedy generation from an L-token prompt on engine e0; after 16 tokens the pool
+drains e0 with `migrate=True`, and the generation continues on e1. The consumer of
+`pool.generate` (the code that streams to the scaffold) timestamps every token; the pause is
+the gap between the last token produced on e0 and the first produced on e1. Modes:
+`kv_transfer` (the staged copy of `gateway/engine_pool/migration.py`) and `re_prefill` (the
+same pool with the copy off: e1 prefills the history). e1's cache is flushed before each run,
+so nothing of the session is on it but what migration puts there; e0's prefix cache gets the
+prompt once per L, before the first run (that prefill is not part of any pause). Also reported:
+the median gap between tokens before the migration (the normal decode step), the pause beyond
+it (a one-token step on the target over the whole context is the least a resume costs, and on
+CPU that step grows with the context), and for KV transfer how long the drain call took (the
+staged copy while decoding, plus the cut-over), how many tokens the last delta held, and where
+the pause went: `tail` (from the last token from e0 to the end of the cut-over: the source
+stops the request and returns the last delta, the target stages it while the attempt's stream
+ends) and `resume` (from then to the first token from e1: the resume request by handle, the
+target's decode step, the stream back). The JSON also has `stop_ms` and `stage_ms` (the
+cut-over's two calls from the gateway; the stop includes waiting for the source's step in
+progress, whose token is e0's last).
 
 Target: with transfer, the pause does not grow with context length. Writes
 `benchmarks/results/migration.json` and prints a Markdown table. Wall-clock numbers on a shared
@@ -46,11 +47,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.engine_pool.migration import MigrationConfig
+from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
-from undertow.gateway.engines.migration import MigrationConfig
-from undertow.gateway.engines.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.gateway.metrics import GatewayMetrics
 
 RESULTS = Path(__file__).parent / "results" / "migration.json"
@@ -83,7 +84,7 @@ async def one_run(pool: EnginePool, urls: list[str], input_ids: list[int], name:
     """One migrated generation on e0 -> e1; the timings the consumer sees."""
     source = pool.engines[0]
     await pool.add_engine(urls[0])  # back to healthy after the previous run's drain
-    async with SGLangClient(urls[1]) as client:
+    async with SGLangDriver(urls[1]) as client:
         await client.flush_cache()
     pool.router.assign(name, source.engine_id, input_ids)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=MAX_NEW_TOKENS)
@@ -118,7 +119,7 @@ async def one_run(pool: EnginePool, urls: list[str], input_ids: list[int], name:
 
 async def warm_source(url: str, input_ids: list[int]) -> None:
     """Put the prompt into e0's prefix cache (a migrated request leaves nothing cached)."""
-    async with SGLangClient(url) as client:
+    async with SGLangDriver(url) as client:
         await client.generate(GenerateRequest(input_ids=input_ids, sampling_params=SamplingParams(
             max_new_tokens=1, temperature=0.0)))
 
@@ -127,8 +128,8 @@ async def measure(model_dir: Path, contexts: list[int], modes: list[str],
                   reps: dict[tuple[str, int], int]) -> list[dict]:
     launcher = BuiltinLauncher(overrides={"num_threads": 1, "cache_bytes": CACHE_BYTES})
     moved = MovedLog()
-    logging.getLogger("undertow.gateway.engines.migration").addHandler(moved)
-    logging.getLogger("undertow.gateway.engines.migration").setLevel(logging.INFO)
+    logging.getLogger("undertow.gateway.engine_pool.migration").addHandler(moved)
+    logging.getLogger("undertow.gateway.engine_pool.migration").setLevel(logging.INFO)
     rows = []
     async with launch_engine(launcher, model_dir) as first, \
             launch_engine(launcher, model_dir) as second:

@@ -19,7 +19,7 @@ to the next):
   into the target's prefix cache, then `/generate` S there (prefills 1 token; what a shared
   HiCache storage would give SGLang, in kind).
 - `kv_staged`: the same export, `stage_kv` into a slot of its own on the target, then
-  `generate_staged` of the last token (the path of `gateway/engines/migration.py`).
+  `generate_staged` of the last token (the path of `gateway/engine_pool/migration.py`).
 
 Each arm's calls are timed from this client (so the HTTP and the (de)serialisation count);
 `ms` is their sum, `pause_ms` the part a migration cannot hide while the source keeps decoding
@@ -42,10 +42,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from undertow.gateway.engines.builtin.model_config import ModelConfig
-from undertow.gateway.engines.client import SGLangClient
+from undertow.gateway.builtin_engine.model_config import ModelConfig
 from undertow.gateway.engines.launch import BuiltinLauncher, launch_engine
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.sglang import SGLangDriver
 
 RESULTS = Path(__file__).parent / "results" / "migration_cost.json"
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -59,8 +59,8 @@ GREEDY_ONE = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
 class Engines:
     """The two engines' drivers: `source` caches every session, `target` takes them over."""
 
-    source: SGLangClient
-    target: SGLangClient
+    source: SGLangDriver
+    target: SGLangDriver
 
 
 def session_ids(length: int) -> list[int]:
@@ -127,7 +127,7 @@ async def one_run(engines: Engines, arm: str, length: int) -> dict:
             "pause_ms": pause_ms, "calls_ms": clock.calls_ms, **run}
 
 
-async def warm_source(source: SGLangClient, contexts: list[int]) -> None:
+async def warm_source(source: SGLangDriver, contexts: list[int]) -> None:
     """Every session into the source's prefix cache (this prefill belongs to no arm)."""
     for length in contexts:
         await source.generate(GenerateRequest(input_ids=session_ids(length),
@@ -139,7 +139,7 @@ async def measure(model_dir: Path, contexts: list[int], num_reps: int) -> list[d
     rows = []
     async with launch_engine(launcher, model_dir) as first, \
             launch_engine(launcher, model_dir) as second, \
-            SGLangClient(first.url) as source, SGLangClient(second.url) as target:
+            SGLangDriver(first.url) as source, SGLangDriver(second.url) as target:
         engines = Engines(source, target)
         await warm_source(source, contexts)
         for rep in range(num_reps):

@@ -31,9 +31,9 @@ from tests.gateway.scripted_engine import ScriptedEngine
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.mini_swe_agent import MiniSweAgent
 from undertow.adapters.rollout import Rollout, RolloutConfig
-from undertow.embedded import serve_gateway
 from undertow.gateway.render import Renderer
 from undertow.learner.modeldir import init_model_dir
+from undertow.run.embedded import serve_gateway
 from undertow.sandboxes.connection import connect
 from undertow.sandboxes.task import load_tasks
 from undertow.sandboxes.taskset import BUNDLED_DIR

@@ -1,7 +1,6 @@
-"""The gateway package's exceptions, one tree with one root (`tests/test_layering.py`
-checks it). The API errors' status codes are fixed here, and each API formats them in its
-own SDKs' error shape (`api/errors.py`); the others are translated into API errors where
-they reach a scaffold's call, once, with `isinstance` (`front/calls.py`).
+"""The gateway's exceptions, one tree with one root (docs/design.md, "Errors"). Each API
+writes them in its SDK's error shape (`front/api/errors.py`); the others become API errors
+where they reach a scaffold's call (`front/calls.py`).
 
     GatewayError                 500  (anything unexpected)
     ├── BadRequest               400  malformed JSON, bad fields, template refusal
@@ -12,28 +11,26 @@ they reach a scaffold's call, once, with `isinstance` (`front/calls.py`).
     ├── PayloadTooLarge          413  body over `max_body_bytes`
     ├── Busy                     429  engine pool at its admission limit (Retry-After)
     ├── Unavailable              503  no engine alive
-    ├── PoolError                     the engine pool (`engines/pool.py`), below
+    ├── PoolError                     the engine pool (`engine_pool/pool.py`), below
     │   ├── PoolBusy             429  every engine at its admission limit -> Busy
     │   ├── PoolUnavailable      503  no healthy engine -> Unavailable
     │   ├── CallerLeft           499  the client left while its call waited for admission
     │   └── UnknownEngine        404  (also a KeyError) no engine with this ID
     ├── EngineError              502  an engine driver or launcher (`engines/protocol.py`)
-    │   ├── EngineUnavailable         no answer, a dropped stream, a 5xx, an unreadable reply
-    │   ├── EngineRejected            the engine refused (4xx; `status` is its own) -> BadRequest
-    │   │   └── WeightsNotUpdated     a weight update did not complete
+    │   ├── EngineUnavailable         no answer, a dropped stream, a 5xx, a bad reply
+    │   ├── EngineRejected            the engine refused (4xx, `status`) -> BadRequest
+    │   │   ├── WeightsNotUpdated     a weight update did not complete
+    │   │   └── IncompatibleCheckpoint  a checkpoint that does not fit the served model
     │   ├── EngineLaunchError         a launcher could not start an engine
-    │   └── HttpError                 the connection failed or broke HTTP/1.1 (`engines/http1.py`)
+    │   └── HttpError                 a failed or broken connection (`engines/http1.py`)
     ├── StoreDamaged                  (also a ValueError) a damaged line (`front/store.py`)
-    └── BuiltinEngineError            the built-in engine's server (`engines/builtin/errors.py`)
+    └── BuiltinEngineError            the built-in engine (`builtin_engine/errors.py`)
         ├── BadRequest                its HTTP 400
         ├── WeightLoadError           weights that do not fit the served model
-        ├── StagingConflict           a KV staging in another state (`builtin/staging.py`)
-        └── TransferConflict          KV not where a transfer assumes (`builtin/undertow_kv.py`)
+        ├── StagingConflict           a KV staging in another state (`staging.py`)
+        └── TransferConflict          KV not where a transfer assumes (`undertow_kv.py`)
 
-`status` is the HTTP status the gateway answers with when such an error reaches a client.
-The tree data model's `TreeError` (a `ValueError`) is no `GatewayError`: it is the root of
-`trees/errors.py`, so that the learner imports the trees without this tree. Where the front
-records a call (`front/call_record.py`) it becomes a `GatewayError` (500), once.
+The trees' `TreeError` is no `GatewayError` (`trees/errors.py`).
 """
 
 from __future__ import annotations
@@ -94,7 +91,7 @@ class Unavailable(GatewayError):
 
 
 class PoolError(GatewayError):
-    """Base of the engine pool's errors (`engines/pool.py`)."""
+    """Base of the engine pool's errors (`engine_pool/pool.py`)."""
 
 
 class PoolBusy(PoolError):

@@ -1,5 +1,5 @@
 """glibc's malloc, set for Undertow's long-lived processes: the gateway (`app.tune_malloc`)
-and the built-in engine (`engines/builtin/memory.py`) each say how much freed memory to keep,
+and the built-in engine (`builtin_engine/memory.py`) each say how much freed memory to keep,
 and when to hand it back. Where the C library is not glibc nothing happens."""
 
 import ctypes

@@ -1,17 +1,6 @@
-"""Prometheus metrics of the gateway, rendered in the text exposition format 0.0.4.
-
-A `Registry` is an object created at start-up (no module-level state); the app
-serves `registry.render()` at `GET /metrics`. `GatewayMetrics` declares every
-metric the gateway exports, so that names and labels are defined in one place:
-the engine pool records the per-engine ones and resumes, the API records the
-call-level ones.
-
-Invariants:
-- A metric's name and label names are fixed at creation; every sample passes
-  exactly those labels (a missing or extra label is a `ValueError`).
-- Counters only go up; histograms are cumulative (`le` buckets, `_sum`, `_count`).
-- Rendering reads a consistent snapshot: metrics are only touched from the event
-  loop's thread, so no lock is needed.
+"""Prometheus metrics of the gateway, in the text exposition format 0.0.4, served at
+`GET /metrics`. `GatewayMetrics` declares every metric the gateway exports: the engine
+pool records the per-engine ones, the API the call-level ones.
 """
 
 from __future__ import annotations
@@ -47,6 +36,9 @@ def _format_labels(pairs: list[tuple[str, str]]) -> str:
 
 
 class _Metric:
+    """A metric whose name and label names are fixed at creation; every sample passes
+    exactly those labels (`_key` refuses others)."""
+
     kind = ""
 
     def __init__(self, name: str, help_text: str, label_names: tuple[str, ...] = ()):
@@ -187,7 +179,9 @@ class Histogram(_Metric):
 
 
 class Registry:
-    """The metrics of one gateway process; `render()` is the body of `GET /metrics`."""
+    """The metrics of one gateway process; `render()` is the body of `GET /metrics`. No
+    lock: metrics are touched only from the event loop's thread, so a render reads a
+    consistent snapshot."""
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

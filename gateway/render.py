@@ -1,17 +1,8 @@
-"""Chat templates and token IDs: the model directory's template rendered with jinja2,
-text encoded and decoded with `tokenizers` (never `transformers`, which would import
-torch into the gateway).
-
-`Renderer` is loaded once from a Hugging Face model directory (`tokenizer.json`,
-`tokenizer_config.json`, the chat templates where `template_env.read_chat_templates` finds
-them, `generation_config.json`); a call with tools renders the `tool_use` template when
-the model has one. Token truth,
-which decides when a prompt reuses a session's earlier token IDs, is in
-`front/tokentruth.py`; this module only renders and codes.
-
-`Detokenizer` turns a growing list of sampled IDs into text deltas without decoding
-the whole completion at every token, and holds back a trailing partial UTF-8
-character until its last byte arrives.
+"""Chat templates and token IDs of a model directory: `Renderer` renders its template
+with jinja2 and codes text with `tokenizers` (never `transformers`, which would import torch
+into the gateway); `Detokenizer` turns sampled IDs into text deltas. Which earlier IDs a
+prompt reuses (token truth) is `front/tokentruth.py`'s; docs/design.md, "From a scaffold's
+HTTP call to the tree".
 """
 
 from __future__ import annotations
@@ -333,7 +324,8 @@ class Renderer:
 
 
 class Detokenizer:
-    """Incremental decoding of one completion. `push(ids)` returns the new text.
+    """Incremental decoding of one completion. `push(ids)` returns the new text, holding
+    back a trailing partial UTF-8 character until its last byte arrives.
 
     Only a window of recent IDs is decoded at each step (vLLM's scheme), so the cost
     per token does not grow with the completion's length."""

@@ -1,28 +1,7 @@
-"""Advantages: one number per session of a group, from the group's rewards.
-
-Group-relative (GRPO) by default: A_s = (r_s - mean) / (std + eps) over the group's
-closed sessions, with the population standard deviation (ddof 0); `scale="none"`
-gives the mean-only form A_s = r_s - mean (Dr.GRPO).
-
-A session that hit its time limit (`SessionPaths.meta["timed_out"]`) enters the
-group with the reward chosen by `timeout_reward`:
-- "partial_credit": the reward it was closed with (the grader's partial credit for
-  what it had done so far);
-- "tree_value": the mean reward of the sessions that did not time out and share
-  the longest token prefix with it (the value of the deepest tree node it shares);
-  its own recorded reward when no such session exists;
-- "drop": it does not enter the group (no advantage, so never trained, and it does not
-  move the group's mean): the arm that measures what the other two are worth.
-Only sessions with an outcome the policy earned enter a group: a session closed
-with `infra_failure: true` in its meta, or with a cause `error:<stage>`, `killed` or
-`interrupted` (Undertow failed it, or stopped it: `adapters/summary.py`), has no
-advantage, so it never reaches the loss (`valid_sessions`). The learner calls
-`group_advantages(tree, config)` per finished group.
-
-DAPO's dynamic sampling (`filter_uniform_groups`): a group whose valid sessions all
-got the same reward has every advantage 0 and carries no signal; the training loop
-(`train.py`) drops it and launches a replacement, at most `max_extra_groups` extra
-groups per step (past that bound such groups are trained as they are).
+"""Advantages: one number per session of a group, from the group's rewards. The learner
+calls `group_advantages(tree, config)` per finished group (docs/design.md, "From `undertow
+train` to the loss", step 8); only sessions with an outcome the policy earned enter a group
+(`valid_sessions`), so a session Undertow failed never reaches the loss.
 """
 
 from __future__ import annotations
@@ -40,7 +19,11 @@ INFRA_CAUSES = ("killed", "interrupted", "pending")
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How rewards become advantages (see the module docstring)."""
+    """How rewards become advantages: `scale` and `eps` (`group_advantages`),
+    `timeout_reward` (`session_rewards`). `filter_uniform_groups`: DAPO's dynamic
+    sampling, where the training loop drops a group whose valid sessions all got the
+    same reward (every advantage 0, no signal) and launches a replacement, at most
+    `max_extra_groups` extra groups a step (past that, such groups train as they are)."""
 
     scale: str = "std"
     eps: float = 1e-6
@@ -67,7 +50,9 @@ def is_timed_out(tree: Tree, session_id: str) -> bool:
 
 
 def is_infra_failure(meta: dict) -> bool:
-    """Whether a session's close meta says Undertow, not the policy, ended it."""
+    """Whether a session's close meta says Undertow, not the policy, ended it (or
+    stopped it): `infra_failure: true`, or a cause `error:<stage>`, `killed` or
+    `interrupted` (`adapters/summary.py`)."""
     cause = str(meta.get("cause", ""))
     return bool(meta.get("infra_failure")) or cause.startswith("error:") or \
         cause in INFRA_CAUSES
@@ -95,7 +80,11 @@ def is_uniform(rewards: dict[str, float]) -> bool:
 
 
 def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
-    """The reward each valid closed session enters its group with."""
+    """The reward each valid closed session enters its group with. A session that hit
+    its time limit enters by `timeout_reward`: "partial_credit", the reward it was closed
+    with (the grader's credit for what it had done); "tree_value", the mean reward of
+    the sessions that did not time out and share the longest token prefix with it (its
+    own when there are none); "drop", not at all (the arm that measures the other two)."""
     closed = valid_sessions(tree)
     if config.timeout_reward == "partial_credit":
         return dict(closed)
@@ -115,7 +104,9 @@ def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
 
 
 def group_advantages(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
-    """Group-relative advantage per closed session of `tree`."""
+    """Group-relative advantage per valid session of `tree` (GRPO): (r_s - mean) /
+    (std + eps), std the population one (ddof 0); `scale="none"`: r_s - mean
+    (Dr.GRPO)."""
     rewards = session_rewards(tree, config)
     if not rewards:
         return {}

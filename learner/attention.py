@@ -1,39 +1,9 @@
-"""Tree attention: a packed micro-batch's ancestor-only attention without a mask tensor.
-
-The micro-batch is cut into chains (runs of units each the child of the one before)
-and chains into query chunks of at most `max_query_tokens`; each chunk attends to its
-chain's ancestors' keys followed by its chain up to itself, causal aligned to the
-bottom right (`attention_blocks`). On CPU each chunk's keys are split into the part
-every query sees in full and the chunk's own causal square, each run by the flash
-kernel and merged exactly by their log-sum-exp (`_MergedBlockAttention`); elsewhere
-one SDPA per chunk with a lower-right causal bias (a flash kernel on CUDA). Cost and
-memory follow the tree's true ancestor pairs, not T^2.
-
-On CUDA there is a second way (`PolicyModel.score(..., attention="flex")`): PyTorch's
-`flex_attention` with a `BlockMask` built from the packed tree (`flex_block_mask`),
-whose mask function reads the micro-batch's unit-ancestor table, so the compiled
-kernel skips every tile of the sequence no query may see and needs no (T, T) tensor.
-On a CPU, torch 2.13 runs flex_attention's forward only (no backward), so there it is a
-checked reference, not a training path.
-
-It is registered with transformers as the attention "undertow_tree", for any causal LM
-whose decoder layers hand their keyword arguments down to the attention function (Llama,
-Qwen2 and Qwen3 decoders of transformers 5, tested here). The tree reaches it as the
-keyword argument `tree_mask` of the decoder's forward (`decoder_hidden`), not as
-`attention_mask`: a decoder builds its mask from `attention_mask` by its own rules (a
-Qwen decoder takes a dict of masks per layer type, a Llama decoder only a tensor), and
-every one of them passes its extra keyword arguments through its layers unchanged. No
-mask function is registered for "undertow_tree", so a decoder builds no (T, T) mask of
-its own for it (transformers' packed-sequence detection would otherwise build one from
-the tree's restarting positions): without `tree_mask` it gets the 4-D mask it was given
-(the dense path) or none, and then runs SDPA causally (one path alone, the flat path).
-Given a `SegmentContext` instead of `AttentionBlocks`, it runs one segment of a long
-micro-batch (`segments.py`): the segment's queries attend to the keys and values of
-the segments before it, which the context supplies, and the segment's own keys and
-values are recorded in the context for the segments after it.
-
-Tree attention gives each query every ancestor key: a model with sliding-window layers
-would see more than it was trained to, so `check_tree_attention` refuses one.
+"""Tree attention: a packed micro-batch's ancestor-only attention without a mask tensor,
+registered with transformers as the attention "undertow_tree" (`_tree_attention`): block
+attention over chains of units (`attention_blocks`), or on CUDA flex_attention with a
+`BlockMask` of the tree (`flex_block_mask`); cost and memory follow the tree's true
+ancestor pairs, not T^2. `PolicyModel.score` reaches it through the decoder's `tree_mask`
+keyword (docs/design.md, "From `undertow train` to the loss", step 9).
 """
 
 from __future__ import annotations
@@ -115,7 +85,10 @@ def split_blocks(blocks: AttentionBlocks, bounds: list[tuple[int, int]]
 
 
 def attention_blocks(micro_batch: MicroBatch, max_query_tokens: int = 8192) -> AttentionBlocks:
-    """Cuts a micro-batch into chains of units and chains into query chunks."""
+    """Cuts a micro-batch into chains of units (runs of units each the child of the one
+    before) and chains into query chunks of at most `max_query_tokens`; each chunk
+    attends to its chain's ancestors' keys followed by its chain up to itself, causal
+    aligned to the bottom right."""
     starts, ends = [], []
     position = 0
     index_of = {key: i for i, key in enumerate(micro_batch.unit_keys)}
@@ -149,8 +122,10 @@ def flex_block_mask(micro_batch: MicroBatch, block_size: int = 128) -> BlockMask
     """The micro-batch's ancestor-only mask as a flex_attention BlockMask on the device of
     its tensors: query q may see key k iff k's unit is an ancestor-or-self of q's unit
     and k <= q (ancestors precede their descendants in the packing, so this is
-    `MicroBatch.allowed`). Built tile by tile (compiled) on CUDA; on a CPU the mask
-    function is evaluated over the whole (T, T) grid once."""
+    `MicroBatch.allowed`). Built tile by tile (compiled) on CUDA, where the kernel skips
+    every tile no query may see; on a CPU the mask function is evaluated over the whole
+    (T, T) grid once, and torch 2.13 runs flex_attention's forward only (no backward):
+    there it is a checked reference, not a training path."""
     units = micro_batch.unit_index                                      # (T,)
     ancestors = micro_batch.unit_ancestors                              # (U, U)
 
@@ -193,7 +168,11 @@ def decoder_hidden(model: CausalLM, token_ids: torch.Tensor,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(T, H) last hidden states of the causal LM `model`'s decoder (`model.model`) over
     one sequence `token_ids` (T,) at `position_ids` (T,) (None: 0..T-1), with the tree
-    as `tree_mask` (module docstring) or a 4-D `attention_mask`, or neither (causal)."""
+    as `tree_mask` or a 4-D `attention_mask`, or neither (causal). The tree goes as the
+    keyword `tree_mask`, not as `attention_mask`, which each decoder turns into its mask
+    by its own rules (a Qwen decoder a dict per layer type, a Llama one a tensor), while
+    every decoder passes extra keyword arguments through its layers unchanged (Llama,
+    Qwen2 and Qwen3 of transformers 5, tested here)."""
     extra = {} if tree_mask is None else {TREE_MASK: tree_mask}
     return model.model(input_ids=token_ids[None],
                        position_ids=None if position_ids is None else position_ids[None],
@@ -203,7 +182,8 @@ def decoder_hidden(model: CausalLM, token_ids: torch.Tensor,
 
 def check_tree_attention(config) -> None:
     """ValueError unless every attention layer of the model (its transformers `config`)
-    is full causal attention, which is all that tree attention computes."""
+    is full causal attention, which is all that tree attention computes: it gives each
+    query every ancestor key, more than a sliding-window layer was trained to see."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         others = sorted(set(layer_types) - {"full_attention"})
@@ -221,8 +201,11 @@ def check_tree_attention(config) -> None:
 
 def _tree_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                     **kwargs):
-    """transformers attention function: blockwise for `AttentionBlocks`, flex_attention
-    for a `BlockMask` (either given as `tree_mask`), else SDPA with `attention_mask`.
+    """transformers attention function: blockwise for `AttentionBlocks` (on CPU
+    `_MergedBlockAttention`, elsewhere `_lower_right_attention`), flex_attention for a
+    `BlockMask` (either given as `tree_mask`), one segment of a long micro-batch for a
+    `SegmentContext` (`segments.py`: the keys and values of the segments before it come
+    from the context, and its own are recorded there), else SDPA with `attention_mask`.
     query (1, H, T, D), key/value (1, KVH, T, D); returns (1, T, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -342,7 +325,10 @@ class _MergedBlockAttention(torch.autograd.Function):
 
 def register_tree_attention() -> None:
     """Makes "undertow_tree" known to transformers (idempotent), without a mask function
-    of its own (module docstring)."""
+    of its own, so a decoder builds no (T, T) mask for it (transformers' packed-sequence
+    detection would otherwise build one from the tree's restarting positions): without
+    `tree_mask` it gets the 4-D mask it was given (the dense path) or none, and runs SDPA
+    causally (one path alone, the flat path)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(TREE_ATTENTION, _tree_attention)

@@ -1,30 +1,6 @@
-"""Checkpoints of a training run, written atomically, and the model directories the engines load.
-
-Layout of a run directory:
-
-    RUN/checkpoints/step-000002/      one checkpoint (a later save at the same step: step-000002.1)
-        model/                        Hugging Face layout: config.json, model.safetensors,
-                                      tokenizer files, generation_config.json
-        config.yaml                   the resolved run configuration
-        trainer.pt                    optimizer state and RNG states (torch, python)
-        state.json                    `TrainState`: step, groups launched and consumed
-        pending.json                  groups collected but not yet trained (their trees)
-    RUN/weights/step-000003/          a model directory written only to push it (steps
-                                      between checkpoints); the last two are kept
-    RUN/metrics.jsonl                 per-step metrics (`metrics_log.py`)
-    RUN/starts.json                   how many times the run was started (`record_start`)
-
-Atomicity: a checkpoint is written into a hidden `.tmp-*` directory, every file is
-fsync'ed, then one `rename` makes it visible; readers ignore hidden directories, so a
-crash mid-write leaves the previous checkpoint as the latest. A checkpoint is never
-overwritten: a second save at the same step gets a serial suffix. A write that fails (a
-full disk) is a `CheckpointError` naming the file and the cause (`ENOSPC`), and leaves no
-trace.
-
-Resuming (`restorable_checkpoint`, `clear_dead_start`): the newest checkpoint whose files
-are whole is restored; a damaged one (a file truncated or unreadable) is set aside as a
-hidden `.damaged-*` directory, and said so. What a dead start left past the step resumed
-(its `weights/step-*` folders, the `.tmp-*` folders of a dead process) is removed.
+"""Checkpoints of a training run, written atomically, and the model directories the engines
+load. The run directory's layout and what a resume does with it: docs/training.md,
+"Stopping, crashing and resuming".
 """
 
 from __future__ import annotations
@@ -78,6 +54,11 @@ class TrainState:
     num_launched: int = 0
     consumed: list[int] = field(default_factory=list)
     num_resumes: int = 0
+
+    def launch(self) -> int:
+        """Numbers the next group launched: returns its launch index."""
+        self.num_launched += 1
+        return self.num_launched - 1
 
 
 @dataclass
@@ -160,8 +141,10 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 
 
 def _atomic_dir(final: Path, fill: Callable[[Path], Any]) -> Path:
-    """Creates `final` atomically: `fill(tmp)` writes a hidden directory, then rename. A
-    failure leaves nothing and is a `CheckpointError` naming the file and the cause."""
+    """Creates `final` atomically: `fill(tmp)` writes a hidden directory, every file is
+    fsync'ed, then one rename; readers ignore hidden directories, so a crash mid-write
+    leaves the previous one the latest. A failure (a full disk) leaves nothing and is a
+    `CheckpointError` naming the file and the cause (`ENOSPC`)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     try:
@@ -237,7 +220,8 @@ def save_checkpoint(run_dir: Path, state: TrainState, model: CausalLM,
                     optimizer: torch.optim.Optimizer, base_model_dir: Path,
                     resolved_config: dict[str, Any], pending: list[PendingGroup],
                     keep: int = 2) -> Path:
-    """Writes a checkpoint of `state` atomically; keeps the newest `keep`. Returns it."""
+    """Writes a checkpoint of `state` atomically; keeps the newest `keep`. Returns it.
+    A checkpoint is never overwritten: a second save at a step gets a serial suffix."""
     def fill(tmp: Path) -> None:
         with _writing("model/model.safetensors"):   # save_pretrained: the weights, mostly
             write_model_dir(model, base_model_dir, tmp / "model")

@@ -166,6 +166,7 @@ class SFTConfig:
     seed: int = 0
     dtype: str = "float32"
     min_reward: float | None = None
+    frozen: tuple[str, ...] = ()  # as learner.frozen: not trained, no AdamW state
 
     def __post_init__(self) -> None:
         for name in ("num_epochs", "groups_per_step", "max_tokens"):

@@ -1,29 +1,22 @@
-"""The learner package's errors, one tree with one root (`tests/test_layering.py` checks
-it); those defined here are the training path's (packing, losses, advantages, model).
+"""The learner's exceptions, one tree with one root (docs/design.md, "Errors"); those defined
+here are the training path's, the others in the module named.
 
     LearnerError             base of everything the learner raises
     ├── EmptyStepError       a step (or a session set) has no trainable token
     ├── RunFailedError       groups in a row lost every session to failures of Undertow
     ├── MicroBatchTooLongError  (also a ValueError) a path longer than the micro-batch bound
     ├── LossConfigError      (also a ValueError) an unknown loss, correction or bad parameter
+    ├── ModelFetchError      a pretrained model's download, check or conversion failed
     ├── ChatTemplateError    (also a ValueError) messages the built models' template refuses
     │                        (`modeldir/chat_template.py`)
     ├── DeviceError          a configured device that cannot be used here (`sharding.py`)
-    ├── ModelFetchError      a pretrained model's download, check or conversion failed, or
-    │                        its output directory holds something else
-    │                        (`modeldir/pretrained.py`)
     ├── WeightSyncError      the distributed weight push failed (`weight_sync.py`)
     ├── GatewayLinkError     the gateway's admin API refused or failed (`gateway_link.py`)
     │   └── GroupSetAside    the gateway set a damaged group aside (its tree is not read)
     ├── EngineDropped        (a UserWarning) an engine the user started died loading
     │                        weights and left the pool (`gateway_link.py`)
-    ├── StoreFileDamaged     (also a TreeError) a store file's damaged line (`trees.py`)
-    ├── CheckpointError      a checkpoint cannot be written (a full disk) or read back
-    │                        (a damaged file): names the file (`checkpoint.py`)
-    ├── MembershipError      an elastic step's member failed or timed out (`elastic/step.py`)
-    ├── CellPoolError        the cell pool (`pool/errors.py`: IllegalTransition,
-    │                        PolicyConfigError)
-    └── SimulationError      (also a RuntimeError) a simulated run stalled (`sim/simulator.py`)
+    ├── StoreFileDamaged     (also a LogLineError) a store file's damaged line (`trees.py`)
+    └── CheckpointError      a checkpoint not written or not read back (`checkpoint.py`)
 """
 
 

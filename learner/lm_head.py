@@ -1,27 +1,8 @@
 """The LM head applied in chunks of positions: logprobs and entropy without (N, V) tensors.
-
-`PolicyModel` scores N positions of a packed sequence against a vocabulary of V tokens.
-Applying the head to all N at once and taking a float32 log-softmax keeps several (N, V)
-tensors alive for the backward pass (logits, log-probs, their exp for the entropy):
-12 GB each at N = 20k, V = 150k. `chunked_scores` computes the same two numbers per
-position from chunks of `chunk_tokens` rows: the forward keeps only (N,) results and the
-log-sum-exp, and the backward recomputes each chunk's logits and turns them into the
-gradient at once, so at most one chunk's (chunk_tokens, V) logits and their gradient are
-alive at a time, forward or backward.
-
-The gradients, per position with logits z, p = softmax(z), target y, l = z_y - lse(z)
-and entropy H = -sum_j p_j log p_j:
-
-    dl/dz = onehot(y) - p                  dH/dz = -p * (log p + H)
-
-The logits are taken in the model's dtype and the softmax in float32 for half and
-bfloat16 models, as `head_scores` (the unchunked reference) does.
-
-A sharded model's own LM head (one not tied to the embedding, as in Qwen2.5-7B) is a
-`ScoringHead`: FSDP2 gathers a unit's weight before the unit's forward and reduce-scatters
-its gradient after that forward's backward, and the scores never call `nn.Linear.forward`,
-so the head's forward computes the scores themselves; `chunked_scores` and `head_scores`
-go through it when they are handed one.
+`PolicyModel` scores N positions against a vocabulary of V tokens; the whole head at once
+keeps several (N, V) tensors alive for the backward (logits, log-probs, their exp), 12 GB
+each at N = 20k, V = 150k. `chunked_scores` keeps at most one chunk's logits and their
+gradient alive, forward or backward; `head_scores` is the unchunked reference.
 """
 
 from __future__ import annotations
@@ -39,7 +20,10 @@ class ScoringHead(nn.Module):
 
     It takes over an `nn.Linear` head's weight (and bias) as its own parameters, under the
     same names, so a model's `named_parameters` do not change when its head is replaced.
-    `chunk_tokens` 0 applies the head to all rows at once (`head_scores`).
+    `chunk_tokens` 0 applies the head to all rows at once (`head_scores`). A sharded
+    model's own (untied) head is one: FSDP2 gathers a unit's weight before the unit's
+    forward and reduce-scatters its gradient after that forward's backward, and the
+    scores never call `nn.Linear.forward`, so this forward computes the scores.
     """
 
     def __init__(self, linear: nn.Linear):
@@ -75,7 +59,10 @@ def chunked_scores(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) logprobs of `targets` and (N,) entropies (or None) at the rows of `hidden`
     (N, H), the head (an `nn.Linear` or a `ScoringHead`) applied `chunk_tokens` rows at
-    a time (module docstring)."""
+    a time: the forward keeps only (N,) results and the log-sum-exp, and the backward
+    recomputes each chunk's logits and turns them into the gradient at once. The logits
+    are taken in the model's dtype and the softmax in float32 for half and bfloat16
+    models, as `head_scores` does."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if isinstance(head, ScoringHead):
@@ -148,7 +135,9 @@ class _ChunkedHead(torch.autograd.Function):
 
 def _logits_grad(log_probs, probs, targets, entropy, grad_logprobs, grad_entropy):
     """(n, V) gradient at the logits from the (n,) gradients at logprobs and entropy;
-    overwrites `probs` and `log_probs`."""
+    overwrites `probs` and `log_probs`. Per position with logits z, p = softmax(z),
+    target y, l = z_y - lse(z) and H = -sum_j p_j log p_j:
+    dl/dz = onehot(y) - p, dH/dz = -p * (log p + H)."""
     grad = torch.zeros_like(probs) if grad_logprobs is None else probs.mul(-grad_logprobs[:, None])
     if grad_logprobs is not None:
         grad.scatter_add_(-1, targets[:, None], grad_logprobs[:, None].to(grad.dtype))

@@ -1,83 +1,7 @@
-"""Policy losses over the terms of a packed step, chosen by name.
-
-The objective, defined on the FLAT per-session computation (which the tree-packed
-computation equals exactly; tests/learner/test_losses.py checks loss and every
-gradient):
-
-For each session s of the step, run the model on each of its paths (root to leaf)
-alone and take the tokens s sampled on them: T_s. A token on several paths of s
-(branches that share it, from history rewrites) is counted ONCE: T_s is a set of
-tree tokens (node, offset), which is well defined because a token's context is its
-path prefix, the same on every path through it. For a token t of T_s:
-
-    l_t   = log pi_theta(t | prefix)              (the current policy)
-    mu_t  = the behaviour logprob the gateway recorded
-    f_t   = -w_t * min(rho_t * A_s, clip(rho_t, 1 - clip_low, 1 + clip_high) * A_s)
-            + kl_coef * k3_t - entropy_coef * H_t
-
-where A_s is the session's advantage (advantages.py), H_t the entropy of the policy
-at t's position, k3_t = exp(r_t - l_t) - (r_t - l_t) - 1 with r_t the reference
-model's logprob, and (rho_t, w_t) come from the off-policy correction, by name:
-
-    "none"           rho = exp(l - mu), w = 1 (PPO with the behaviour policy as old)
-    "decoupled_ppo"  rho = exp(l - sg(l)), w = exp(sg(l) - mu), and w = 0 (token
-                     dropped) where w > max_importance_weight (AReaL's decoupled PPO,
-                     the proximal policy being the current weights before the step)
-    "tis"            rho = exp(l - sg(l)), w = min(exp(sg(l) - mu), max_importance_weight)
-                     (truncated importance sampling)
-    "mis"            rho = exp(l - sg(l)), w = exp(sg(l) - mu) where that lies in
-                     [mis_low, mis_high], else w = 0 (token masked): masked importance
-                     sampling, IcePop (AReaL, Ring-1T); decoupled_ppo is its one-sided case
-
-Every quantity here is per token: mu_t is the logprob that the weights which sampled t
-gave it when they sampled it (the tree records logprob and weight version per token),
-so in a session whose calls were sampled by several versions (it outlived a weight
-update) each token is corrected against its own sampler, not the session's first.
-
-With any correction, `max_token_version_gap: N` (None: off; AReaL's option of that
-name) sets w = 0 (token masked) where gap_t > N, gap_t being how many versions the
-weights that sampled t are behind the weights the step trains
-(`PackedStep.term_version_gap`).
-
-And `sequence_mask: "geometric"` multiplies w by m_s, where m_s = 1
-if the geometric mean of session s's train/sample ratios,
-
-    g_s = exp(1/|T_s| sum_{t in T_s} (sg(l_t) - mu_t)),
-
-lies in [sequence_mask_low, sequence_mask_high], else 0 (every token of s masked; as
-verl's geometric rejection sampling). The sequence is the session (T_s), not each
-call's sampled span: the session is what the reward and the advantage belong to, T_s
-is a partition of the step's terms, and spans are not (a retry that samples the same
-first tokens shares their tree node with the first try). g_s needs sg(l) of all of
-T_s before any of its terms' losses, and T_s spans micro-batches, so the mask costs
-one forward pass without gradient over the step first (`objective.sequence_keep_of`).
-
-g_s counts every token of T_s, a version-masked one too (its ratio still says how far
-the session's sampler is from the policy).
-
-A masked token's term is 0 but it stays counted in the normaliser below (as AReaL
-counts decoupled_ppo's dropped tokens): the normaliser is fixed before the forward
-pass, which keeps the step's loss the sum of its micro-batches' losses. For the version
-mask, whose tokens are known before, it is also the choice that masks without
-reweighting: every kept term has the weight it has with the mask off, so a session
-whose early calls are stale does not push its later tokens harder.
-
-sg() stops the gradient. Clipping is non-linear, so f is evaluated per (token,
-session) pair: a token trained by several sessions would contribute one term per
-session, each with its own advantage and normaliser (the tree model gives each
-sampled token one owner, so each has one term). The loss aggregates the terms by
-name, with normalisers counted over the WHOLE step (never per micro-batch):
-
-    "token_mean" (DAPO)   L = sum_s sum_{t in T_s} f_t / sum_s |T_s|
-    "grpo"                L = 1/|S| sum_s 1/|T_s| sum_{t in T_s} f_t
-    "dr_grpo"             L = 1/(|S| C) sum_s sum_{t in T_s} f_t, C = dr_grpo_num_tokens
-    "gyre" (QwenGyre)     only the last max_paths_per_session paths of each session
-                          count; a token belongs to the first of them containing it
-                          (T_{s,p}); L = 1/|S| sum_s 1/P_s sum_p 1/|T_{s,p}| sum f_t
-
-S is the set of sessions with at least one token; P_s the number of s's paths with
-at least one token. Each aggregation is a fixed weight per term, so the step's loss
-is the sum of its micro-batches' losses and gradients add up exactly.
+"""Policy losses over the terms of a packed step, chosen by name: `LossConfig`, the
+per-term f_t (`token_terms`), the step's normaliser weights (`step_weights`) and a
+micro-batch's share of the loss (`micro_batch_loss`). The objective, its corrections,
+masks and aggregations: docs/training.md, "The objective".
 """
 
 from __future__ import annotations
@@ -93,7 +17,7 @@ from undertow.learner.packing import MicroBatch, PackedStep
 @dataclass(frozen=True)
 class LossConfig:
     """The loss of a step; `name` picks the aggregation, `correction` the off-policy
-    correction (see the module docstring). `max_paths_per_session` is used by "gyre"."""
+    correction (docs/training.md, "The objective"); "gyre" uses `max_paths_per_session`."""
 
     name: str = "grpo"
     correction: str = "none"
@@ -258,7 +182,7 @@ CORRECTIONS = {"none": _no_correction, "decoupled_ppo": _decoupled_ppo, "tis": _
 def sequence_keep(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Tensor,
                   term_session: torch.Tensor) -> torch.Tensor:
     """(N,) bool over the step's terms: False where `sequence_mask` masks the term's
-    session (module docstring; True everywhere when it is "none"). `logprobs` are the
+    session (docs/training.md; True everywhere when it is "none"). `logprobs` are the
     policy's over ALL of the step's terms (no gradient needed)."""
     if config.sequence_mask == "none":
         return torch.ones(term_session.shape, dtype=torch.bool)
@@ -275,7 +199,7 @@ def token_terms(config: LossConfig, logprobs: torch.Tensor, behaviour: torch.Ten
                 entropy: torch.Tensor | None = None, keep: torch.Tensor | None = None,
                 version_gap: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """(N,) per-term f_t (module docstring) and unweighted sums for metrics. `keep`:
+    """(N,) per-term f_t (docs/training.md) and unweighted sums for metrics. `keep`:
     (N,) bool, the terms' `sequence_keep` (needed when `sequence_mask` is on);
     `version_gap`: (N,) long, the terms' version gaps (needed when
     `max_token_version_gap` is set)."""

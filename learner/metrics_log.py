@@ -1,29 +1,5 @@
-"""Per-step metrics of a training run, one JSON object per line in `RUN/metrics.jsonl`.
-
-A line holds the step, its weight version and the fields of `STEP_FIELDS` (absent
-ones are omitted): reward (mean, population spread) and pass rate of the valid
-sessions trained, what the step dropped (`num_dropped_groups`: stale;
-`num_dropped_uniform`: every reward equal, under `advantages.filter_uniform_groups`;
-`num_dropped_invalid`: fewer than two valid sessions, or nothing trainable) and the
-sessions Undertow failed (`num_infra_failures`, `infra_failures` by cause,
-`num_rerun_sessions`), the loss and its
-parts (`kl`: mean k3 estimate of KL(behaviour || policy) over the trained tokens, i.e.
-how far the weights trained have moved from those that sampled; `kl_ref`: to the
-reference model, when the loss has a KL term; `entropy`: mean policy entropy at the
-trained tokens; `clip_fraction`), the train/sample mismatch over the trained tokens
-(`mismatch_mean`, `mismatch_max`: mean and max of |logprob(learner) - logprob(engine)|
-for the same token; `ratio_p5`/`ratio_p50`/`ratio_p95`: quantiles of the ratio
-exp(logprob(learner) - logprob(engine)), `mismatch.py`), what the off-policy
-correction masked (`masked_fraction`: trained tokens whose term the correction or the
-sequence mask set to zero; `sequence_masked_fraction`, with `loss.sequence_mask` on:
-those of the sequence mask), token counts (unique tokens packed once versus
-the tokens a per-call log holds, and their ratio), staleness, and the step's wall
-time split into rollout (waiting for groups), train and sync (saving and pushing
-weights); in pool runs, `num_members`: the learner members that computed the step.
-`undertow plot RUN` draws them (`plot.py`). Lines are flushed and fsync'ed as they
-are written, so a crash loses at most the step in progress; after a resume the log
-goes on from the checkpoint's step (lines past it, written by the interrupted run
-after its last checkpoint, are cut first).
+"""Per-step metrics of a training run, one JSON object per line in `RUN/metrics.jsonl`;
+what each field means: docs/training.md, "What a line of `RUN/metrics.jsonl` holds".
 """
 
 from __future__ import annotations

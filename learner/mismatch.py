@@ -1,34 +1,8 @@
-"""Train/sample mismatch of a step: how far the learner's logprobs of the trained tokens
-are from the behaviour logprobs the engine recorded when it sampled them.
-
-For each trained token t, d_t = l_t - mu_t (learner logprob minus engine logprob; the
-train/sample ratio is exp(d_t)). `mismatch_sums` turns the d_t of one micro-batch into
-stats that `objective.merge_stats` combines over micro-batches and learner members
-(sums add, keys ending in "_max" take the maximum), so that the step's figures do not
-depend on how it was split:
-
-- `mismatch_abs_sum`, `mismatch_abs_max`: sum and max of |d_t|;
-- a histogram of d_t: for bin k, `ratio_bin_count:k` and `ratio_bin_sum:k` (the count
-  and sum of the d_t in it). Bin 0 holds |d| < `BIN_FLOOR`; bin +-j (j >= 1) holds
-  BIN_FLOOR * 10^((j-1)/BINS_PER_DECADE) <= |d| < BIN_FLOOR * 10^(j/BINS_PER_DECADE),
-  the sign of d. Only bins that hold a token are present.
-
-`version_gap_sums` counts the trained tokens by version gap (how many versions the
-weights that sampled a token are behind those the step trains): `num_version_gap:k`
-for k = 0, 1, 2 and `num_version_gap:3` for 3 or more.
-
-`mismatch_metrics` makes the step's metrics from the merged stats: `mismatch_mean`,
-`mismatch_max`, the ratio quantiles `ratio_p5`/`ratio_p50`/`ratio_p95`, the masked
-fractions (`masked_fraction`: every term set to 0, by the correction, the version mask
-or the sequence mask; `version_masked_fraction` with `loss.max_token_version_gap` set,
-`sequence_masked_fraction` with `loss.sequence_mask` on: those of that mask alone) and
-the fractions of the trained tokens by version gap (`version_gap0_fraction`,
-`version_gap1_fraction`, `version_gap2_fraction`, `version_gap3plus_fraction`).
-
-A quantile q is the nearest-rank one (the smallest d with at least q*N of the d_t at
-or below it), read as exp of the mean d_t of the bin holding it: exact
-when that bin's tokens share one value, and always within the bin, i.e. within 12%
-of d (or of BIN_FLOOR) — a ratio of 1.002 is told from 1.0023, not from 1.00201.
+"""Train/sample mismatch of a step: how far the learner's logprobs of the trained tokens are
+from the behaviour logprobs the engine recorded, d_t = l_t - mu_t (the ratio is exp(d_t)).
+Each micro-batch's stats (`mismatch_sums`, `version_gap_sums`) are sums or maxima that
+`objective.merge_stats` combines over micro-batches and members, so the step's metrics
+(`mismatch_metrics`; their names: `metrics_log.py`) do not depend on how it was split.
 """
 
 from __future__ import annotations
@@ -47,7 +21,9 @@ GAP_FRACTIONS = ("version_gap0_fraction", "version_gap1_fraction", "version_gap2
 
 
 def ratio_bins(log_ratio: torch.Tensor) -> torch.Tensor:
-    """(N,) long histogram bin of each log ratio d (module docstring)."""
+    """(N,) long histogram bin of each log ratio d: 0 for |d| < `BIN_FLOOR`, else +-j
+    (the sign of d) for BIN_FLOOR * 10^((j-1)/BINS_PER_DECADE) <= |d| <
+    BIN_FLOOR * 10^(j/BINS_PER_DECADE)."""
     magnitude = log_ratio.abs().to(torch.float64)
     above = magnitude >= BIN_FLOOR
     decades = torch.log10(torch.where(above, magnitude, 1.0) / BIN_FLOOR)
@@ -56,7 +32,9 @@ def ratio_bins(log_ratio: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch_sums(logprobs: torch.Tensor, behaviour: torch.Tensor) -> dict[str, float]:
-    """The mergeable stats of (N,) learner `logprobs` against the engine's `behaviour`."""
+    """The mergeable stats of (N,) learner `logprobs` against the engine's `behaviour`:
+    `mismatch_abs_sum`, `mismatch_abs_max`, and per bin k that holds a token
+    `ratio_bin_count:k` and `ratio_bin_sum:k` (the count and sum of its d)."""
     with torch.no_grad():
         log_ratio = (logprobs.to(torch.float64) - behaviour.to(logprobs.device, torch.float64))
         if not log_ratio.numel():
@@ -75,14 +53,20 @@ def mismatch_sums(logprobs: torch.Tensor, behaviour: torch.Tensor) -> dict[str, 
 
 
 def version_gap_sums(version_gap: torch.Tensor) -> dict[str, float]:
-    """The mergeable counts of (N,) long version gaps, by bucket (module docstring)."""
+    """The mergeable counts of (N,) long version gaps (how many versions the weights that
+    sampled a token are behind those the step trains): `num_version_gap:k` for k = 0, 1,
+    2, and `num_version_gap:3` for 3 or more."""
     last = len(GAP_FRACTIONS) - 1
     counts = torch.bincount(version_gap.cpu().clamp(max=last), minlength=last + 1)
     return {f"{GAP_KEY}{k}": float(count) for k, count in enumerate(counts.tolist())}
 
 
 def ratio_quantiles(stats: dict[str, float]) -> dict[str, float]:
-    """`QUANTILES` of the train/sample ratio from the merged histogram (empty if none)."""
+    """`QUANTILES` of the train/sample ratio from the merged histogram (empty if none).
+    A quantile q is the nearest-rank one (the smallest d with at least q*N of the d_t at
+    or below it), read as exp of the mean d of its bin: exact when that bin's tokens
+    share one value, and always within the bin, i.e. within 12% of d (or of BIN_FLOOR):
+    a ratio of 1.002 is told from 1.0023, not from 1.00201."""
     bins = sorted((int(key[len(COUNT_KEY):]), count) for key, count in stats.items()
                   if key.startswith(COUNT_KEY) and count > 0)
     total = sum(count for _, count in bins)

@@ -1,37 +1,9 @@
-"""The training-side forward: a Hugging Face causal LM scoring packed micro-batches.
-
-`PolicyModel.load(model_dir)` loads the model directory with transformers'
-`AutoModelForCausalLM`: any decoder of the Llama, Qwen2 or Qwen3 families (the tiny
-model of `modeldir/` is a Qwen3; SmolLM2 is a Llama, Qwen2.5-Coder a Qwen2; with a head
-tied to the embedding or one of its own). `score(micro_batch)` runs the decoder once
-over the packed sequence with the micro-batch's ancestor-only mask and its original
-position IDs, then applies the LM head only at the terms' predictor positions and
-returns each term's logprob (and entropy). It needs of the model only what every such
-decoder has: `model.model` (the decoder, taking `input_ids`, `position_ids`,
-`attention_mask` and extra keyword arguments for the attention function),
-`get_output_embeddings()`, and full causal attention in every layer
-(`attention.check_tree_attention`). tests/learner/test_model.py checks every way below
-against one forward per path, on the tiny model and on SmolLM2's real weights.
-
-Three ways to apply the mask, by `attention=` (or the constructor's default):
-- "dense": a 4-D additive float mask (1, 1, T, T) through the model's attention
-  ("eager", "sdpa" or "undertow_tree"); transformers 5.x passes a 4-D float mask
-  through unchanged (a 4-D *bool* mask is NOT honoured by "eager": it is added as
-  0/1). Memory O(T^2) for the mask alone (1 GiB at T = 16k in fp32), and the
-  attention computes every masked pair too.
-- "blocks" (default): tree attention without a mask tensor (`attention.py`); cost
-  and memory follow the tree's true ancestor pairs, not T^2.
-- "flex": flex_attention with a BlockMask built from the tree (`attention.py`), for
-  CUDA (torch has no flex_attention backward on a CPU); no segments.
-
-Memory of a long micro-batch: the LM head is applied in chunks of positions
-(`lm_head.py`), so no (N, V) tensor is ever whole; a micro-batch longer than
-`max_segment_tokens` is scored in segments that reuse the earlier segments' keys and
-values (`segments.py`), so activations follow the segment, not the micro-batch; and
-activation checkpointing keeps one layer's activations at a time.
-
-The flat reference (`reference.py`) uses `score_path`: one path alone with the
-model's own causal mask and default positions.
+"""The training-side forward: a Hugging Face causal LM (any decoder of the Llama, Qwen2 or
+Qwen3 families, tied head or not) scoring packed micro-batches. `PolicyModel.score` runs the
+decoder once over a micro-batch's packed sequence with its ancestor-only mask and original
+positions, and applies the LM head only at the terms' predictor positions; `score_path`
+scores one path alone, the flat reference (`reference.py`). tests/learner/test_model.py
+checks every way against one forward per path, on the tiny model and SmolLM2's weights.
 """
 
 from __future__ import annotations
@@ -66,8 +38,11 @@ class Scores:
 
 
 class PolicyModel:
-    """A causal LM (transformers' `*ForCausalLM`, module docstring) used for scoring
-    and training.
+    """A causal LM (transformers' `*ForCausalLM`) used for scoring and training. It
+    needs of the model only what every such decoder has: `model.model` (the decoder,
+    taking `input_ids`, `position_ids`, `attention_mask` and extra keyword arguments for
+    the attention function), `model.get_output_embeddings()`, and full causal attention in
+    every layer (`attention.check_tree_attention`).
 
     `head_chunk_tokens`: rows of the LM head per chunk (`lm_head.py`; 0 applies it to
     every scored position at once, the unchunked reference). `max_segment_tokens`: a
@@ -153,7 +128,12 @@ class PolicyModel:
         (in segments when it is longer than `max_segment_tokens` and the attention is
         "blocks"). `attention`: "blocks", "dense", "flex", or "auto" (the constructor's
         `attention` unless "auto"; else blocks when the model's attention is
-        "undertow_tree")."""
+        "undertow_tree"). "blocks": tree attention without a mask tensor (`attention.py`).
+        "dense": a 4-D additive float mask (1, 1, T, T) through the model's attention,
+        O(T^2) memory for the mask alone (1 GiB at T = 16k in fp32) and every masked pair
+        computed (transformers 5 passes a 4-D float mask through unchanged; a 4-D bool
+        mask is added as 0/1 by "eager"). "flex": flex_attention with a BlockMask of the
+        tree, for CUDA; no segments."""
         attention = self.resolve_attention(attention)
         if attention == "blocks" and 0 < self.max_segment_tokens < micro_batch.num_tokens:
             scorer = SegmentedScorer(self.model, micro_batch, self.score_hidden,

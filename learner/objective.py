@@ -1,15 +1,7 @@
-"""The step's objective on the packed trees: forward, loss and backward per micro-batch.
-
-`backward_step` is what the training loop calls between zeroing the gradients and
-stepping the optimizer: it computes the normaliser weights over the whole step once,
-then for each micro-batch scores its terms (`model.py`), takes its share of the loss
-(`losses.py`) and backpropagates it at once, so that only one micro-batch's
-activations are alive at a time. The shares sum to the step's loss, and the
-accumulated gradients to the step's gradient. A loss with a sequence mask first scores
-the whole step without gradient (`sequence_keep_of`), since a session's mask depends
-on all of its tokens. Each micro-batch's stats (`losses.token_terms`,
-`mismatch.mismatch_sums`, `mismatch.version_gap_sums`) combine over micro-batches and
-learner members by `merge_stats`.
+"""The step's objective on the packed trees: forward, loss and backward per micro-batch
+(`backward_step`, `backward_micro_batch`: the one backward path of the plain learner, the
+elastic members and FSDP2 cells; docs/design.md, "From `undertow train` to the loss", step
+9). Each micro-batch's stats combine over micro-batches and members by `merge_stats`.
 """
 
 from __future__ import annotations
@@ -28,7 +20,10 @@ def backward_step(policy: PolicyModel, step: PackedStep, config: LossConfig,
                   ) -> dict[str, float]:
     """Accumulates the step's gradient into the parameters' `.grad` (unless
     `backward` is False); returns the summed stats ("loss", "num_terms",
-    "num_clipped", ... see `losses.token_terms`)."""
+    "num_clipped", ... see `losses.token_terms`). The normaliser weights are computed
+    over the whole step once; each micro-batch's share of the loss is backpropagated at
+    once, so one micro-batch's activations are alive at a time, and the shares and
+    gradients sum to the step's."""
     weights = step_weights(config, step)
     totals: dict[str, float] = {}
     for index in range(len(step.micro_batches)):

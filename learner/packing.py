@@ -1,29 +1,9 @@
 """Tree packing: the trees of a step as micro-batches of packed token sequences.
-
-Flow: `pack_step(trees, advantages, ...)` walks each group tree depth-first, cuts its
-nodes into units (a node, or a chunk of a long node), lists every trainable token as
-a *term* (the token, the session that trains on it, the path it is counted on, its
-behaviour logprob, the session's advantage, and its version gap: how many versions
-the weights that sampled it are behind those the step trains), and places the units
-into micro-batches bounded by `max_tokens`. The learner runs the model once per
-micro-batch (`model.py`) and sums the losses (`losses.py`).
-
-Invariants of a `MicroBatch` (checked in tests/learner/test_packing.py):
-- It holds a set of units closed under ancestors, in depth-first order, so every
-  token sees its full context. A unit is *trained* in exactly one micro-batch; it
-  appears in others only as context (an ancestor prefix duplicated because the tree
-  had to be split). Whole subtrees are kept together when they fit, so siblings
-  share one copy of their prefix.
-- `position_ids[i]` is token i's depth in its path (0 for the first token of a tree).
-- `attention_mask()[i, j]` allows j iff token j is an ancestor-or-self of token i.
-- A term's `predictor` is the packed index of the token before it on its path, whose
-  output logits score it; a tree's very first token has none and is never a term.
-
-Which sessions train on a token: the tree model gives every sampled token exactly one
-owner (`Node.sampled_by`), so each trainable token yields one term, for its owner; a
-token lying on several paths of its session (branches from history rewrites) is still
-one term. The term lists are general (term -> session) so that a data model where a
-token is trained by several sessions only adds terms.
+`pack_step` walks each group tree depth-first, cuts its nodes into units (a node, or a chunk
+of a long node), lists every trainable token as a *term* (the token, the session that trains
+on it, the path it counts on, its behaviour logprob, the session's advantage, its version
+gap) and places the units into micro-batches bounded by `max_tokens`; the learner runs the
+model once per micro-batch (`model.py`) and sums the losses (`losses.py`).
 """
 
 from __future__ import annotations
@@ -66,6 +46,17 @@ class MicroBatch:
     `unit_index[i]` is the index (into `unit_keys`) of token i's unit;
     `unit_ancestors[a, b]` is True iff unit b is an ancestor-or-self of unit a.
     `term_ids` index the step-level term arrays of `PackedStep`.
+
+    Invariants (tests/learner/test_packing.py): the units are closed under ancestors,
+    in depth-first order, so every token sees its full context; a unit is trained in
+    exactly one micro-batch and appears in others only as context (whole subtrees stay
+    together where they fit, so siblings share one copy of their prefix).
+    `position_ids[i]` is token i's depth in its path; `attention_mask()[i, j]` allows j
+    iff j is an ancestor-or-self of i. A term's `predictor` is the packed index of the
+    token before it on its path; a tree's first token has none and is never a term. The
+    tree gives each sampled token one owner (`Node.sampled_by`), so one term, even on
+    several paths of its session; the term lists map term -> session so that a data
+    model where several sessions train a token would only add terms.
     """
 
     token_ids: torch.Tensor          # (T,) long

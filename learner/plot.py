@@ -1,15 +1,7 @@
-"""`undertow plot RUN`: the run's per-step metrics (`RUN/metrics.jsonl`) drawn to PNG files.
-
-One figure per theme, each a column of panels over the step axis, written to
-`RUN/plots/` (or `--out`): `reward.png` (reward, pass rate, reward spread, groups
-dropped and sessions re-run or failed by Undertow), `loss.png` (loss, KL,
-entropy, clip fraction, gradient norm), `tokens.png` (trained, unique and flat tokens,
-unique/flat ratio, staleness), `mismatch.png` (train/sample mismatch |logprob(learner) -
-logprob(engine)| mean and max, the ratio's quantiles, the fractions of tokens masked by
-the off-policy correction and the version mask, the fractions of trained tokens by
-version gap: sampled by the weights trained, 1, 2, or 3 or more versions behind) and
-`time.png` (the step's seconds split into rollout, train and sync). matplotlib runs with
-its file-only Agg backend.
+"""`undertow plot RUN`: the run's per-step metrics (`RUN/metrics.jsonl`) drawn to PNG files
+under `RUN/plots/` (or `--out`), one figure per theme (`reward`, `loss`, `tokens`,
+`mismatch`, `time`), each a column of panels over the step axis; matplotlib's file-only Agg
+backend.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""The flat reference: the loss of losses.py computed one sample at a time, untreed.
-
-A sample is one sequence run alone through the model (causal mask, positions
-0..L-1). `mode="session"`: one sample per selected path of each session (the flat
-per-session computation that defines the objective); `mode="call"`: one sample per
-recorded call (its prompt plus completion; Agent Lightning's transition mode). In
-both, a sample scores the tokens of its session that no earlier sample of that
-session scored (dedupe by tree node and offset), so each trainable token counts once.
-
-The normalisers are computed here from the samples' own counts, independently of
-the packer and of `losses.term_weights`; only the per-token term f_t
-(`losses.token_terms`) is shared, and tests check it by hand. A sequence mask's
-decision per session is made here too, from the samples' own scores. Used by the tests
-(tree = flat, loss and every gradient) and by benchmarks/learner.py as baselines.
+"""The flat reference: the loss of losses.py computed one sample at a time, untreed, for the
+tests (tree = flat, loss and every gradient) and benchmarks/learner.py. A sample is one
+sequence run alone (causal mask, positions 0..L-1): `mode="session"`, each selected path of
+each session (the computation that defines the objective); `mode="call"`, each recorded
+call (Agent Lightning's transition mode). A sample scores the tokens of its session that no
+earlier sample of it scored, so each trainable token counts once. Only f_t
+(`losses.token_terms`) is shared with the packed path: normalisers and sequence masks are
+computed here from the samples' own counts and scores.
 """
 
 from __future__ import annotations

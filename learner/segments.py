@@ -1,39 +1,9 @@
-"""Scoring a long micro-batch in segments of positions, exactly, in memory that follows
-the segment.
-
-A micro-batch longer than `PolicyModel.max_segment_tokens` (a 128k-token path, or a
-group tree packed whole) is cut into segments of consecutive packed positions. Packing
-is depth-first, so every key a token attends to lies at or before it: segment k needs
-only the keys and values of the positions before it, which it reads from a store of
-every layer's keys and values (1, KVH, T, D), filled segment by segment.
-
-Forward (`_SegmentedScores.forward`, no graph): each segment runs the decoder on its own
-tokens with the store's earlier keys and values (`attention.SegmentContext`), writes its
-keys and values into the store, and scores the terms whose predictor lies in it.
-
-Backward, segments in reverse: segment k is run again with the graph on, its earlier
-keys and values given as leaves; one backward from its terms' logprob and entropy
-gradients plus the gradients that later segments sent to its own keys and values
-accumulates its parameters' gradients and yields the gradients at the earlier keys and
-values, which are added to the store's gradient for the segments before it. This is
-the chain rule through the keys and values, so the gradient equals the unsegmented one
-(tests/learner/test_chunked_scoring.py). Memory: one segment's activations, plus the key
-and value store and its gradient, O(T) with a small constant (2 * layers * KVH * D per
-token each), instead of activations for all T positions.
-
-As torch's reentrant checkpoint does, the backward accumulates into the parameters'
-`.grad` by its own backward call: a loss over these scores must be backpropagated with
-`.backward()`, not `torch.autograd.grad`.
-
-Under FSDP2 (`sharding.py`) each segment's run is a forward of every unit (all-gather,
-reshard after) and each segment's backward call one backward of every unit (all-gather
-at the unit's output, reduce-scatter at its input, the root's at the end of the call),
-so the reduced gradient is the sum over segments. That holds only if the backward
-enters every unit through its output: a segment without terms, or the last one, still
-backpropagates its (empty) logprobs with zero gradients, because the gradients sent to
-its own keys alone would reach a layer's key and value projections with no all-gather
-before them (FSDP2 gathers a layer's weights when the gradient at its output arrives),
-and the LM head's reduce-scatter would be skipped on this process but not on others.
+"""Scoring a long micro-batch in segments of positions, exactly, in memory that follows the
+segment: `PolicyModel.score` cuts a micro-batch longer than `max_segment_tokens` (a
+128k-token path, or a group tree packed whole) into segments of consecutive packed
+positions. Packing is depth-first, so every key a token attends to lies at or before it, and
+segment k needs only the keys and values of the positions before it (docs/training.md,
+"Long paths").
 """
 
 from __future__ import annotations
@@ -125,7 +95,19 @@ def segmented_scores(anchor: torch.Tensor, scorer: SegmentedScorer, with_entropy
 
 
 class _SegmentedScores(torch.autograd.Function):
-    """See the module docstring; keeps the key and value store, no activations."""
+    """Keeps a store of every layer's keys and values (1, KVH, T, D), no activations.
+    Forward, no graph: each segment runs the decoder on its tokens with the store's
+    earlier keys and values (`attention.SegmentContext`), writes its own into the store
+    and scores the terms whose predictor lies in it. Backward, segments in reverse:
+    segment k runs again with the graph on, its earlier keys and values given as leaves;
+    one backward from its terms' gradients plus those later segments sent to its own
+    keys and values accumulates its parameters' gradients and yields the gradients at
+    the earlier keys and values, added to the store's gradient: the chain rule through
+    the keys and values, so the gradient equals the unsegmented one
+    (tests/learner/test_chunked_scoring.py). Memory: one segment's activations plus the
+    store and its gradient (2 * layers * KVH * D per token each). As torch's reentrant
+    checkpoint does, the backward accumulates into `.grad` by its own backward call: a
+    loss over these scores must use `.backward()`, not `torch.autograd.grad`."""
 
     @staticmethod
     def forward(ctx, anchor, scorer: SegmentedScorer, with_entropy: bool):
@@ -175,8 +157,13 @@ def _segment_grads(scorer: SegmentedScorer, index: int, context: SegmentContext,
                    logprobs, entropy, grad_logprobs, grad_entropy, grad_keys, grad_values):
     """The outputs of segment `index` that receive a gradient, and those gradients.
     The logprobs are always among them (zeros for a segment without terms), so that
-    every segment's backward runs through the LM head and every layer (module
-    docstring: FSDP2 gathers a unit's weights before its backward only then)."""
+    every segment's backward runs through the LM head and every layer: under FSDP2
+    (`sharding.py`) a backward must enter every unit through its output, since FSDP2
+    gathers a layer's weights when the gradient at its output arrives (the gradients
+    at its own keys alone would reach the key and value projections ungathered) and
+    the LM head's reduce-scatter would be skipped on this process but not on others.
+    So each segment's backward is one backward of every unit, and the reduced gradient
+    is the sum over segments."""
     terms = scorer.terms[index]
     outputs = [logprobs]
     grads = [logprobs.new_zeros(terms.numel()) if grad_logprobs is None

@@ -57,7 +57,8 @@ def run_sft(trees: list[Tree], model_dir: Path, out_dir: Path, config: SFTConfig
     torch.manual_seed(config.seed)
     policy = PolicyModel.load(model_dir, dtype=torch_dtype(config.dtype))
     policy.model.train()
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr,
+    policy.freeze(config.frozen)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.lr,
                                   weight_decay=config.weight_decay)
     out_dir = Path(out_dir)
     metrics = MetricsLog(out_dir)

@@ -1,67 +1,8 @@
-"""Where the learner's parameters live: the device, the precision, and FSDP2 shards in a cell.
-
-A training **cell** is a group of devices (GPUs, or CPU processes in tests) that trains
-as one member of an elastic step (`elastic/step.py`). Inside a cell the model is sharded
-with PyTorch's FSDP2 (`fully_shard`) over a `DeviceMesh` of the cell's processes: each
-decoder layer is one FSDP unit, and the decoder with the embedding and the final norm is
-the root unit (`model.model.layers` and `model.model`, as every Llama, Qwen2 and Qwen3
-causal LM of transformers has them). A head tied to the embedding (SmolLM2, Qwen2.5 up
-to 3B, Qwen3 up to 4B) reads the root's gathered embedding weight; a head of its own
-(Qwen2.5-7B, Qwen3-8B and larger) is a unit of its
-own, a `lm_head.ScoringHead` whose forward computes the chunked scores, so that FSDP2
-gathers its weight for the scores and reduce-scatters its gradient after their backward.
-It is a second root (the decoder's forward never calls it), so it is not resharded
-between its forward and backward: its whole weight (V x H in the compute dtype, 1.1 GB
-in bf16 for Qwen2.5-7B) lives from the scores to the end of their backward. Each
-process keeps 1/W of the parameters, gradients and optimizer state; a layer's full
-parameters exist only while it runs.
-
-The cell's step (`sharded_backward_step`) hands the step's micro-batches round-robin
-to its W processes and runs them in rounds: every process runs a forward and backward
-each round (one with no micro-batch left runs an idle pass on one token with a zero
-loss), because every forward all-gathers each layer's shards and every backward
-reduce-scatters its gradient across the whole mesh. The reduce-scatter's mean is scaled
-back to the sum, and each micro-batch's loss already carries the whole step's
-normaliser, so the sharded gradient is the sum over all micro-batches, as one process
-computes it; only the order of float additions differs.
-
-Membership: a mesh is formed for a fixed set of processes, so a cell that changes size
-between elastic steps forms a new mesh and re-shards: its processes join a new process
-group (one TCP or NCCL rendezvous, about a second on one node and growing with the
-ranks), and the full weights are scattered once again from rank 0 (one read of 2
-bytes per parameter in bf16). Inside a step the cell's membership is fixed; cells
-still join the elastic step whenever they arrive.
-
-Precision (`TrainConfig.mixed_precision`): "bf16" keeps the parameters and the
-optimizer state in float32 (the master weights) and computes in bfloat16: under FSDP2
-its `MixedPrecisionPolicy` all-gathers bf16 copies and reduce-scatters gradients in
-float32; a single process uses `torch.autocast`.
-
-Long micro-batches (`segments.py`: one longer than `learner.max_segment_tokens` under
-block attention is scored in S segments) cost more than one forward and backward: S
-forwards in the scores, then in the step's backward S forwards each with its own
-backward. The processes of a mesh must issue the same all-gathers and reduce-scatters in
-the same order, so a round (`round_pass`) is planned from every micro-batch in it: when
-the longest has S > 1 segments, each process runs S forwards, then S forwards each with
-a backward, filling what its own micro-batch lacks with idle forwards (no graph) before
-it and idle passes after it (a micro-batch scored whole counts as one forward with a
-backward, an absent one as none). An idle process thus costs up to 2S one-token passes
-instead of one, and a segment all-gathers each layer three times (its forward in the
-scores, its forward again in the backward, its backward), where a micro-batch scored
-whole does twice: the price of holding one layer's weights at a time, as the token
-budget assumes. What makes each pass issue the same collectives wherever it runs: every
-unit prefetches the next one's weights in the backward by an explicit list
-(`shard_policy`), not by FSDP2's default, which follows the recorded order of forwards,
-and FSDP2 records no forward that runs inside a backward (a segment's); a segment's
-forward frees each layer's gathered weights after it, as an ordinary forward does
-(`segments.reshard_inner_units`); and every segment's backward runs through every unit.
-The segments' keys and values travel in an `attention.SegmentContext`, which FSDP2 does
-not copy. The gradient is then the sum over segments, reduce-scattered segment by
-segment, and equals one unsharded process's (tests/learner/test_sharding.py).
-
-The micro-batch token budget can be derived from the device's free memory
-(`micro_batch_token_budget`): what is left after the parameters, gradients and AdamW
-state, divided by the activation bytes one packed token costs.
+"""Where the learner's parameters live: the device, the precision (`place`), and FSDP2
+shards in a training cell (`shard_policy`, `sharded_backward_step`), a group of devices that
+trains as one member of an elastic step (`undertow/cells/elastic/`). Each process keeps 1/W
+of the parameters, gradients and optimizer state; a layer's full parameters exist only while
+it runs. What a user sets and sees: docs/cluster.md, "Sharded cells".
 """
 
 from __future__ import annotations
@@ -232,7 +173,16 @@ def device_token_budget(policy: PolicyModel, device: torch.device, num_shards: i
 def shard_policy(policy: PolicyModel, mesh, mixed_precision: str = "none") -> None:
     """Shards the policy's causal LM over `mesh` in place: each decoder layer, then the
     root (decoder, embedding, final norm), then the LM head unless it shares the
-    embedding's weight (module docstring); parameter names do not change.
+    embedding's weight; parameter names do not change. A tied head (SmolLM2, Qwen2.5 up
+    to 3B, Qwen3 up to 4B) reads the root's gathered embedding; a head of its own
+    (Qwen2.5-7B, Qwen3-8B and larger) is a unit, a `ScoringHead` computing the chunked
+    scores, so FSDP2 gathers its weight for them and reduce-scatters its gradient after
+    their backward. It is a second root, not resharded between its forward and backward:
+    its whole weight (V x H in the compute dtype) lives until their backward ends.
+    "bf16": float32 master weights and optimizer state, bf16 all-gathers, float32
+    reduce-scatters. Each unit prefetches the next one's weights in the backward by an
+    explicit list (`_prefetch_in_layer_order`), not by the recorded order of forwards, in
+    which FSDP2 records no forward run inside a backward (a segment's).
     FSDP2 averages the gradients over the mesh; `sharded_backward_step` scales them back
     to the sum (a divide factor of 1 would need a PREMUL_SUM reduction, which gloo lacks)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -262,8 +212,12 @@ def sharded_backward_step(policy: PolicyModel, step: PackedStep, config: LossCon
                           rank: int, world_size: int, reference: PolicyModel | None = None
                           ) -> dict[str, float]:
     """This process's share of the cell's step: micro-batches rank, rank + W, ... in
-    rounds that every process of the mesh runs together; accumulates the step's sharded
-    gradient into `.grad` and returns this process's summed stats."""
+    rounds that every process of the mesh runs together (every forward all-gathers and
+    every backward reduce-scatters across the whole mesh); accumulates the step's sharded
+    gradient into `.grad` and returns this process's summed stats. Each micro-batch's
+    loss carries the whole step's normaliser and the mean is scaled back to the sum, so
+    the gradient is the one process's sum over all micro-batches, up to the order of
+    float additions (tests/learner/test_sharding.py)."""
     device = _device_of(policy)
     step = step_to(step, device)
     weights = step_weights(config, step)
@@ -287,8 +241,12 @@ def round_pass(policy: PolicyModel, device: torch.device, micro_batches: list[Mi
     `micro_batches[i]` (processes past the list's end have none): `backward()` (the
     forward, loss and backward of `micro_batches[rank]`, returning its stats) or an idle
     pass, padded with idle forwards and passes to the round's longest micro-batch so
-    that every process of the mesh issues the same collectives (module docstring).
-    Returns the stats, empty for an idle process."""
+    that every process of the mesh issues the same collectives in the same order. When
+    the longest has S > 1 segments, each process runs S forwards, then S forwards each
+    with a backward, idle forwards (no graph) before its own and idle passes after (a
+    micro-batch scored whole is one forward with a backward): an idle process costs up
+    to 2S one-token passes, and a segment all-gathers each layer three times where a
+    whole micro-batch does twice. Returns the stats, empty for an idle process."""
     num_segments = max(segments_of(policy, micro_batch) for micro_batch in micro_batches)
     own = segments_of(policy, micro_batches[rank]) if rank < len(micro_batches) else 0
     if num_segments == 1:

@@ -1,29 +1,8 @@
-"""Experiment trackers: the per-step metrics of `metrics.jsonl`, also sent where people look.
-
-`logging.trackers` in the run config names any subset of `TRACKERS`; none by default
-(then `metrics.jsonl` alone is written). Each tracker receives, for one run:
-
-- the resolved run config, once, when it opens;
-- every step's numeric record, as `MetricsLog.append` writes it (same keys, same step);
-- a table of sample sessions of the step (group, session, reward, cause, calls,
-  tokens, the last reply), read back from the gateway's tree store.
-
-Where each writes, under `RUN/trackers/` unless `logging.dir` says otherwise:
-
-| tracker       | files                                     | read back with                  |
-| ------------- | ----------------------------------------- | ------------------------------- |
-| `tensorboard` | `tensorboard/events.out.tfevents.*`       | tensorboard's EventAccumulator  |
-| `wandb`       | `wandb/offline-run-*/run-*.wandb`         | wandb (offline; `wandb sync`)   |
-| `mlflow`      | `mlruns/` (MLflow's local file store)     | `mlflow.MlflowClient`           |
-
-Whatever the trackers, `RUN/steps.jsonl` gets one line per step: the groups it took
-(what `undertow ui` shows on a step's page). A run's start cuts it back to the step it
-starts from, as `metrics.jsonl` (lines past a resumed checkpoint were a dead start's), so
-each step has one line however often the run was resumed.
-
-W&B runs in offline mode unless `logging.wandb_mode` is `online` (this machine has no
-network to W&B); `wandb sync DIR` uploads an offline run later. The libraries are
-imported only when their tracker opens (the `trackers` extra installs them).
+"""Experiment trackers: the per-step metrics of `metrics.jsonl`, also sent where people look
+(TensorBoard, W&B, MLflow: `logging.trackers`, none by default), with the resolved run config
+and a table of each step's sessions; and `RUN/steps.jsonl`, the groups each step took. What
+a user sets and reads: docs/ui.md. Each library is imported only when its tracker opens (the
+`trackers` extra installs them).
 """
 
 from __future__ import annotations
@@ -298,17 +277,6 @@ def open_trackers(config: TrackerConfig, run_dir: Path, run_config: dict[str, An
             opened.append(MlflowTracker(directory / "mlruns", run_config, config, run_name))
     return Trackers(opened, run_dir, store_dir or run_dir / "store", consumed,
                     config.num_sample_sessions, model_dir)
-
-
-def track_learner(learner, config: TrackerConfig, run_config: dict[str, Any],
-                  model_dir: Path | None = None) -> Trackers:
-    """Opens the run's trackers and makes `learner` (a `train.Learner`) feed them: its
-    metrics log is swapped for a `TrackedMetricsLog`. Close the result when done."""
-    truncate_steps(learner.run_dir, learner.state.step)
-    trackers = open_trackers(config, learner.run_dir, run_config,
-                             lambda: learner.state.consumed, model_dir=model_dir)
-    learner.metrics = TrackedMetricsLog(learner.run_dir, trackers)
-    return trackers
 
 
 def truncate_steps(run_dir: Path, step: int) -> None:

@@ -1,29 +1,9 @@
-"""The learner: the policy, its optimizer, the run's state and the step function
-(sync; docs/design.md, data flow step 6). The loop that drives it is `loop.py`.
-
-One step: the groups' trees -> advantages per group (`advantages.py`) -> pack the trees
-(`packing.py`) -> per micro-batch forward, loss share and backward
-(`objective.backward_step`: `model.py`, `losses.py`; the elastic run's members call the
-same per micro-batch) -> clip the gradient norm -> AdamW step (`apply_gradient`, shared
-with the elastic learner) -> the metrics of the step. `save` writes the weights as a model
-directory (a checkpoint with the optimizer and the pending groups when asked,
-`checkpoint.py`).
-
-The loop sees every learner through `open_step`, `add_group` (as each group of the open
-step finishes) and `train_step` (once all are in). Here the gradient is computed in this
-process at `train_step`, over the whole step packed at once; `elastic/learner.py`'s
-learner streams the groups to the training cells' members instead.
-
-Also here, the loop's edges, as small protocols so that the loop is the same for the
-embedded run of `undertow train`, a remote gateway and tests:
-- `GroupSource.launch(request)` starts a group (the rollouts of one task) and returns at
-  once; `GroupSource.wait(timeout_s)` returns the groups finished since;
-- `WeightSink.push(model_dir, weight_version)` returns once the engines serve it.
-
-Resuming: `Learner.restore` continues from the latest whole checkpoint of the run directory
-(weights, optimizer, state, the finished groups not yet trained; a damaged one is set aside
-and said so, `checkpoint.restorable_checkpoint`). `begin_run`, before the run launches any
-group, numbers this start for good and clears what a start that died left behind.
+"""The learner: the policy, its optimizer, the run's state and the step function (sync),
+which the run's one loop, `RunLoop` (`undertow/cells/loop.py`), drives through `open_step`,
+`add_group` and `train_step`; a step's path from trees to AdamW: docs/design.md, "From
+`undertow train` to the loss", steps 8-10. Also here, the loop's edges as small protocols
+(`GroupSource`, `WeightSink`), so that the loop is the same for the embedded run of
+`undertow train`, a remote gateway and tests.
 """
 
 from __future__ import annotations
@@ -89,12 +69,17 @@ class FinishedGroup:
 
 
 class GroupSource(Protocol):
+    """`launch(request)` starts a group (the rollouts of one task) and returns at once;
+    `wait(timeout_s)` returns the groups finished since."""
+
     def launch(self, request: GroupRequest) -> None: ...
 
     def wait(self, timeout_s: float) -> list[FinishedGroup]: ...
 
 
 class WeightSink(Protocol):
+    """`push(model_dir, weight_version)` returns once the engines serve the weights."""
+
     def push(self, model_dir: Path, weight_version: int) -> None: ...
 
 
@@ -103,7 +88,9 @@ def group_id_of(index: int, num_resumes: int) -> str:
 
 
 class Learner:
-    """The policy, its optimizer and the run's state; `run` is the loop."""
+    """The policy, its optimizer and the run's state. `train_step` trains on one step's
+    trees and `save` writes the weights; the run's one loop, `RunLoop`
+    (`undertow/cells/loop.py`), drives it."""
 
     def __init__(self, config: TrainConfig, loss: LossConfig, advantages: AdvantageConfig,
                  base_model_dir: Path, run_dir: Path, resolved_config: dict[str, Any] | None = None,
@@ -134,13 +121,16 @@ class Learner:
     @classmethod
     def restore(cls, config: TrainConfig, loss: LossConfig, advantages: AdvantageConfig,
                 base_model_dir: Path, run_dir: Path,
-                resolved_config: dict[str, Any] | None = None) -> Learner:
-        """The learner of the latest whole checkpoint of `run_dir` (a fresh one if none)."""
+                resolved_config: dict[str, Any] | None = None, **options: Any) -> Learner:
+        """The learner of the latest whole checkpoint of `run_dir` (a fresh one if none):
+        weights, optimizer, state and the finished groups not yet trained; a damaged
+        checkpoint is set aside and said so (`checkpoint.restorable_checkpoint`)."""
         path = restorable_checkpoint(run_dir)
         if path is None:
-            return cls(config, loss, advantages, base_model_dir, run_dir, resolved_config)
+            return cls(config, loss, advantages, base_model_dir, run_dir, resolved_config,
+                       **options)
         learner = cls(config, loss, advantages, base_model_dir, run_dir, resolved_config,
-                      model_dir=path / "model")
+                      model_dir=path / "model", **options)
         checkpoint = load_checkpoint(path, learner.optimizer)
         learner.state, learner.pending = checkpoint.state, checkpoint.pending
         learner.restored_from = path
@@ -240,12 +230,14 @@ class Learner:
         values.update(mismatch_metrics(stats))   # train/sample mismatch, masked fractions
         return values
 
-    def save(self, checkpoint: bool) -> Path:
-        """Writes the current weights (in a checkpoint, with `pending`); returns the
-        model directory to push."""
+    def save(self, checkpoint: bool, pending: list[PendingGroup] | None = None) -> Path:
+        """Writes the current weights (in a checkpoint, with `pending`: the finished groups
+        not yet trained, by default those it was restored with); returns the model
+        directory to push."""
         if checkpoint:
             path = save_checkpoint(self.run_dir, self.state, self.policy.model, self.optimizer,
-                                   self.base_model_dir, self.resolved_config, self.pending,
+                                   self.base_model_dir, self.resolved_config,
+                                   self.pending if pending is None else pending,
                                    keep=self.config.keep_checkpoints)
             return path / "model"
         return save_weights(self.run_dir, self.state.step, self.policy.model,

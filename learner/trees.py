@@ -1,16 +1,7 @@
-"""Group trees as the learner reads them from a gateway store, and their staleness.
-
-The learner may import only the tree data model of the gateway (`undertow.gateway.trees`):
-`tree.py` also holds the JSON form of trees (`tree_to_json`, `tree_from_json`: the admin
-API's answer, and the form checkpoints keep); this module reads the other form the gateway
-writes:
-- the store's write-ahead files (`STORE/<group>.jsonl`: CallRecord lines and session
-  events), replayed with `group_log.replay_log`, the replay the gateway runs (checksums
-  verified).
-
-A group whose file has a damaged line (the gateway sets such a group aside) is one
-`StoreFileDamaged`: `load_store_trees` leaves it out with a warning naming its file and
-line, and reads the other groups.
+"""Group trees as the learner reads them from a gateway store's write-ahead files
+(`STORE/<group>.jsonl`), replayed with `group_log.replay_log`, the gateway's own replay, and
+their staleness. The learner imports only the gateway's tree data model
+(`undertow.gateway.trees`), whose `tree.py` also holds the trees' JSON form.
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
-"""Weights from the learner to SGLang engines through SGLang's own update APIs (SGLang 0.5.23).
-
-`EngineWeightSync` is a `WeightSink` (`train.py`) that talks to the engines directly:
-- `disk`: `POST /update_weights_from_disk {model_path, weight_version}` on each engine (the
-  model directory the learner wrote; the engines must see the same file system);
-- `distributed`: the learner is rank 0 of a `torch.distributed` group whose other ranks are the
-  engines' tensor-parallel workers, and broadcasts every tensor to them. The group is made once
-  (`POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
-  group_name, backend}` on each engine while the learner joins; engine i's workers get ranks
-  `rank_offset = 1 + the tp_size of the engines before it`, its `tp_size` read from
-  `/server_info`) and reused by every push: `POST /begin_weight_update`, then
-  `POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
-  weight_version}` on every engine while the learner broadcasts the tensors in that order,
-  then `POST /end_weight_update` (SGLang 0.5.23 refuses the update outside such a session,
-  `srt/managers/scheduler_components/weight_updater.py`; a server without `/begin_weight_update`
-  is an older one that needs none). Field names are those of `srt/managers/io_struct.py`
-  (`InitWeightsUpdateGroupReqInput`, `UpdateWeightsFromDistributedReqInput`).
-  The group's rendezvous follows SGLang's `init_custom_process_group` (`srt/utils/common.py`):
-  a TCP store at `master_address:master_port` served by rank 0, keys under the prefixes
-  `{group_name}`, `{group_name}/` and `{device}/` (the last two added by torch's
-  `_new_process_group_helper`), so the learner's side uses only torch's public store and
-  backend classes. `backend` is `nccl` on GPUs and `gloo` on CPUs (what the tests use).
-
-When the distributed path fails (an engine refuses or cannot join the group, a broadcast
-times out, an engine cannot load what it received), the group is given up, the push falls
-back to disk, and the fallback is logged as a warning and kept in `reports` (a `SyncReport`
-per push: how, seconds, bytes, and the error that caused a fallback). The next push tries
-the distributed path again with a new group. An engine left waiting in a broadcast the learner
-gave up on answers nothing else until its own group timeout (SGLang's default: 30 minutes),
-so the disk load of that push waits for it too. With gloo, each side's address comes from its
-hostname unless `GLOO_SOCKET_IFNAME` names an interface (set it on multi-homed nodes).
-
-The tensors sent are the model directory's safetensors (just written by the learner, so read
-back from the page cache), or `named_tensors()` when given (e.g. the live model's
-`state_dict().items()`); names are Hugging Face names, which SGLang's `load_weights` takes.
-The `tensor` path (`/update_weights_from_tensor`) is not offered: SGLang deserialises its
-payload with `MultiprocessingSerializer`, i.e. CUDA IPC handles on the engine's own node.
+"""Weights from the learner to SGLang engines through SGLang's own update APIs (SGLang
+0.5.23): `EngineWeightSync`, a `WeightSink` (`train.py`) that talks to the engines directly,
+from disk or by a `torch.distributed` broadcast (`WeightSyncConfig.method`). Field names are
+those of SGLang's `srt/managers/io_struct.py` (`InitWeightsUpdateGroupReqInput`,
+`UpdateWeightsFromDistributedReqInput`).
 """
 
 from __future__ import annotations
@@ -118,7 +86,23 @@ class _Group:
 
 @dataclass
 class EngineWeightSync:
-    """`WeightSink` to SGLang engines at `engine_urls` (see the module docstring)."""
+    """`WeightSink` to SGLang engines at `engine_urls`. "disk": `POST
+    /update_weights_from_disk {model_path, weight_version}` on each (the engines must see
+    the learner's file system). "distributed": the learner is rank 0 of a group whose
+    other ranks are the engines' tensor-parallel workers (`_open_group`, once, reused by
+    every push), and broadcasts every tensor to them between `POST /begin_weight_update`
+    and `/end_weight_update` (SGLang 0.5.23 refuses the update outside such a session,
+    `srt/managers/scheduler_components/weight_updater.py`; a server without it needs
+    none). The tensors are the model directory's safetensors (just written, so read from
+    the page cache) or `named_tensors()` (e.g. the live `state_dict().items()`), by their
+    Hugging Face names. SGLang's `tensor` path is not offered: it takes CUDA IPC handles
+    on the engine's own node.
+
+    When the distributed path fails (an engine refuses or cannot join, a broadcast times
+    out, an engine cannot load what it got), the group is given up, the push falls back
+    to disk with a warning and a `SyncReport` in `reports`, and the next push tries a new
+    group. An engine left waiting in an abandoned broadcast answers nothing until its own
+    group timeout (SGLang's default: 30 minutes), so that push's disk load waits too."""
 
     engine_urls: list[str]
     config: WeightSyncConfig = field(default_factory=WeightSyncConfig)
@@ -237,7 +221,9 @@ class EngineWeightSync:
                 raise WeightSyncError(f"{url}{path} refused: {reply.get('message')}")
 
     def _open_group(self) -> _Group:
-        """Form the group: rank 0 here, each engine's workers after it."""
+        """Form the group: rank 0 here, engine i's workers from `rank_offset` = 1 + the
+        `tp_size`s (`/server_info`) of the engines before it, by `POST
+        /init_weights_update_group` on each while this side joins."""
         c = self.config
         tp_sizes = [self._tp_size(url) for url in self.engine_urls]
         world_size = 1 + sum(tp_sizes)
@@ -271,8 +257,11 @@ class EngineWeightSync:
     def _join(self, store: TCPStore, world_size: int) -> _Group:
         c = self.config
         device = "cuda" if c.backend == "nccl" else "cpu"
-        # The prefixes SGLang's side gets from init_custom_process_group and torch's
-        # _new_process_group_helper (see the module docstring).
+        # The rendezvous follows SGLang's init_custom_process_group (srt/utils/common.py):
+        # a TCP store served by rank 0, keys under `{group_name}`, then `{group_name}/` and
+        # `{device}/` (added by torch's _new_process_group_helper), so this side needs only
+        # torch's public store and backend classes. With gloo, each side's address comes
+        # from its hostname unless GLOO_SOCKET_IFNAME names an interface.
         prefixed = PrefixStore(f"{device}/", PrefixStore(
             f"{c.group_name}/", PrefixStore(c.group_name, store)))
         timeout = timedelta(seconds=c.group_timeout_s)

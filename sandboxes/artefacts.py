@@ -1,19 +1,6 @@
-"""Build artefacts: files that running a repository's code or tests writes into it, and
-that are not the agent's work (bytecode, test and type-checker caches, packaging metadata).
-
-An agent that runs pytest in its sandbox leaves `__pycache__/*.pyc` and `.pytest_cache/`
-behind; in a session's diff they are binary hunks that bloat the prediction (past the
-rollout's cut, so that it no longer applies) and change nothing a grader looks at. So:
-
-- sandboxes run with `PYTHONDONTWRITEBYTECODE=1` (`sandbox.SANDBOX_ENV`), and
-- a session's diff (`Sandbox.diff`) leaves out files matching `BUILD_ARTEFACTS` that its
-  base commit does not have: they are git-ignored (`core.excludesFile`) while the diff is
-  taken, and git's ignore rules apply to untracked files only, so a file the base commit
-  tracks is diffed like any other, and a source file the agent added is kept;
-- `without_new_artefacts` drops the same files from a diff recorded before this (a run's
-  `summary.json`), when it is exported as a prediction.
-
-The patterns are gitignore lines; `is_build_artefact` reads them the same way for a path.
+"""Build artefacts: files that running a repository's code or tests writes into it, and that
+are not the agent's work; kept out of a session's diff (docs/sandboxes.md#containers). The patterns
+are gitignore lines; `is_build_artefact` reads them the same way for a path.
 """
 
 from __future__ import annotations

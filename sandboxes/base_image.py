@@ -1,15 +1,5 @@
-"""The base image, built offline from Debian packages.
-
-No Docker Hub: `debootstrap --variant=minbase` installs Debian bookworm with
-Python 3, git, pytest, procps and tini from the Debian mirror the host's apt
-already uses, a non-root user `agent` (uid 1000) is added, and the root file
-system is imported with `docker import`. The image carries a label holding the
-hash of its recipe, so `build_base_image` finds and reuses an image built from the
-same recipe (and says so), and the debootstrap tarball is cached by that hash.
-Every task image (`task_image.py`) derives from this one, and `ensure_task_image`
-builds it on first use, so that a task image's `FROM` never sends Docker to a
-registry. The build holds a file lock beside the tarball cache: sessions and
-processes that need the image at once build it once, the others wait and reuse it.
+"""The base image every task image derives from, built offline from Debian packages
+(debootstrap, then `docker import`), once per recipe: docs/sandboxes.md#the-base-image.
 """
 
 import contextlib
@@ -20,11 +10,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
+from docker.models.images import Image
 
 from undertow.sandboxes.connection import Connection
 from undertow.sandboxes.errors import ImageError
@@ -80,7 +72,7 @@ def apt_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
     return DEFAULT_MIRROR
 
 
-def find_base_image(client: docker.DockerClient, recipe: BaseImageRecipe):
+def find_base_image(client: docker.DockerClient, recipe: BaseImageRecipe) -> Image | None:
     """The image built from `recipe` (its tag, with the recipe's hash as label), or None."""
     try:
         image = client.images.get(recipe.tag)
@@ -156,11 +148,18 @@ def _import(client: docker.DockerClient, recipe: BaseImageRecipe, tarball: Path)
     image = find_base_image(client, recipe)
     if image is None:
         raise ImageError(f"docker import of {tarball} did not produce {recipe.tag}")
+    return _image_id(image)
+
+
+def _image_id(image: Image) -> str:
+    # docker's `Model.id` is `attrs.get("Id")`, so typed Optional; an image the daemon
+    # returned always has one.
+    assert image.id is not None, f"the daemon returned image {image.tags} without an ID"
     return image.id
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path):
+def _exclusive(lock_path: Path) -> Iterator[None]:
     """Holds an flock on `lock_path`; it excludes other threads of this process too."""
     with lock_path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -174,13 +173,13 @@ def _build_sync(client: docker.DockerClient, recipe: BaseImageRecipe = BaseImage
                 cache_dir: Path | None = None, mirror: str | None = None) -> BaseImage:
     existing = find_base_image(client, recipe)
     if existing is not None:
-        return BaseImage(recipe.tag, existing.id, reused=True)
+        return BaseImage(recipe.tag, _image_id(existing), reused=True)
     cache_dir = cache_dir or Path.home() / ".cache" / "undertow"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(cache_dir / f"base-{recipe.digest()}.lock"):
         existing = find_base_image(client, recipe)  # built while this one waited for the lock
         if existing is not None:
-            return BaseImage(recipe.tag, existing.id, reused=True)
+            return BaseImage(recipe.tag, _image_id(existing), reused=True)
         tarball = _rootfs_tarball(recipe, mirror or apt_mirror(), cache_dir)
         return BaseImage(recipe.tag, _import(client, recipe, tarball), reused=False)
 

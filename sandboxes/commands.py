@@ -8,17 +8,21 @@ import asyncio
 import functools
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec
 
 from undertow.sandboxes.connection import DEFAULT_DOCKER_URL, connect
 from undertow.sandboxes.errors import SandboxError
 
+P = ParamSpec("P")
 
-def _reported(command):
+
+def _reported(command: Callable[P, int]) -> Callable[P, int]:
     """Prints a SandboxError's message (it says what to do) instead of a traceback."""
 
     @functools.wraps(command)
-    def run(*args, **kwargs) -> int:
+    def run(*args: P.args, **kwargs: P.kwargs) -> int:
         try:
             return command(*args, **kwargs)
         except SandboxError as error:

@@ -1,17 +1,12 @@
-"""The connection to the Docker daemon, shared by every sandbox of a run.
-
-The `docker` SDK is blocking. Each call runs in a thread of this connection's own
-pool, sized for many long-running `exec` streams at once (asyncio's default pool
-has only a few threads, and one stuck stream per session would starve it). A call that
-cannot reach the daemon (refused, reset, its socket gone) raises `HostLost` naming it,
-so that every caller tells a lost host from an error of the call itself.
+"""The connection to the Docker daemon, shared by every sandbox of a run: the SDK's blocking
+calls, each in a thread of the connection's own pool (`Connection.call`).
 """
 
 import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import docker
 import requests
@@ -20,19 +15,24 @@ from undertow.sandboxes.errors import HostLost
 
 DEFAULT_DOCKER_URL = "unix:///var/run/docker.sock"
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Connection:
     """A Docker client plus the thread pool its blocking calls run in; `url` names the
-    daemon as `connect` was given it (programs that reach a sandbox themselves use it)."""
+    daemon as `connect` was given it (programs that reach a sandbox themselves use it).
+
+    The pool is its own, sized for many long-running `exec` streams at once: asyncio's
+    default pool has a few threads, and one stuck stream per session would starve it."""
 
     def __init__(self, client: docker.DockerClient, max_threads: int = 256, url: str = ""):
         self.client, self.url = client, url
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="undertow-docker")
 
-    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs one blocking SDK call in the pool; raises HostLost when the daemon is
-        out of reach."""
+    async def call(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Runs one blocking SDK call in the pool; raises HostLost naming the daemon when
+        it is out of reach (refused, reset, its socket gone), so that every caller tells a
+        lost host from an error of the call itself."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
@@ -50,7 +50,7 @@ class Connection:
     def __enter__(self) -> "Connection":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

@@ -1,9 +1,6 @@
-"""Makes sure a Docker daemon is reachable, starting one when allowed.
-
-`make test` and `make run` run this (`python -m undertow.sandboxes.daemon`) after
-`make system-packages` has installed Debian's `docker.io` (the only place that
-installs Debian packages is the Makefile, from `system-packages.txt`): as root it
-starts `dockerd`; elsewhere it explains what to do.
+"""Makes sure a Docker daemon is reachable, starting one when allowed: as root it starts
+`dockerd` (Debian's `docker.io`, from `make system-packages`); elsewhere it says what to do.
+`make test` and `make run` run it (`python -m undertow.sandboxes.daemon`).
 """
 
 import os

@@ -13,10 +13,6 @@
     ├── DroppedRow          a dataset row cannot become a task (`tasks import` counts the reason)
     └── DaemonError         (also a RuntimeError) no Docker daemon, and none could be started
                             (`daemon.py`)
-
-`Sandbox.exec` does not raise on a timed-out command: it kills the command's
-process tree and returns an `ExecResult` with `timed_out` set, because an agent's
-command running too long is an ordinary outcome, not a failure of the sandbox.
 """
 
 

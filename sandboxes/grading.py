@@ -1,30 +1,6 @@
-"""Grading: a session's diff judged by the task's tests, in a fresh container.
-
-The flow of `grade`: start a new container from the task's image (the session's
-own container may have been tampered with); run the task's start commands in it
-(`task_setup.py`: SWE-smith's harness checks out the instance's branch in its grading
-container too; one that fails is a SetupFailed, never a reward); apply the session's diff (one that
-does not apply scores 0 with the reason); restore every file the held-back
-`test_patch` touches to its base-commit state, then apply `test_patch` (so tests
-the agent edited cannot change the verdict); run the task's `eval_commands` and
-`test_cmd` within the task's `timeout_s`, the tests' output bracketed by the official
-harness's markers; judge the log (`judge`) with the task's parser; score.
-
-The rules are the official SWE-bench harness's (swebench 4.x `get_logs_eval`,
-`get_eval_tests_report`, `get_resolution_status`), so that Undertow's verdict on a log
-equals the harness's (`tests/sandboxes/test_parity.py`): only the log between the
-markers is read (all of it when that part names no test); tests that ran past their
-time limit, or a log without the markers, give no verdict (reward 0). A test counts as
-a success when it passed (or failed as expected, xfail), as a failure when it failed,
-errored or is missing from the log, and neither way otherwise (skipped). The
-FAIL_TO_PASS fraction is successes / (successes + failures), 1 when there are none;
-likewise PASS_TO_PASS.
-
-Reward: 1 when resolved (both fractions are 1). Otherwise, when partial credit
-applies (sessions that hit their time limit, or all sessions if configured), the
-FAIL_TO_PASS fraction - 0 if a PASS_TO_PASS test broke, unless configured otherwise;
-else 0. A task whose `log_parser` is `swebench...` is judged by the `swebench` package
-itself (`Grade.decided_by`); others by Undertow's parsers with the same rules.
+"""Grading: a session's diff judged by the task's tests in a fresh container (`grade`), by the
+official SWE-bench harness's rules (`judge`, `score`). The flow and the rules:
+docs/sandboxes.md#grading.
 """
 
 import hashlib
@@ -147,7 +123,8 @@ def diff_key(diff: str) -> str:
 
 def classify_test(test: str, statuses: dict[str, str], fail_only: bool = False,
                   skipped_fails: bool = False) -> str:
-    """"success", "failure" or "neither", by the official harness's rules (module doc);
+    """"success", "failure" or "neither", by the official harness's rules
+    (docs/sandboxes.md#grading);
     `fail_only`: only a failed test is a failure, anything else a success (the harness's
     rule for repositories whose parsers report failures only); `skipped_fails`: a skipped
     test is a failure (GradingConfig.skipped_fail_to_pass_fails)."""
@@ -172,7 +149,12 @@ def _fraction(tests: tuple[str, ...], statuses: dict[str, str], fail_only: bool,
 
 def score(task: Task, statuses: dict[str, str], config: GradingConfig,
           timed_out: bool = False) -> tuple[float, bool, str]:
-    """The reward, whether the task is resolved, and why, from per-test statuses."""
+    """The reward, whether the task is resolved, and why, from per-test statuses.
+
+    1 when resolved (the FAIL_TO_PASS and PASS_TO_PASS fractions are both 1). Otherwise,
+    when partial credit applies (sessions that hit their time limit, or all sessions if
+    configured), the FAIL_TO_PASS fraction, or 0 if a PASS_TO_PASS test broke (unless
+    configured otherwise); else 0."""
     fail_only = is_fail_only(task.repo, task.log_parser)
     fail_to_pass, _ = _fraction(task.FAIL_TO_PASS, statuses, fail_only,
                                 config.skipped_fail_to_pass_fails)
@@ -198,7 +180,8 @@ def grading_script(task: Task) -> str:
 
 
 def _undertow_statuses(task: Task, log: str) -> tuple[dict[str, str], bool]:
-    """Undertow's parser on the log, read as the official harness reads one (module doc)."""
+    """Undertow's parser on the log, read as the official harness reads one: only the part
+    between the markers (all of it when that part names no test); no verdict without them."""
     if not holds_verdict(log):
         return {}, False
     parser = get_log_parser(task.log_parser)

@@ -1,23 +1,5 @@
-"""Sandboxes on several Docker hosts: placement, images per host, hosts that go away.
-
-`HostsConfig.docker_hosts` lists the daemons (unix, tcp or ssh URLs, as the Docker
-SDK takes them; empty: the one daemon of DOCKER_HOST or the local socket).
-`DockerHosts.place()` gives a session the live host with the fewest sessions, within
-`max_sessions_per_host` (0: no limit); when every live host is full it waits for a
-slot. Each host builds (or imports, from the shared debootstrap tarball) the base
-image and each task image once, on first use (`image`): concurrent sessions of a task
-on a host share one build, and a failed build is tried again by the next session.
-
-A host that goes away (its daemon stopped or killed, the node gone): its sessions fail
-where they next touch it (their scaffold's commands, grading) with HostLost, raised by
-the host's `Connection` for any call that cannot reach the daemon, which closes them as
-Undertow's failures (`error:sandbox`, never a reward of 0 the policy earned); the runner
-then calls `check(host)`, which pings it and, when it does not answer, marks it down.
-`place()` skips down hosts and pings them again after `retry_down_s`, so a daemon that
-comes back gets sessions again. When no host is up, `place()` raises HostUnavailable (the
-session is an infrastructure failure too). Containers on a lost host cannot be removed
-while it is away: `gc` at the run's end removes them from every host that answers by
-then, and `undertow sandbox gc` from one that answers later.
+"""Sandboxes on several Docker hosts: placement, images per host, hosts that go away and
+come back (docs/sandboxes.md#several-docker-hosts).
 """
 
 from __future__ import annotations
@@ -104,7 +86,7 @@ class DockerHosts:
     def __enter__(self) -> DockerHosts:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @contextlib.asynccontextmanager
@@ -140,7 +122,8 @@ class DockerHosts:
     async def _retry_down(self) -> None:
         now = time.monotonic()
         due = [host for host in self.hosts
-               if not host.up and now - host.down_since >= self.config.retry_down_s]
+               if host.down_since is not None
+               and now - host.down_since >= self.config.retry_down_s]
         for host in due:
             await self.check(host)
 

@@ -1,17 +1,5 @@
-"""The gateway-only network mode: a scaffold inside the sandbox that can reach the gateway and
-nothing else.
-
-Design. The container keeps Docker's `none` network: it has a loopback interface
-and no route anywhere, so no address (host, bridge, LAN, internet) is reachable
-by construction, not by a firewall rule that could be got wrong. One Unix socket
-is bind-mounted into it. On the host, a `GatewayRelay` accepts connections on that
-socket and forwards each to the gateway's TCP address. Inside, a relay started as
-root (so the agent's user cannot kill or replace it) listens on
-127.0.0.1:`relay_port` and forwards to the socket. The scaffold gets
-`base_url = http://127.0.0.1:<relay_port>` (`Sandbox.gateway_url`), and its only
-peer is the gateway.
-
-    scaffold --TCP--> relay (in container) --Unix socket--> GatewayRelay (host) --TCP--> gateway
+"""The gateway-only network: a scaffold inside its sandbox reaches the gateway and nothing
+else, through a Unix socket relayed on both sides (docs/sandboxes.md#the-gateway-only-network).
 """
 
 import asyncio
@@ -85,7 +73,7 @@ class GatewayRelay:
         os.chmod(path, 0o666)
         return self
 
-    async def _forward(self, reader, writer) -> None:
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(
                 self.gateway_host, self.gateway_port)
@@ -109,24 +97,25 @@ class GatewayRelay:
     async def __aenter__(self) -> "GatewayRelay":
         return await self.start()
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
 
 async def start_linked_sandbox(connection: Connection, image: str, link: GatewayRelay, *,
                                run: str, session: str, relay_port: int = 18080,
-                               config: SandboxConfig | None = None, **options) -> Sandbox:
+                               workdir: str = "/testbed", base_commit: str = "",
+                               config: SandboxConfig | None = None) -> Sandbox:
     """Starts a sandbox whose only network peer is the gateway, at `sandbox.gateway_url`."""
     config = config or SandboxConfig()
     if config.network != "none":
         raise ValueError(f"a linked sandbox has network 'none', got {config.network!r}")
-    sandbox = await Sandbox.start(connection, image, run=run, session=session, config=config,
-                                  mounts=link.mounts(), **options)
+    sandbox = await Sandbox.start(connection, image, run=run, session=session, workdir=workdir,
+                                  base_commit=base_commit, config=config, mounts=link.mounts())
     try:
         socket = f"{SOCKET_DIR_IN_CONTAINER}/{SOCKET_NAME}"
         await connection.call(
             connection.client.api.exec_start,
-            (await connection.call(connection.client.api.exec_create, sandbox.container.id,
+            (await connection.call(connection.client.api.exec_create, sandbox.container_id,
                                    ["python3", "-c", _RELAY, socket, str(relay_port)],
                                    user="0"))["Id"], detach=True)
         probe = ("import socket,time\nfor _ in range(100):\n  try:\n"

@@ -1,19 +1,6 @@
-"""Test-log parsers, chosen by name: a log's text in, each test's status out.
-
-A task's `log_parser` names one of `LOG_PARSERS` (Undertow's own, for task sets that
-name theirs, such as the bundled one), or `swebench` (the official harness's parser
-for the task's repository) or `swebench:<function>` (one of its parsers by name);
-those two live in `swebench_harness.py`. A parser maps test IDs (as the task's
-FAIL_TO_PASS and PASS_TO_PASS name them) to one of the statuses below. A new test
-runner is a new function added to the dict.
-
-The pytest parser reads a log exactly as the official SWE-bench harness
-(`swebench` 4.x, `parse_log_pytest`) does, so that a reward never disagrees with the
-leaderboard's verdict on the same log (`tests/sandboxes/test_parity.py` checks it):
-a summary line is a status word at the very start of the line, the test ID is the
-next whitespace-separated word (a parametrized ID with a space is cut there, as in
-SWE-bench's own FAIL_TO_PASS lists), `XPASS` is not a status (such a test counts as
-not run), and when a test is reported twice the later line wins.
+"""Test-log parsers, chosen by name (`LOG_PARSERS`): a log's text in, each test's status out.
+The official harness's (`swebench`, `swebench:<function>`) are in `swebench_harness.py`
+(docs/sandboxes.md#grading).
 """
 
 from collections.abc import Callable
@@ -31,7 +18,11 @@ def is_passing(status: str) -> bool:
 
 
 def parse_pytest_log(log: str) -> dict[str, str]:
-    """Reads pytest's `-rA` short summary (`PASSED path::test`, `FAILED path::test - why`)."""
+    """Reads pytest's `-rA` short summary (`PASSED path::test`, `FAILED path::test - why`)
+    exactly as swebench 4.x's `parse_log_pytest` does (`tests/sandboxes/test_parity.py`):
+    a status word at the very start of a line, the test ID the next whitespace-separated
+    word (a parametrized ID with a space is cut there, as in SWE-bench's own lists), `XPASS`
+    no status (such a test counts as not run), and the later line wins for a test twice."""
     statuses: dict[str, str] = {}
     for line in log.split("\n"):
         word = next((w for w in _PYTEST_WORDS if line.startswith(w)), None)

@@ -1,11 +1,4 @@
-"""Bounded capture of a command's output: the head and the tail, with a marker between.
-
-A scaffold may run for hours and print gigabytes; a command inside a sandbox may print
-without end. Whatever goes through a `BoundedOutput` costs at most its `max_bytes` (plus
-the chunk being added), however long it runs: the head is filled once, the tail is one
-buffer trimmed from the front as bytes arrive, and a chunk larger than the tail is
-never stored whole.
-"""
+"""Bounded capture of a command's output: the head and the tail, with a marker between."""
 
 
 class BoundedOutput:
@@ -13,7 +6,9 @@ class BoundedOutput:
 
     Invariant: `len(head) + len(tail) <= max_bytes`; `num_bytes` counts every byte
     added and `num_dropped_bytes` what fell between head and tail; `text()` marks the
-    gap so that no reader mistakes a truncated log for a whole one.
+    gap so that no reader mistakes a truncated log for a whole one. However long the
+    stream runs, the head is filled once and the tail is one buffer trimmed from the front:
+    a chunk larger than the tail is never stored whole.
     """
 
     def __init__(self, max_bytes: int):

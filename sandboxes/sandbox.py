@@ -1,16 +1,6 @@
-"""One Docker container per session: the sandbox a scaffold works in.
-
-A sandbox is started from its task's image with CPU, memory and process-count
-limits, no network (unless configured, or linked to the gateway only - see
-`link.py`), an init process as PID 1, and labels naming its run and session, so
-that `gc` finds and removes whatever a crashed run left. `exec` runs a shell
-command with a time limit; on timeout every process the command started (found
-by a marker in its environment, which survives `setsid` and double forks) is
-killed, so nothing outlives its limit. `diff` returns every change against the
-base commit, new and binary files included, but not the build artefacts (bytecode, test
-caches) that running the code left behind (`artefacts.py`); the container's environment
-(`SANDBOX_ENV`) keeps Python from writing bytecode at all. `close` removes the container
-and its anonymous volumes.
+"""One Docker container per session: the sandbox a scaffold works in (`Sandbox.start`,
+`exec`, `diff`, `close`; `gc` removes what a crashed run left). Its limits, labels and diff:
+docs/sandboxes.md#containers.
 """
 
 import asyncio
@@ -26,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 import docker.errors
+from docker.models.containers import Container
 
 from undertow.sandboxes.artefacts import BUILD_ARTEFACTS
 from undertow.sandboxes.connection import Connection
@@ -146,7 +137,7 @@ class ExecResult:
 class Sandbox:
     """A running container for one session. Use `await Sandbox.start(...)`, then `close()`."""
 
-    def __init__(self, connection: Connection, container, workdir: str, base_commit: str,
+    def __init__(self, connection: Connection, container: Container, workdir: str, base_commit: str,
                  config: SandboxConfig, uid: int, gid: int):
         self.connection = connection
         self.container = container
@@ -156,6 +147,12 @@ class Sandbox:
         self.uid, self.gid = uid, gid
         self.gateway_url: str | None = None
 
+    @property
+    def container_id(self) -> str:
+        """The container's full ID (the SDK types it Optional; a started container has one)."""
+        assert self.container.id is not None, f"container {self.container.name} has no ID"
+        return self.container.id
+
     @classmethod
     async def start(cls, connection: Connection, image: str, *, run: str, session: str,
                     workdir: str = "/testbed", base_commit: str = "",
@@ -164,16 +161,15 @@ class Sandbox:
         """Starts the container and waits until a command runs in it."""
         labels = {SANDBOX_LABEL: "1", RUN_LABEL: run, SESSION_LABEL: session,
                   OWNER_LABEL: _owner()}
-        options = dict(
-            command=["sleep", "infinity"], detach=True, init=True, labels=labels,
-            network_mode=config.network, nano_cpus=int(config.num_cpus * 1e9),
-            mem_limit=config.memory_bytes, memswap_limit=config.memory_bytes,
-            pids_limit=config.pids_limit, working_dir=workdir,
-            security_opt=["no-new-privileges"], volumes=mounts or {}, environment=SANDBOX_ENV)
-        if config.user is not None:
-            options["user"] = config.user
         try:
-            container = await connection.call(connection.client.containers.run, image, **options)
+            # `user=None` keeps the image's user: the SDK leaves None fields out of the request.
+            container = await connection.call(
+                connection.client.containers.run, image, ["sleep", "infinity"], detach=True,
+                init=True, labels=labels, network_mode=config.network,
+                nano_cpus=int(config.num_cpus * 1e9), mem_limit=config.memory_bytes,
+                memswap_limit=config.memory_bytes, pids_limit=config.pids_limit,
+                working_dir=workdir, security_opt=["no-new-privileges"], volumes=mounts or {},
+                environment=SANDBOX_ENV, user=config.user)
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {image} not found: build or pull it first") from None
         except docker.errors.APIError as error:
@@ -204,7 +200,7 @@ class Sandbox:
     async def __aenter__(self) -> "Sandbox":
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def _state(self) -> dict:
@@ -236,7 +232,7 @@ class Sandbox:
         api = self.connection.client.api
         try:
             created = await self.connection.call(
-                api.exec_create, self.container.id, argv, user=user, environment=env,
+                api.exec_create, self.container_id, argv, user=user, environment=env,
                 workdir=workdir or self.workdir)
         except docker.errors.NotFound:
             raise await self._died() from None
@@ -254,14 +250,17 @@ class Sandbox:
                 output.add(chunk)
         finally:
             # The SDK leaves closing a streamed response to its caller, and `stream.close()`
-            # alone leaves the response's file object (and so its socket) open.
+            # alone leaves the response's file object (and so its socket) open. The typeshed
+            # stub of CancellableStream leaves out `_response`, which the SDK sets.
             stream.close()
-            stream._response.close()
+            stream._response.close()  # pyright: ignore[reportAttributeAccessIssue]
 
     async def exec(self, command: str, timeout_s: float, *, user: str | None = None,
                    workdir: str | None = None, env: dict[str, str] | None = None,
                    keep_background: bool = False) -> ExecResult:
-        """Runs `command` with bash; past `timeout_s` its whole process tree is killed.
+        """Runs `command` with bash; past `timeout_s` its whole process tree is killed, and the
+        call returns with `timed_out` set: an agent's command running too long is an ordinary
+        outcome, not an error.
 
         When the command ends, processes it left running are killed too, unless
         `keep_background` (e.g. to start a server for later commands; redirect its output,
@@ -350,7 +349,9 @@ class Sandbox:
             if member is None or not member.isfile():
                 raise IsADirectoryError(
                     f"{full} in sandbox {self.container.short_id} is not a file")
-            return archive.extractfile(member).read()
+            extracted = archive.extractfile(member)
+            assert extracted is not None, "a regular file's member always extracts"
+            return extracted.read()
 
     async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Writes a file owned by the sandbox's user, creating its folder if needed."""

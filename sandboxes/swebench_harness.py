@@ -1,18 +1,6 @@
-"""The official SWE-bench harness (the `swebench` package, 4.x), where it already does the job.
-
-For a repository and version that `swebench` knows (its per-repository
-specifications), the test command, the commands run before the tests, the log
-parser and the status rules come from `swebench` itself, so that a reward agrees
-with the leaderboard's verdict on the same log. `grading.py` asks `official_spec`
-what to run and `official_statuses` what a log says; the task's `log_parser` is then
-`swebench` (or `swebench:<parser function>` for task sets, such as SWE-rebench's,
-that name one of its parsers for a repository it does not know).
-
-`swebench` is an optional dependency (`pip install 'undertow[swebench]'`), imported
-only when one of these functions runs; everything here works offline (its grading
-and log parsers read no network and no Docker Hub). Its log parsers take the log of
-a whole eval script; Undertow's test script brackets the tests' output with the
-same markers (`START_MARKER`, `END_MARKER`).
+"""The official SWE-bench harness (the optional `swebench` package, 4.x) where it already does
+the job: specs, log parsers and grader of the repositories it knows, imported only when one of
+these functions runs (docs/sandboxes.md#grading).
 """
 
 import functools
@@ -176,10 +164,14 @@ def is_fail_only(repo: str, log_parser: str) -> bool:
     return repo in _import("swebench.harness.constants").FAIL_ONLY_REPOS
 
 
-def official_statuses(log: str, **task_fields) -> tuple[dict[str, str], bool]:
+def official_statuses(log: str, *, instance_id: str, repo: str, version: str,
+                      log_parser: str, fail_to_pass: Sequence[str] = (),
+                      pass_to_pass: Sequence[str] = ()) -> tuple[dict[str, str], bool]:
     """`official_status_map` in Undertow's statuses (other words of a parser are kept lower-
     cased, and count neither as a pass nor as a failure, as in the harness)."""
-    status_map, found = official_status_map(log, **task_fields)
+    status_map, found = official_status_map(
+        log, instance_id=instance_id, repo=repo, version=version, log_parser=log_parser,
+        fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass)
     return {test: _STATUS.get(status, str(status).lower())
             for test, status in status_map.items()}, found
 

@@ -1,24 +1,7 @@
-"""The task record and its loaders.
+"""The task record (one SWE instance: SWE-bench's fields, plus how to run it) and its loaders.
 
-A task is one SWE instance: a repository at a base commit, a problem statement,
-the gold `patch`, the held-back `test_patch`, and the tests that decide it. The
-fields are SWE-bench's, so SWE-bench, SWE-Gym and SWE-smith instances load
-unchanged (their list fields may be JSON strings, as SWE-bench stores them);
-Undertow adds how to run it: `image`, `test_cmd`, `log_parser`, `timeout_s`,
-and, for task sets that ship their sources instead of images, `source_dir` (a git
-repository holding `base_commit`, or the repository in its fixed state: `task_image.py`).
-SWE-bench's `version` and `environment_setup_commit` load too, with the set-up of the
-official harness: `pre_install` (image set-up) and `eval_commands` (run before
-`test_cmd`). `start_commands` run in every container of the task when it starts, before
-the scaffold or the tests (SWE-smith's `git checkout <instance_id>`); `task_setup.py`
-says where each kind of set-up runs, and why there. A record of a repository and
-version that the `swebench` package knows, and that names no `log_parser` or `test_cmd`
-of its own, takes all of these from `swebench` (`swebench_harness.py`): its verdicts
-then agree with the official harness.
-
-`load_tasks(path)` reads a JSONL file, a folder holding `tasks.jsonl`, or a local
-Hugging Face dataset (saved with `save_to_disk`, or parquet/JSON files; this
-needs the optional `datasets` package). Unknown fields are ignored.
+The fields, the set-up each kind of field gets, and what `load_tasks` reads:
+docs/sandboxes.md#tasks.
 """
 
 import json
@@ -76,7 +59,7 @@ def _fail(field: str, message: str, where: str) -> TaskFormatError:
     return TaskFormatError(f"{where}: field {field!r} {message}")
 
 
-def _test_list(value: Any, field: str, where: str) -> tuple[str, ...]:
+def _test_list(value: object, field: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else []
@@ -87,7 +70,8 @@ def _test_list(value: Any, field: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _optional_text(record: Mapping[str, Any], field: str, default: str | None, where: str):
+def _optional_text(record: Mapping[str, Any], field: str, default: str | None,
+                   where: str) -> str | None:
     value = record.get(field)
     if value is None or value == "":
         return default
@@ -135,7 +119,7 @@ def parse_task(record: Mapping[str, Any], where: str, base_dir: Path | None = No
     return Task(**values)
 
 
-def _version(value: Any, where: str) -> str:
+def _version(value: object, where: str) -> str:
     """SWE-bench versions are strings ("3.0"); a number read from JSON is written back so."""
     if value is None or isinstance(value, str):
         return value or ""
@@ -175,7 +159,8 @@ def _how_to_test(record: Mapping[str, Any], values: dict[str, Any], where: str) 
     return {key: defaults[key] if value is None else value for key, value in given.items()}
 
 
-def _source_dir(record, values, base_dir: Path | None, where: str) -> Path | None:
+def _source_dir(record: Mapping[str, Any], values: dict[str, Any], base_dir: Path | None,
+                where: str) -> Path | None:
     """Where a task without an image ships its source: `source_dir`, else `repos/<repo name>`."""
     raw = _optional_text(record, "source_dir", None, where)
     if values["image"] is not None and raw is None:
@@ -233,7 +218,7 @@ def _dataset_records(path: Path) -> Iterator[tuple[str, Any]]:
     splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
     for split, dataset in splits:
         for number, record in enumerate(dataset):
-            yield f"{path}{'[' + split + ']' if split else ''} row {number}", record
+            yield f"{path}{f'[{split}]' if split else ''} row {number}", record
 
 
 _DATA_SUFFIXES = {".parquet", ".json", ".jsonl"}

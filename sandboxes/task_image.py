@@ -1,27 +1,5 @@
-"""Per-task images, and the deterministic base commit of tasks that ship their source.
-
-A task either names a published image (SWE-bench, SWE-Gym, SWE-smith: used as
-is) or ships its repository (`source_dir`). That is one of two things:
-
-- a git repository that holds the task's `base_commit` (a dataset's row over a local
-  clone): the base state is that commit, as SWE-bench's images hold it, fetched alone
-  (a one-commit shallow history, so later commits - the fix - are not there) and checked
-  out; its hash stays the row's `base_commit`;
-- else the repository in its fixed state (a shipped task set, `taskset.py`): the
-  task's buggy base state is the source with the gold `patch` applied in reverse; it
-  is committed as the only commit of a fresh git history (fixed author, date and
-  config, so its hash - the task's `base_commit`, `undertow tasks stamp` writes it -
-  is the same on every machine and the fix cannot be read from history).
-
-Either way it is copied, owned by the non-root user, to `/testbed` in an image derived
-from the base image. The build runs with `--network=none`.
-
-A task's `pre_install` commands run here, where the official harness runs them (its
-instance image's `setup_repo.sh`, after the reset to the base commit; `task_setup.py`):
-as root in the testbed, one build step each, and what they change in the repository is
-committed (fixed author and date), so that the session's diff, taken against HEAD,
-holds only the agent's work. One that fails is an ImageError naming the task and the
-command. A published image is used as it is: its pre_install ran when it was built.
+"""Per-task images, and the deterministic base commit of tasks that ship their source; the
+two kinds of source and what each gives: docs/sandboxes.md#task-images.
 """
 
 import hashlib
@@ -77,12 +55,12 @@ def holds_base_commit(task: Task) -> bool:
     return found.returncode == 0
 
 
-def _fetch_base_commit(task: Task, dest: Path) -> str:
+def _fetch_base_commit(task: Task, source: Path, dest: Path) -> str:
     """The task's base commit alone, fetched from its source repository and checked out."""
     dest.mkdir(parents=True)
     _git(["init", "-q", "-b", "main"], dest)
     _git(["-c", "safe.directory=*", "fetch", "-q", "--depth", "1", "--no-tags",
-          task.source_dir.resolve().as_uri(), task.base_commit], dest)
+          source.resolve().as_uri(), task.base_commit], dest)
     _git(["checkout", "-q", "-B", "main", task.base_commit], dest)
     (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
     return _git(["rev-parse", "HEAD"], dest)
@@ -90,12 +68,12 @@ def _fetch_base_commit(task: Task, dest: Path) -> str:
 
 def prepare_testbed(task: Task, dest: Path) -> str:
     """Writes the task's base state with its one-commit history to `dest`; returns the hash
-    (the module doc says which of the two kinds of source gives which)."""
+    (docs/sandboxes.md#task-images says which of the two kinds of source gives which)."""
     if task.source_dir is None or not task.source_dir.is_dir():
         raise ImageError(f"task {task.instance_id}: no source folder at {task.source_dir}; "
                          "a task without `image` must ship its repository")
     if holds_base_commit(task):
-        return _fetch_base_commit(task, dest)
+        return _fetch_base_commit(task, task.source_dir, dest)
     shutil.copytree(task.source_dir, dest, ignore=_IGNORED)
     _git(["init", "-q", "-b", "main"], dest)
     if task.patch.strip():
@@ -205,13 +183,13 @@ def _build_sync(client: docker.DockerClient, task: Task, base_tag: str) -> str:
     return tag
 
 
-def _check_published(client: docker.DockerClient, task: Task) -> str:
+def _check_published(client: docker.DockerClient, task: Task, image: str) -> str:
     try:
-        client.images.get(task.image)
+        client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise ImageError(f"task {task.instance_id}: image {task.image} is not on this Docker "
-                         f"daemon; `docker pull {task.image}` (or load it) first") from None
-    return task.image
+        raise ImageError(f"task {task.instance_id}: image {image} is not on this Docker "
+                         f"daemon; `docker pull {image}` (or load it) first") from None
+    return image
 
 
 async def ensure_task_image(connection: Connection, task: Task,
@@ -219,6 +197,6 @@ async def ensure_task_image(connection: Connection, task: Task,
     """The task's image tag: its published image, or one built (once) from its source on
     the base image, which is built first when the daemon does not have it."""
     if task.image is not None:
-        return await connection.call(_check_published, connection.client, task)
+        return await connection.call(_check_published, connection.client, task, task.image)
     base = await build_base_image(connection, recipe or BaseImageRecipe())
     return await connection.call(_build_sync, connection.client, task, base.tag)

@@ -1,48 +1,5 @@
-"""A task's set-up commands, each run where the official harnesses run it.
-
-The task fields, and where each runs (swebench 4.1's `test_spec/python.py` and
-`dockerfiles/`; SWE-smith's `harness/utils.py` and `harness/gather.py`):
-
-    environment_setup_commit  SWE-bench: the commit whose dependency files (requirements.txt,
-                              environment.yml) the harness's *environment image* installs. The
-                              harness reads those files at that commit; it never checks the
-                              commit out in a container. A published instance image holds that
-                              environment already; Undertow's own images have no per-task
-                              environment layer (the base image is the environment), so the
-                              field is recorded (image label, sandbox log), not run.
-    pre_install               SWE-bench spec: part of the *instance image*'s `setup_repo.sh`,
-                              after the repository is reset to `base_commit`, before `install`,
-                              as root; its changes are then committed ("SWE-bench"), so an
-                              agent's diff holds only its own work. Undertow runs them where it
-                              builds the image (`task_image.py`, tasks that ship their source):
-                              as root, each its own step, their changes committed. A published
-                              image (SWE-bench, SWE-Gym, SWE-rebench instance images) was built
-                              with them; running them again would repeat them (and their
-                              `apt-get`s have no network here), so they are not run.
-    start_commands            SWE-smith: its images hold one repository per image and every
-                              instance's bug on a branch named after the instance; its harness
-                              runs `git checkout <instance>` in each container after it starts,
-                              before the agent or the tests. Undertow runs them in the session's
-                              sandbox (`adapters/rollout.py`) and in each grading container
-                              (`grading.py`), by `run_start_commands`.
-    eval_commands             run before `test_cmd` in the grading script (`grading.py`).
-
-After the start commands, the history is squashed (`squash_history`, unless the sandbox's
-`git_history` is "keep"): an image's history can hold the fix itself (SWE-smith's images
-keep the fixed code on `main`, the bug a commit on top; a clone holds the commits after
-its base), and an agent that reads it back (`git show HEAD`, `git log --all -p`) would be
-rewarded for it. One commit with the start state's tree becomes the only commit, every
-other ref, remote and reflog is removed and unreachable objects are pruned. A repository
-with one commit and no remote is left as it is. A grading container is not squashed: it
-holds the same tree, so the session's diff applies there alike.
-
-Then a session's diff is taken against the commit its work starts from
-(`use_head_as_diff_base`): HEAD, the squashed commit; with "keep", the task's
-`base_commit` in images built here, the instance branch's commit for SWE-smith, and the
-harness's set-up commit (the base commit plus the pre_install changes) in SWE-bench's
-images. Either way its tree is the start state, so that a diff applies in a fresh
-container of the same image. What ran is written to the session's sandbox
-log (`sessions/<session>/sandbox.log`).
+"""A task's set-up commands, each run where the official harnesses run it; the squash of
+the history and the base of a session's diff. Field by field, and why: docs/sandboxes.md#set-up.
 """
 
 import shlex
@@ -84,7 +41,8 @@ def _step_lines(step: SetupStep) -> list[str]:
 
 
 def describe(task: Task, image: str) -> list[str]:
-    """The sandbox log's header: the image and where each set-up field ran (module doc)."""
+    """The sandbox log's header: the image and where each set-up field ran
+    (docs/sandboxes.md#set-up)."""
     lines = [f"# task {task.instance_id}, image {image}"]
     if task.environment_setup_commit:
         lines.append(f"# environment_setup_commit {task.environment_setup_commit}: the "
@@ -158,8 +116,10 @@ echo "squashed $commits commits into one"
 
 async def squash_history(sandbox: Sandbox, task: Task, log_path: Path | None = None,
                          timeout_s: float = START_COMMAND_TIMEOUT_S) -> str:
-    """Leaves HEAD's tree as the repository's only commit (module doc); returns what was
-    done. Raises SetupFailed naming the task when git fails."""
+    """Leaves HEAD's tree as the repository's only commit, so that no history can show the
+    fix: every other ref, remote and reflog is removed and unreachable objects are pruned
+    (a repository with one commit and no remote is left as it is). Returns what was done;
+    raises SetupFailed naming the task when git fails."""
     script = f"cd {shlex.quote(sandbox.workdir)}\n" + _SQUASH_SCRIPT % {"env": _SQUASH_ENV}
     result = await sandbox.exec(script, timeout_s)
     if result.exit_code != 0:

@@ -1,17 +1,5 @@
-"""Task sets that ship their repositories, and the stamping of their base commits.
-
-Layout of such a set (the bundled one is `sandboxes/tasks/bundled/`):
-
-    tasks.jsonl          one task per line, all Task fields; `image` null or ""
-    repos/<name>/        each repository in its FIXED state, with its visible tests
-
-A task's base state is `repos/<name>` with the task's gold `patch` applied in
-reverse; its held-back tests exist only in `test_patch`, which must apply on top of
-that base state. `base_commit` is the hash of the one-commit history
-`task_image.prepare_testbed` makes of the base state; `stamp_task_set` computes and
-writes it (other fields and their order are kept), `check_stamps` reports tasks
-whose recorded hash does not match. A task whose `source_dir` is a git repository
-holding its `base_commit` (a dataset row over a local clone) keeps that commit as given.
+"""Task sets that ship their repositories, and the stamping of their base commits
+(`undertow tasks stamp`); the layout: docs/sandboxes.md#task-sets-that-ship-their-repositories.
 """
 
 import json

@@ -1,12 +1,5 @@
-"""Task validation: does each task's gold patch decide its tests, every time?
-
-For each task, `num_runs` times: grade the empty diff (every FAIL_TO_PASS test
-must fail, every PASS_TO_PASS test pass) and the gold patch (every test must
-pass). A test whose status differs between runs is reported as flaky. A task that
-ships its source must also carry the base commit that source gives (`taskset.py`). Tasks run
-with bounded concurrency; `undertow tasks validate DIR` prints the table, with the side that
-decided each task's verdicts: `swebench` (the official harness, for a repository and version
-it knows) or `undertow` (the task set's own parser).
+"""Task validation (`undertow tasks validate`): does each task's gold patch decide its tests,
+every time? What is checked: docs/sandboxes.md#task-sets-that-ship-their-repositories.
 """
 
 import asyncio

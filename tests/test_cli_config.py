@@ -13,10 +13,10 @@ from undertow.cli import build_parser, main
 from undertow.commands.engine import engine_config
 from undertow.commands.gateway import gateway_config
 from undertow.commands.rollout import rollout_command
-from undertow.gateway.engines.builtin.server import EngineConfig
-from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.builtin_engine.server import EngineConfig
+from undertow.gateway.engine_pool.router import RouterConfig
 from undertow.gateway.front.config import AutoSessionsConfig, GatewayConfig
-from undertow.rollout_run import RolloutCommand
+from undertow.run.rollout import RolloutCommand
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS_DOC = REPO / "docs" / "commands.md"
@@ -137,7 +137,7 @@ def test_the_documented_commands_still_parse_and_build():
 
 
 def test_the_builtin_launchers_command_line_builds_the_engine_config_it_means(tmp_path):
-    """`BuiltinLauncher` (used by `undertow/cells.py`, `pool_backends.py` and the
+    """`BuiltinLauncher` (used by `undertow/cells/pool.py`, `pool_backends.py` and the
     benchmarks) passes `EngineConfig` keys as `KEY=VALUE`, never a hidden alias flag, and
     each value arrives as given: a weight version that YAML would read as a number stays
     text."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.import_graph import imported_modules, runtime_nodes, strong_components
+
 # Argument: JSON {"preload", "forbidden", "modules"}. Prints JSON {module: the torch and
 # Undertow modules importing it loads, or {"error": its traceback}}. Fork, not a fresh
 # interpreter, so that the preloaded (outside) modules are paid for once.
@@ -114,7 +116,7 @@ def _imported_by(module: str) -> list[str]:
 
 
 # Only the built-in engine's torch modules may import torch inside the gateway.
-TORCH_ALLOWED = ("undertow.gateway.engines.builtin.",)
+TORCH_ALLOWED = ("undertow.gateway.builtin_engine.",)
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -148,7 +150,7 @@ def test_package_root_does_not_import_torch(package):
 # (no import), so function-level imports count and a cycle is found even where Python's
 # import order happens to hide it. Imports under `if TYPE_CHECKING:` never run: left out.
 
-PACKAGES = ("undertow.gateway.trees", "undertow.gateway",
+PACKAGES = ("undertow.gateway.trees", "undertow.gateway", "undertow.cells",
             "undertow.adapters", "undertow.learner", "undertow.sandboxes")
 
 
@@ -178,12 +180,7 @@ def _syntax(module: str) -> ast.Module:
 
 
 def _runtime_nodes(module: str) -> list[ast.AST]:
-    """The module's nodes, less the bodies of `if TYPE_CHECKING:` blocks."""
-    skipped: set[int] = set()
-    for node in ast.walk(_syntax(module)):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
-    return [node for node in ast.walk(_syntax(module)) if id(node) not in skipped]
+    return runtime_nodes(_syntax(module))
 
 
 def _from_target(module: str, node: ast.ImportFrom) -> str:
@@ -198,75 +195,22 @@ def _from_target(module: str, node: ast.ImportFrom) -> str:
 
 def _imports(module: str) -> set[str]:
     """Undertow modules `module` imports, at any level (module, class or function)."""
-    modules, imported = _sources(), set()
-    for node in _runtime_nodes(module):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names if alias.name in modules)
-        elif isinstance(node, ast.ImportFrom):
-            target = _from_target(module, node)
-            for alias in node.names:
-                name = f"{target}.{alias.name}"
-                if name in modules:
-                    imported.add(name)
-                elif target in modules:
-                    imported.add(target)
-    imported.discard(module)
-    return imported
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, successors = work[-1]
-            successor = next(successors, None)
-            if successor is not None:
-                if successor not in index:
-                    index[successor] = low[successor] = len(index)
-                    stack.append(successor)
-                    on_stack.add(successor)
-                    work.append((successor, iter(sorted(graph[successor]))))
-                elif successor in on_stack:
-                    low[node] = min(low[node], index[successor])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    components.append(sorted(component))
-    return components
+    sources = _sources()
+    return imported_modules(module, sources[module].name == "__init__.py", _syntax(module),
+                            set(sources))
 
 
 def test_cycle_finder_reports_each_cycle_with_its_modules():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
-    assert sorted(_cycles(graph)) == [["a", "b", "c"], ["d", "e"]]
+    assert sorted(strong_components(graph)) == [["a", "b", "c"], ["d", "e"]]
 
 
 def test_no_import_cycle_among_modules():
     graph = {module: _imports(module) for module in _sources()}
-    assert "undertow.pool_backends" in graph["undertow.train_run"]   # imported in a function
+    assert "undertow.cells.backends" in graph["undertow.run.train"]   # imported in a function
     cycles = [" -> ".join(component) + "  (" + "; ".join(
         f"{m} imports {sorted(graph[m] & set(component))}" for m in component) + ")"
-        for component in _cycles(graph)]
+        for component in strong_components(graph)]
     assert not cycles, "import cycles; move the shared piece lower down:\n" + "\n".join(cycles)
 
 
@@ -371,11 +315,19 @@ def test_one_exception_root_per_package_in_its_errors_module(package):
 
 # importer -> (the gateway modules it must never import, at any level, as `_imports` reads
 # them; the ones of those it may). The gateway's root modules are those the three share.
+ENGINE_SIDE = ("undertow.gateway.engines", "undertow.gateway.engine_pool",
+               "undertow.gateway.builtin_engine")
 GATEWAY_EDGES = {
     "undertow.learner": (("undertow.gateway",), ("undertow.gateway.trees",)),
     "undertow.gateway.trees": (("undertow.gateway",), ("undertow.gateway.trees",)),
-    "undertow.gateway.engines": (("undertow.gateway.front",), ()),
-    "undertow.gateway": (("undertow.gateway.front", "undertow.gateway.engines"), ()),
+    # the built-in engine is a server of its own: beside the drivers, as SGLang is
+    "undertow.gateway.builtin_engine": (("undertow.gateway.front", *ENGINE_SIDE),
+                                        ("undertow.gateway.builtin_engine",)),
+    "undertow.gateway.engine_pool": (("undertow.gateway.front",
+                                      "undertow.gateway.builtin_engine"), ()),
+    "undertow.gateway.engines": (("undertow.gateway.front", "undertow.gateway.engine_pool",
+                                  "undertow.gateway.builtin_engine"), ()),
+    "undertow.gateway": (("undertow.gateway.front", *ENGINE_SIDE), ()),
 }
 
 
@@ -405,23 +357,24 @@ def test_gateway_edge_check_finds_each_kind_of_break():
                                         "undertow.gateway.errors"},
              "undertow.gateway.trees.tree": {"undertow.gateway.trees.errors",
                                              "undertow.gateway.metrics"},
-             "undertow.gateway.engines.pool": {"undertow.gateway.front.store",
-                                               "undertow.gateway.errors"},
+             "undertow.gateway.engine_pool.pool": {"undertow.gateway.front.store",
+                                                   "undertow.gateway.errors"},
              "undertow.gateway.render": {"undertow.gateway.engines.protocol",
                                          "undertow.gateway.trees.template_env"},
-             "undertow.gateway.front.app": {"undertow.gateway.engines.pool",
+             "undertow.gateway.front.app": {"undertow.gateway.engine_pool.pool",
                                             "undertow.gateway.render"}}
     assert _gateway_edge_breaks(graph) == [
-        "undertow.gateway.engines.pool imports undertow.gateway.front.store",
+        "undertow.gateway.engine_pool.pool imports undertow.gateway.front.store",
         "undertow.gateway.render imports undertow.gateway.engines.protocol",
         "undertow.gateway.trees.tree imports undertow.gateway.metrics",
         "undertow.learner.train imports undertow.gateway.errors"]
 
 
 def test_gateway_packages_import_only_downwards():
-    """front -> engines -> the gateway's root -> trees; the learner -> trees alone."""
+    """front -> engine pool -> engine drivers -> the gateway's root -> trees; the built-in
+    engine beside the drivers; the learner -> trees alone."""
     graph = {module: _imports(module) for module in _sources()}
     assert "undertow.gateway.trees.tree" in graph["undertow.learner.packing"]
-    assert "undertow.gateway.engines.pool" in graph["undertow.gateway.front.app"]
+    assert "undertow.gateway.engine_pool.pool" in graph["undertow.gateway.front.app"]
     breaks = _gateway_edge_breaks(graph)
     assert not breaks, "imports docs/design.md (\"Layout\") forbids:\n" + "\n".join(breaks)

@@ -1,5 +1,5 @@
 """One training loop: the modules of the project that define a loop which takes optimizer
-steps are exactly the run's loop (`learner/loop.py`, every `undertow train`, with or without
+steps are exactly the run's loop (`undertow/cells/loop.py`, every `undertow train`, with or without
 a pool) and `undertow sft`'s epochs over stored trees (`learner/sft.py`, no rollouts, no
 weights pushed).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("undertow", "gateway", "adapters", "learner", "sandboxes")
-TRAINING_LOOPS = {"learner/loop.py", "learner/sft.py"}
+TRAINING_LOOPS = {"undertow/cells/loop.py", "learner/sft.py"}
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -66,7 +66,7 @@ def test_the_run_and_sft_are_the_only_training_loops():
             if loops:
                 found[str(path.relative_to(ROOT))] = loops
     assert set(found) == TRAINING_LOOPS, found
-    assert found["learner/loop.py"] == ["run"]
+    assert found["undertow/cells/loop.py"] == ["run"]
 
 
 def test_a_second_loop_is_found_however_it_reaches_the_step():

@@ -211,7 +211,7 @@ class Training:
 
     def check(self, command: str, request) -> None:
         from undertow.cli import build_parser
-        from undertow.run_sections import load_sections
+        from undertow.run.sections import load_sections
 
         request.getfixturevalue("monkeypatch").chdir(REPO)   # its paths are the README's
         args = build_parser().parse_args(shlex.split(command)[1:])

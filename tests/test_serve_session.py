@@ -1,5 +1,5 @@
 """`undertow session open|close|list` (`undertow/commands/session.py`), run as the real
-command line against a gateway served in this process (`undertow.embedded`) in front
+command line against a gateway served in this process (`undertow.run.embedded`) in front
 of the scripted engine: the printed environment points the real OpenAI and Anthropic
 SDKs at the session, and a missing or wrong admin token names the variable to set."""
 
@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from tests.gateway.scripted_engine import ScriptedEngine
-from undertow.embedded import serve_gateway
 from undertow.gateway.render import Renderer
+from undertow.run.embedded import serve_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TOKEN = "session-cli-test-token"

@@ -8,18 +8,22 @@ from its nested mapping the same way (`rollout.sandbox.memory_bytes=4294967296`)
 the same errors naming the dotted key.
 """
 
+import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 T = TypeVar("T")
+# A command's deprecated flags: flag -> (argparse keyword arguments, the dotted key it sets).
+Aliases = dict[str, tuple[dict[str, Any], str]]
 
 
-def read_config(path: Path | None, overrides: list[str] = ()) -> dict[str, Any]:
+def read_config(path: Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Reads a YAML mapping (empty when `path` is None) and applies `a.b=value` overrides."""
     tree: dict[str, Any] = {}
     if path is not None:
@@ -50,7 +54,7 @@ def build_section(cls: type[T], data: dict[str, Any] | None, name: str) -> T:
     if data is not None and not isinstance(data, dict):
         raise ValueError(f"{name}: expected a mapping of {cls.__name__}'s fields, got {data!r}")
     data = dict(data or {})
-    fields = {field.name: field for field in dataclasses.fields(cls)}
+    fields = {field.name: field for field in _fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         dotted = ", ".join(f"{name}.{key}" for key in unknown)
@@ -60,6 +64,12 @@ def build_section(cls: type[T], data: dict[str, Any] | None, name: str) -> T:
     for key, value in data.items():
         kwargs[key] = _coerce(hints[key], value, f"{name}.{key}")
     return cls(**kwargs)
+
+
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is no dataclass: a config section must be one")
+    return dataclasses.fields(cls)
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -107,7 +117,7 @@ def config_keys(cls: type, prefix: str = "", exclude: frozenset[str] = frozenset
     """`key = default` lines of `cls`'s fields, nested dataclasses as dotted keys, for --help."""
     lines = []
     hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
+    for field in _fields(cls):
         key = prefix + field.name
         if key in exclude:
             continue
@@ -121,14 +131,15 @@ def config_keys(cls: type, prefix: str = "", exclude: frozenset[str] = frozenset
     return lines
 
 
-def dataclass_of(hint: Any) -> type | None:
+def dataclass_of(hint: object) -> type | None:
     """The dataclass `hint` names, alone or in a union with None."""
     candidates = typing.get_args(hint) if typing.get_origin(hint) in (
         typing.Union, types.UnionType) else (hint,)
-    return next((arg for arg in candidates if dataclasses.is_dataclass(arg)), None)
+    return next((arg for arg in candidates
+                 if isinstance(arg, type) and dataclasses.is_dataclass(arg)), None)
 
 
-def _default_text(field: dataclasses.Field) -> str:
+def _default_text(field: dataclasses.Field[Any]) -> str:
     if field.default is not dataclasses.MISSING:
         return repr(field.default)
     if field.default_factory is not dataclasses.MISSING:
@@ -136,21 +147,20 @@ def _default_text(field: dataclasses.Field) -> str:
     return "(required)"
 
 
-def add_config_arguments(parser, load_class, exclude: frozenset[str] = frozenset()) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, load_class: Callable[[], type],
+                         exclude: frozenset[str] = frozenset()) -> None:
     """`-c/--config FILE`, positional `KEY=VALUE` overrides and `-h/--help` on `parser` (made
     with `add_help=False`): the help lists the keys of the dataclass `load_class()` returns
     and their defaults, the dataclass's own. `load_class` runs only for --help, so that
     building the parser never imports a heavy module (the engine's torch)."""
-    import argparse
-
     class HelpWithKeys(argparse.Action):
-        def __call__(self, parser, namespace, values, option_string=None):
-            parser.epilog = "config keys (KEY=VALUE or -c FILE), with their defaults:\n" + \
-                "\n".join(config_keys(load_class(), exclude=exclude))
-            parser.print_help()
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: object, option_string: str | None = None) -> None:
+            keys = "\n".join(config_keys(load_class(), exclude=exclude))
+            print(f"{parser.format_help()}\nconfig keys (KEY=VALUE or -c FILE), with their "
+                  f"defaults:\n{keys}")
             parser.exit()
 
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("-h", "--help", action=HelpWithKeys, nargs=0,
                         help="show this help and the config keys, then exit")
     parser.add_argument("-c", "--config", type=Path, default=None,
@@ -159,11 +169,9 @@ def add_config_arguments(parser, load_class, exclude: frozenset[str] = frozenset
                         help="set a config key (applied after the file)")
 
 
-def add_alias_flags(parser, aliases: dict[str, tuple[dict, str]]) -> None:
+def add_alias_flags(parser: argparse.ArgumentParser, aliases: Aliases) -> None:
     """Hidden deprecated flags (flag: (argparse keyword arguments, dotted key)), each setting
     its config key, kept for callers not yet moved to `KEY=VALUE`."""
-    import argparse
-
     for flag, (kwargs, key) in aliases.items():
         parser.add_argument(flag, dest=_alias_dest(key), default=None, help=argparse.SUPPRESS,
                             **kwargs)
@@ -173,8 +181,8 @@ def _alias_dest(key: str) -> str:
     return "alias_" + key.replace(".", "__")
 
 
-def command_config(cls: type[T], args, name: str, flags: dict[str, Any],
-                   aliases: dict[str, tuple[dict, str]] | None = None) -> T:
+def command_config(cls: type[T], args: argparse.Namespace, name: str, flags: dict[str, Any],
+                   aliases: Aliases | None = None) -> T:
     """`cls` built from `--config`, then the alias flags given (`add_alias_flags`), then
     the positional overrides; `flags` (key: value, None when not given) are the command's
     own flags, which the file and the overrides may not set."""
@@ -194,7 +202,7 @@ def command_config(cls: type[T], args, name: str, flags: dict[str, Any],
     return build_section(cls, tree, name)
 
 
-def _set_key(tree: dict[str, Any], key: str, value: Any) -> None:
+def _set_key(tree: dict[str, Any], key: str, value: object) -> None:
     *parents, leaf = key.split(".")
     for part in parents:
         tree = tree.setdefault(part, {})

@@ -1,13 +1,8 @@
 """`undertow doctor`: what a run or the test suite needs, and the one command that fixes each gap.
 
-Each check is a small function returning a `Check`. `make run` runs `doctor --for run`
-and `make test` runs `doctor --for test` before anything else, so that a missing piece
-fails in one line that says what to do, not in dozens of errors later. A check that is
-not `required` for the chosen purpose only informs (for example, a base image that is
-absent but will be built on first use).
-
-The external programs come from `system-packages.txt`, the one list the Makefile
-installs from (`make system-packages`), so the doctor and the set-up never disagree.
+Each check is a small function returning a `Check`; one that is not `required` for the
+chosen purpose only informs. The external programs come from `system-packages.txt`, the
+one list the Makefile installs from, so the doctor and the set-up never disagree.
 """
 
 import importlib.util

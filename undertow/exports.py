@@ -1,28 +1,16 @@
 """What a rollout run gives to tools outside Undertow: predictions and fine-tuning data.
 
-`undertow export predictions RUN --out preds.jsonl` writes the SWE-bench predictions
-format (`instance_id`, `model_name_or_path`, `model_patch`) from the run's
-`summary.json`: every session (`select="all"`, with its `session_id` and `reward`), or
-the best of each group (`select="best"`: highest reward, the first on a tie), which is
-what the official harness and the leaderboard take (one prediction per instance).
-A patch holds the agent's source changes only: files a recorded diff adds that are build
-artefacts (bytecode, test caches; `sandboxes/artefacts.py`) are left out, as sandboxes
-leave them out of the diffs they take now.
-
-`undertow export sft RUN --out DIR` writes each closed session's paths from the run's
-tree store, at or above `min_reward`, as records with the exact token IDs, which tokens
-the policy sampled (`trainable`), their logprobs and weight versions, the reward, and
-the chat form: `messages`, the path cut into spans of context (`user`) and sampled
-tokens (`assistant`), decoded with the model's tokenizer (template markers included:
-the token IDs are the truth, the text is for reading and for tools that want text).
-They go to `DIR/sft.jsonl` and to `DIR/hf/` (a Hugging Face dataset, `save_to_disk`).
-`read_sft_trees(DIR)` turns such a folder back into group trees for `undertow sft`.
+`export_predictions` writes SWE-bench's predictions JSONL from the run's `summary.json`;
+`sft_records` and `write_sft` a tree store's closed sessions as chat-format records with
+their exact token IDs, which `read_sft_trees` turns back into group trees for `undertow
+sft`. Both formats, and which session of a group is "best", are in docs/commands.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +20,8 @@ from undertow.sandboxes.artefacts import without_new_artefacts
 
 # adapters/rollout.py keeps the last 20,000 characters of a session's diff.
 _KEPT_DIFF_CHARS = 20000
+# Token IDs -> their text, with the model's tokenizer.
+Decode = Callable[[Sequence[int]], str]
 
 
 def read_summary(run: Path) -> dict[str, Any]:
@@ -114,7 +104,8 @@ def _spans(trainable: list[bool]) -> list[tuple[int, int, bool]]:
     return spans
 
 
-def session_records(tree: Tree, session_id: str, decode=None) -> list[dict[str, Any]]:
+def session_records(tree: Tree, session_id: str,
+                    decode: Decode | None = None) -> list[dict[str, Any]]:
     """A closed session's paths as SFT records (see the module docstring)."""
     paths = tree.sessions[session_id]
     records = []
@@ -137,10 +128,12 @@ def session_records(tree: Tree, session_id: str, decode=None) -> list[dict[str, 
     return records
 
 
-def sft_records(trees: list[Tree], min_reward: float | None, decode=None) -> list[dict]:
+def sft_records(trees: list[Tree], min_reward: float | None,
+                decode: Decode | None = None) -> list[dict[str, Any]]:
     """Every closed session's paths at or above `min_reward`, in group and session order."""
     return [record for tree in trees for session_id, paths in tree.sessions.items()
-            if paths.closed and (min_reward is None or paths.reward >= min_reward)
+            if paths.closed and (min_reward is None or (paths.reward is not None
+                                                        and paths.reward >= min_reward))
             for record in session_records(tree, session_id, decode)]
 
 
@@ -165,7 +158,11 @@ def _read_records(folder: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in lines if line.strip()]
     import datasets
 
-    return list(datasets.load_from_disk(str(folder)))
+    dataset = datasets.load_from_disk(str(folder))
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(f"{folder} holds a dataset dictionary; give the folder that "
+                         "`undertow export sft` wrote (its sft.jsonl or hf/)")
+    return [dict(row) for row in dataset]
 
 
 def read_sft_trees(folder: Path) -> list[Tree]:

@@ -14,6 +14,12 @@ patch resolves the task).
 
 Two turns, no exploration: the fewest tokens a tiny model has to reproduce, and the
 observation between them (`git apply`'s empty output) is the same in every run.
+
+With `commands` (a JSONL file of `{"instance_id", "commands": [...]}`, e.g. the gold
+sessions `benchmarks/explore_tasks.py` writes), each task's turns are instead those
+shell commands as text actions, one ```bash block a reply (the shape of a text-based
+mini-swe-agent config, given as `agent_config`): a multi-turn session whose every
+command's real output is in the context of the next reply.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ class CollectCommand:
     step_limit: int = 4
     docker_url: str | None = None
     progress_interval_s: float = 5.0
+    commands: Path | None = None
+    agent_config: Path | None = None
+    max_tokens: int | None = None
 
 
 def _tool_call(thought: str, command: str) -> str:
@@ -58,17 +67,35 @@ def oracle_turns(task) -> list[str]:
             _tool_call("The fix is in place; submitting.", SUBMIT_COMMAND)]
 
 
-def oracle_scripts(tasks, model_dir: Path) -> list:
-    """One `ReplayScript` per task: its oracle turns as token IDs, each ending with the
-    model's first stop token, keyed by the task's problem statement."""
+def text_turns(commands: list[str]) -> list[str]:
+    """Assistant turns that run `commands` in order, one ```bash block each."""
+    return [f"```bash\n{command}\n```" for command in commands]
+
+
+def read_commands(path: Path) -> dict[str, list[str]]:
+    """instance_id -> its oracle's shell commands, from a JSONL file."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return {record["instance_id"]: list(record["commands"]) for record in records}
+
+
+def oracle_scripts(tasks, model_dir: Path, commands: dict[str, list[str]] | None = None
+                   ) -> list:
+    """One `ReplayScript` per task: its oracle turns (`text_turns` of its `commands`
+    when given, else `oracle_turns`) as token IDs, each ending with the model's first
+    stop token, keyed by the task's problem statement."""
     from undertow.gateway.engines.scripted import ReplayScript
     from undertow.gateway.render import Renderer
 
+    missing = [task.instance_id for task in tasks
+               if commands is not None and task.instance_id not in commands]
+    if missing:
+        raise ValueError(f"no oracle commands for {missing[:3]} ({len(missing)} tasks); "
+                         "give a commands file written for these tasks, or leave it out")
     renderer = Renderer(model_dir)
     stop_id = min(renderer.stop_token_ids)
-    return [ReplayScript(task.problem_statement,
-                         tuple(tuple(renderer.encode(turn) + [stop_id])
-                               for turn in oracle_turns(task)))
+    return [ReplayScript(task.problem_statement, tuple(
+        tuple(renderer.encode(turn) + [stop_id]) for turn in (
+            oracle_turns(task) if commands is None else text_turns(commands[task.instance_id]))))
             for task in tasks]
 
 
@@ -77,13 +104,14 @@ async def collect(command: CollectCommand, tasks: list):
     from undertow.adapters.gateway_client import GatewayAdmin
     from undertow.adapters.mini_swe_agent import MiniSweAgent
     from undertow.adapters.rollout import Rollout, RolloutConfig, new_run_id
-    from undertow.embedded import serve_gateway
     from undertow.gateway.engines.scripted import ReplayEngine, serve_engine, write_scripts
+    from undertow.run.embedded import serve_gateway
     from undertow.sandboxes.connection import connect
 
     command.logs_dir.mkdir(parents=True, exist_ok=True)
+    commands = read_commands(command.commands) if command.commands else None
     scripts_path = write_scripts(command.logs_dir / "scripts.jsonl",
-                                 oracle_scripts(tasks, command.model_dir))
+                                 oracle_scripts(tasks, command.model_dir, commands))
     engine = ReplayEngine.from_file(scripts_path, command.model_dir)
     config = RolloutConfig(group_size=1, concurrency=command.concurrency,
                            timeout_s=command.timeout_s, out_dir=command.logs_dir,
@@ -93,13 +121,15 @@ async def collect(command: CollectCommand, tasks: list):
                 serve_gateway(command.model_dir, command.out, [engine_url]) as gateway,
                 GatewayAdmin(gateway.url, gateway.admin_token) as admin):
         with connect(command.docker_url) as connection:
-            scaffold = MiniSweAgent(step_limit=command.step_limit)
+            scaffold = MiniSweAgent(
+                step_limit=command.step_limit, max_tokens=command.max_tokens,
+                overrides=(str(command.agent_config.resolve()),) if command.agent_config else ())
             return await Rollout(tasks, scaffold, admin, connection, config).run()
 
 
 def main(command: CollectCommand) -> int:
     """Collects, prints the summary table; exit status 1 when no session was resolved."""
-    from undertow.rollout_run import RolloutCommand, select_tasks
+    from undertow.run.rollout import RolloutCommand, select_tasks
 
     tasks = select_tasks(RolloutCommand(tasks=command.tasks, scaffold="mini-swe-agent",
                                         instance_ids=command.instance_ids,

@@ -1,39 +1,6 @@
-"""Presets: SWE-agent, OpenHands, Claude Code and Codex CLI as `command` scaffolds.
-
-Each preset returns a `CommandScaffold` whose command line and environment point the
-program at the session's gateway endpoint; nothing of the program is patched. Where a
-program edits files in its current directory (Claude Code, Codex), it must run where
-the repository is: inside the sandbox (`where="sandbox"`, the default; the task image
-must then hold Node.js and the CLI — published SWE images usually do not, so derive
-one: `FROM task-image` + `npm install -g @anthropic-ai/claude-code @openai/codex`).
-`where="host"` runs it on the host in the session's folder (useful to check that the
-program talks to the gateway; it does not see the sandbox's repository).
-
-- Claude Code (`npm i -g @anthropic-ai/claude-code`): print mode `claude -p`, the
-  Anthropic Messages API at `ANTHROPIC_BASE_URL` (= `.../s/{session}`, the SDK adds
-  `/v1/messages`) with `ANTHROPIC_API_KEY` = the session key; in the sandbox, tools
-  allowed without prompts (`--dangerously-skip-permissions`, `IS_SANDBOX=1`); the
-  gateway's model name for both its main and small models.
-- Codex CLI (`npm i -g @openai/codex`): `codex exec`, the Responses API through a custom
-  model provider (`model_providers.undertow` with `base_url` = the session's `/v1` URL,
-  `env_key = OPENAI_API_KEY`, `wire_api = "responses"`), no approvals, workspace-write
-  sandbox of its own disabled (the container is the sandbox).
-- SWE-agent (`sweagent run`, installed from its git repository; it is not on PyPI):
-  litellm model `openai/{model}` with `api_base`/`api_key` of the session, and a
-  deployment that runs its commands in the session's existing container.
-- OpenHands (`openhands-ai==0.62.0` from PyPI, Python 3.12 or 3.13, in its own
-  virtualenv: `make setup-openhands`), headless `python -m openhands.core.main -f FILE
-  -i N`: `LLM_MODEL=openai/{model}`, `LLM_BASE_URL`/`LLM_API_KEY` of the session, and
-  its `cli` runtime (`RUNTIME=cli`: commands and edits run directly where OpenHands
-  runs, in `WORKSPACE_BASE`), so it is set up like the CLIs above: in the sandbox (the
-  task image must hold OpenHands; its workspace is the repository) or, on the host, in
-  the session's folder. Its `docker` runtime builds an image from Docker Hub at start,
-  which cannot be done here. No browser (`ENABLE_BROWSER=false`), litellm's bundled
-  cost map, and every event logged. After each plain-text reply it tells the model to
-  continue (`--no-auto-continue` in `extra_args` reads stdin instead); it exits when
-  the model calls `finish` or after `max_iterations` steps. The 1.x releases of
-  `openhands-ai` no longer hold this headless entry point (it moved to the `openhands`
-  CLI package on the OpenHands SDK).
+"""Presets: SWE-agent, OpenHands, Claude Code and Codex CLI as `command` scaffolds. How each
+program is pointed at the gateway, and where it must run:
+docs/adapters.md#presets-swe-agent-openhands-claude-code-codex-cli.
 """
 
 from undertow.adapters.command import CommandScaffold

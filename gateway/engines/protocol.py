@@ -4,33 +4,21 @@ Two `typing.Protocol`s, whose methods mirror SGLang's native HTTP API (see docs/
 "The seams"):
 - `EngineDriver`, generation and its control: what the engine pool (`pool.py`, `fleet.py`,
   `inflight.py`, `weight_updates.py`) calls on every engine. Two drivers implement it:
-  `client.SGLangClient` (a real SGLang server, or Undertow's built-in engine, which speaks
-  the same API) and `vllm.VLLMClient` (a real vLLM server, adapted).
+  `sglang.SGLangDriver` (a real SGLang server, or Undertow's built-in engine, which speaks
+  the same API) and `vllm.VLLMDriver` (a real vLLM server, adapted).
 - `KVTransfer`, an optional extension: moving a running request's KV to another engine,
-  what migration (`migration.py`) calls where `kv_transfer_of` finds it (`SGLangClient`
+  what migration (`migration.py`) calls where `kv_transfer_of` finds it (`SGLangDriver`
   on the built-in engine).
 The records here are plain, typed and engine-neutral; each driver alone converts them to and
 from its wire format (`SamplingParams` included).
 
-Errors, one hierarchy for all drivers and launchers, under the gateway's root
-(`errors.py` draws the whole tree):
-
-    EngineError                  anything an engine driver or launcher raises
-    ├── EngineUnavailable        no answer: connection refused, reset, died mid-stream, 5xx,
-    │                            or a reply the driver cannot read (a null logprob)
-    ├── EngineRejected           the engine refused the request (4xx); `.message` is its reason
-    │   ├── WeightsNotUpdated    a weight update did not complete (`.loaded`, `.weight_version`)
-    │   └── IncompatibleCheckpoint  a checkpoint refused before any engine got it
-    │                            (`checkpoints.py`: it does not fit the served model)
-    └── EngineLaunchError        a launcher could not start an engine (`launch.py`)
+Errors: `EngineError` and below, one hierarchy for all drivers and launchers, drawn in the
+gateway's `errors.py`.
 """
 
 from __future__ import annotations
 
-import array
-import hashlib
 import secrets
-import sys
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +44,6 @@ __all__ = [
     "KVTransfer",
     "ModelInfo",
     "PauseMode",
-    "PrefixDigest",
     "SamplingParams",
     "StagedKV",
     "TokenIdsJson",
@@ -147,7 +134,7 @@ class SamplingParams:
     """How to sample a completion, with SGLang's names and defaults: the one value a call's
     sampling takes from the API (`api/openai_chat.parse_sampling`) through the call runner
     and the pool's attempts to the engine driver, which alone writes it in its engine's
-    form (`client.sglang_sampling_params`; vLLM's names in `vllm.py`).
+    form (`sglang.sglang_sampling_params`; vLLM's names in `vllm.py`).
 
     `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
     `max_new_tokens=None` fills the context (as in SGLang; the gateway's call runner sets
@@ -255,7 +242,7 @@ class GenerateRequest:
     copying 1M IDs per call).
     `input_ids_json`, where set, is the JSON array of exactly `input_ids`, and the wire body
     carries it as it is (the gateway builds it incrementally, call by call, so a long
-    history is not serialised again, nor copied: see `client.sglang_body_pieces`).
+    history is not serialised again, nor copied: see `sglang.sglang_body_pieces`).
     """
 
     input_ids: Sequence[int] | None = None
@@ -444,7 +431,7 @@ class EngineDriver(Protocol):
 @dataclass(frozen=True)
 class KVPayload:
     """The KV of token positions [start, end) of one sequence, as exported by an engine with
-    Undertow's `kv_transfer` extension (`engines/builtin/undertow_kv.py`); `data` is opaque
+    Undertow's `kv_transfer` extension (`builtin_engine/undertow_kv.py`); `data` is opaque
     here and goes as it is to another engine's `import_kv` or `stage_kv`."""
 
     data: bytes
@@ -455,33 +442,13 @@ class KVPayload:
 @dataclass(frozen=True)
 class StagedKV:
     """A staged KV import on an engine (Undertow's `kv_transfer` extension): the KV of the
-    first `num_tokens` tokens of a sequence whose IDs have the `PrefixDigest` `digest`, held
-    in a slot of its own until a `generate_staged_stream` names its `handle`."""
+    first `num_tokens` tokens of a sequence whose IDs have the digest `digest`
+    (`kv_wire.PrefixDigest`), held in a slot of its own until a `generate_staged_stream`
+    names its `handle`."""
 
     handle: str
     num_tokens: int
     digest: str
-
-
-class PrefixDigest:
-    """A running digest of a sequence's first `num_tokens` token IDs (BLAKE2b of int64
-    little-endian), fed span by span: the same IDs give the same digest however they were cut
-    into spans. Both ends of a KV staging compute it, each from its own record of the IDs, so
-    that a resume can only continue the prefix it names."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.blake2b(digest_size=16)
-        self.num_tokens = 0
-
-    def update(self, token_ids: Sequence[int]) -> None:
-        data = array.array("q", token_ids)
-        if sys.byteorder != "little":
-            data.byteswap()
-        self._hash.update(data)
-        self.num_tokens += len(token_ids)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
 
 
 @runtime_checkable

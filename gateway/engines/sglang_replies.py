@@ -7,7 +7,7 @@ since the previous one, whichever form SGLang sent (cumulative by default, delta
 holds entirely are skipped first (`latest_events`). Both read
 `meta_info.output_token_logprobs` with `logprob_pairs`.
 
-Invariants (SGLang 0.5.23, items 4 to 6 of `client.py`'s module doc):
+Invariants (SGLang 0.5.23, items 4 to 6 of `sglang.py`'s module doc):
 - Concatenating a stream's chunks gives each output ID, character and logprob once, also
   when a request aborted while queued answers with its whole output (or its last ID only).
 - `storage_tokens` is `meta_info.cached_tokens_details.storage` (SGLang 0.5.23,

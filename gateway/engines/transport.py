@@ -208,7 +208,7 @@ class HttpEngine:
         self.url = self._http.url
 
     async def supports_kv_transfer(self) -> bool:
-        """No KV transfer, unless a driver says otherwise (`SGLangClient` asks the engine)."""
+        """No KV transfer, unless a driver says otherwise (`SGLangDriver` asks the engine)."""
         return False
 
     async def __aenter__(self):

@@ -18,7 +18,7 @@ counterpart; `update_weights_from_disk` is pause("wait") + reload + cache reset 
 version + resume, so in-flight requests finish on the old weights first, as in SGLang.
 
 Read against vLLM 0.32.0's own code (`.venv-vllm`, `vllm/...`), for the points where SGLang
-0.5.23 surprised the SGLang driver (`client.py`):
+0.5.23 surprised the SGLang driver (`sglang.py`):
 - seeds: a request without `seed` is sampled from the engine's generator, so the samples of
   a group differ (`sampling_params.py`, `sampling_type`); a seeded request gets a generator
   of its own, which restarts with the request, so the pool gives a resume its own seed;
@@ -56,7 +56,7 @@ from undertow.gateway.engines.protocol import (
 )
 from undertow.gateway.engines.transport import HttpEngine
 
-__all__ = ["VLLMClient"]
+__all__ = ["VLLMDriver"]
 
 REQUEST_ID_PREFIX = "generate-tokens-"
 NO_LOGPROB = -9999.0  # what vLLM 0.32 writes for a NaN or -inf logprob (serving.py)
@@ -113,7 +113,7 @@ def _weight_version(choice: dict) -> str | None:
     return spans[-1]["version"] if spans else None
 
 
-class VLLMClient(HttpEngine):
+class VLLMDriver(HttpEngine):
     """The `EngineDriver` protocol over a vLLM 0.32 server (started as `launch.py` starts it)."""
 
     async def _body(self, request: GenerateRequest, *, stream: bool) -> dict:

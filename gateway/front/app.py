@@ -1,20 +1,7 @@
-"""The gateway's aiohttp application: the composition root of `gateway/`.
-
-`create_app(config)` wires, once per process: the metrics registry, the tree store
-(replayed from disk: trees and sessions), the renderer of the model directory, the
-engine pool, the call runner, and the routes:
-
-- scaffolds: `/v1/chat/completions`, `/v1/completions`, `/v1/messages`,
-  `/v1/messages/count_tokens`, `/v1/responses`, `/v1/models`, each also under
-  `/s/{session}`;
-- operator (admin token): `/admin/sessions...`, `/admin/groups...` (`api/admin.py`),
-  `/admin/engines...`, `/admin/pause|resume|update_weights` (`api/engines_admin.py`);
-- `/health`, `/metrics`.
-
-With `config.auto_sessions`, an unknown key on a bare route opens its own session
-(`auto_sessions.py`), and idle ones expire.
-
-`serve(config)` runs it and prints the URL it listens on (port 0 picks one).
+"""The gateway's aiohttp application, the composition root of `gateway/`: `create_app(config)`
+wires, once per process, the metrics, the tree store (replayed from disk), the renderer, the
+engine pool, the call runner and the routes (docs/design.md, "Gateway API"); `serve(config)`
+runs it and prints the URL it listens on (port 0 picks one).
 """
 
 from __future__ import annotations
@@ -106,7 +93,7 @@ def _metrics_middleware(metrics: GatewayMetrics):
 def create_app(config: GatewayConfig, pool=None) -> web.Application:
     """The application; `pool` replaces the engine pool built from `config.engine_urls`
     (tests give their own pool object with the same `generate`/`close_session`)."""
-    from undertow.gateway.engines.pool import EnginePool, PoolConfig
+    from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig
     from undertow.gateway.front.api.engines_admin import add_engine_routes
 
     metrics = GatewayMetrics.create()

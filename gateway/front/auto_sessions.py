@@ -1,29 +1,7 @@
-"""Auto-sessions: any API key a client presents opens its own session on first use.
-
-For interactive collection — a person working with Claude Code, Codex or their own
-agent against the gateway — an unmodified tool needs only the gateway's base URL and
-any key. `AutoSessions` (created by `app.create_app` when `GatewayConfig.auto_sessions`
-is set) does two things:
-
-- `middleware`: a request to a bare scaffold route (`/v1/...`; a `/s/{session}/...`
-  route names its session, so it is never opened here) whose key the gateway does not
-  know opens a session in the configured group, keyed by that key, before the API
-  handler authenticates it. Openings run one at a time, and a session is registered only
-  once its open event is in the store, so two requests with one new key make one session
-  and no call is written ahead of its session's opening. A key whose session is closed
-  opens a new session of that session's group when `AutoSessionsConfig.reopen` allows
-  (by default: it expired for idleness), recorded in its meta (`reopens`); otherwise it
-  is refused (401, in the API's own error shape), and the 401 says what to do.
-- `run`: every `check_interval_s`, sessions it opened that have had no call for
-  `idle_close_s` (counted from the end of their last call) and have none in flight
-  expire: closed without a reward (`session_expire` in the store), so they are not
-  trained on until an operator closes them with one (`undertow session close ID
-  --reward R`).
-
-It exports `undertow_auto_sessions_enabled` (1, labelled with the group),
-`undertow_auto_sessions_opened_total` (reopened keys included),
-`undertow_auto_sessions_reopened_total` and `undertow_auto_sessions_expired_total` at
-`/metrics`.
+"""Auto-sessions: any API key a client presents opens its own session on first use, so an
+unmodified tool (Claude Code, Codex, a person's own agent) needs only the gateway's base URL
+and any key; idle ones expire without a reward. Created by `app.create_app` when
+`GatewayConfig.auto_sessions` is set; what a user sees: the README, "Use it with your agent".
 """
 
 from __future__ import annotations
@@ -73,7 +51,8 @@ class AutoSessionMetrics:
 
 
 class AutoSessions:
-    """Opens a session per unknown key and expires idle ones (see the module docstring)."""
+    """Opens a session per unknown key (`middleware`, on bare `/v1/...` routes only: a
+    `/s/{session}/...` route names its session) and expires idle ones (`run`)."""
 
     def __init__(self, config: AutoSessionsConfig, sessions: SessionRegistry,
                  store: TreeStore, pool, metrics: GatewayMetrics):
@@ -103,7 +82,10 @@ class AutoSessions:
 
     async def open(self, key: str, user_agent: str = "") -> Session:
         """The session of `key`: opened now for a new key, or for one whose closed
-        session may be reopened (a new session of its group); else the one it has."""
+        session may be reopened (a new session of its group); else the one it has.
+        Openings run one at a time and a session is registered only once its open event
+        is in the store, so two requests with one new key make one session and no call
+        is written ahead of its session's opening."""
         async with self._opening:
             old = self.sessions.of_key(key)
             if old is not None and not self._reopens(old):
@@ -145,7 +127,9 @@ class AutoSessions:
                 and now_s - session.last_used_s >= self.config.idle_close_s]
 
     async def expire_idle(self, now_s: float | None = None) -> list[str]:
-        """Closes the idle auto sessions without a reward; returns their IDs."""
+        """Closes the idle auto sessions without a reward (not trained on until an
+        operator closes them with one: `undertow session close ID --reward R`); returns
+        their IDs."""
         expired = []
         for session in self.idle(time.monotonic() if now_s is None else now_s):
             await self.store.append(session.group, SessionRegistry.expire_event(session))

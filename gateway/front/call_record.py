@@ -1,23 +1,7 @@
-"""Recording a call: its sampled choices -> the group's tree and log -> the session's heads.
-
-Flow: `CallRecorder.record` adds every choice to the group's prefix tree inside one
-`Tree.transaction` (prompt IDs, completion IDs, logprobs, weight versions, and the call's
-meta: API, sampling, timings, and the head that token truth needs after a restart), submits
-their lines to the store, leaves one head per choice on the session for its next call,
-waits for the write, and returns the `Outcome` the API formats.
-
-Invariants:
-- All choices are recorded or none: a failed write undoes the tree's change and raises
-  `StoreUnavailable` (a 503), and no head is left. A streamed call (`live`: its client
-  has the text) is the exception: its lines are held until the disk takes them (the
-  store's hold, bounded); if the store drops them, its session is noted an infra failure
-  (`Session.note_infra_error`: never trained, re-run) and loses its heads, whose leaves
-  left the tree with them (so does the path a call still running was to extend).
-- Choice 0's head is left last, so that it is the newest: a scaffold that continues
-  choice 0 (as they do) extends the newest head, with no branch (`HeadReplay` keeps that
-  order after a restart).
-- The prompt's IDs are never changed: the pool, the engine request and a migration
-  still running may hold them (a `TokenPath`: heads extend it into new paths).
+"""Recording a call: its sampled choices -> the group's tree and log -> the session's heads
+(docs/design.md, "From a scaffold's HTTP call to the tree", step 9). `CallRunner` calls
+`CallRecorder.record` once a call's choices are sampled; its `Outcome` is what the API
+formats.
 """
 
 from __future__ import annotations
@@ -51,9 +35,14 @@ class CallRecorder:
 
     async def record(self, session: Session, request: CallRequest, prompt: Prompt,
                      results: list[Sampled], started_s: float, live: bool = False) -> Outcome:
-        """Applies the choices' records to the tree and writes their lines, all or none
-        (held, for a `live` call), then leaves the session's heads, choice 0's last (see
-        the module doc)."""
+        """Applies the choices' records to the tree inside one `Tree.transaction` and
+        writes their lines, all or none: a failed write undoes the tree's change and
+        raises `StoreUnavailable` (a 503), and no head is left. A `live` (streamed) call's
+        lines are held instead (`_records_lost` if the store drops them). Then leaves one
+        head per choice, choice 0's last, so that a scaffold continuing choice 0 extends
+        the newest head with no branch (`HeadReplay` keeps that order after a restart).
+        The prompt's IDs are never changed: the pool, the engine request and a running
+        migration may hold them."""
         tree = self.store.tree(session.group)
         num_prompt = len(prompt.token_ids)
         head = (head_record(prompt, session.heads, request.parses_tools)

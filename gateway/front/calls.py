@@ -1,23 +1,8 @@
 """One scaffold call, whatever its API: prompt IDs -> engine pool -> parsed output ->
-recorded into the group's tree, written ahead, before the reply is finished.
-
-Each API module translates its request into a `CallRequest` (internal chat form or
-raw prompt IDs), iterates `CallRunner.stream`, and formats what it yields:
-`Delta`s while the engine samples, then exactly one `Outcome`, which is yielded
-only after every choice is in the tree and on disk. The API sends its last byte
-after it has the `Outcome`, so a delivered reply is always recorded.
-
-A retry of a call (same request fingerprint, SDK retry header > 0) is never generated
-or recorded twice: if the original's reply was produced it is answered again from
-memory; if the original is still generating, the retry waits for it and gets its
-reply (replayed after the fact, not live); only if the original failed or was
-abandoned is the retry generated. Each chat call also stores what token truth needs
-to resume after a restart (`head_replay.py`).
-
-How it is built: `CallRunner` runs the call's flow (retry memory, prompt, context bounds,
-error translation) and composes `sampler.ChoiceSampler` (pool chunks -> `Delta`s and a
-`Sampled` per choice) and `call_record.CallRecorder` (`Sampled` -> tree, log, heads ->
-`Outcome`); the values they pass are in `call_types.py` (imported from here by the APIs).
+recorded into the group's tree, written ahead, before the reply is finished (docs/design.md,
+"From a scaffold's HTTP call to the tree"). Each API module turns its request into a
+`CallRequest` and formats what `CallRunner.stream` yields; `CallRunner` composes
+`sampler.ChoiceSampler` and `call_record.CallRecorder`, whose values are in `call_types.py`.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
-from undertow.gateway.engines.pool import EnginePool
+from undertow.gateway.engine_pool.pool import EnginePool
 from undertow.gateway.engines.protocol import EngineRejected, SamplingParams
 from undertow.gateway.errors import (
     BadRequest,
@@ -149,7 +134,10 @@ class CallRunner:
 
     async def stream(self, session: Session, request: CallRequest, live: bool = True
                      ) -> AsyncGenerator[Delta | Outcome, None]:
-        """Deltas as sampled, then the recorded `Outcome` (see the module docstring)."""
+        """`Delta`s as sampled, then exactly one `Outcome`, yielded only once every choice
+        is in the tree and on disk: the API sends its last byte after it, so a delivered
+        reply is always recorded. An SDK retry (same fingerprint, retry header > 0) is
+        answered from its original (`_earlier_reply`), never generated or recorded twice."""
         replay = await self._earlier_reply(session, request)
         if replay is not None:
             for item in replay:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.engine_pool.router import RouterConfig
 from undertow.gateway.errors import BadRequest
 from undertow.gateway.front.store import check_group
 
@@ -77,22 +77,11 @@ class GatewayConfig:
 
     `context_length` of 0 means: take the model directory's limit.
     `keepalive_s` is the longest silence on a streaming reply before a keep-alive.
-    `store_sync`: "flush" (the default: a delivered call is written to the OS before its
-    reply ends, so it survives the gateway being killed; files are fsync'ed in the
-    background within a second) or "fsync" (the reply also waits for the fsync, so a
-    delivered call survives a power loss); see `store.py`.
-    `store_max_idle_trees`: how many idle groups (no open session) keep their tree in memory
-    and their file open, least recently used let go first (default 64; 0 lets every idle
-    tree go); a group let go is loaded back from its file when next used, with the same
-    answers. Groups with an open session always stay; see `store.py`.
-    `store_hold_max_bytes`, `store_hold_max_s`: a streamed call whose lines the disk refuses
-    (its client has the text) is held in memory and written when the disk takes it, within
-    these bounds (64 MiB in all, 300 s; `store_hold_max_bytes=0` holds nothing); past them
-    its session is an infra failure. See `store.py`.
-    `router`: admission bounds (past them a call waits in a queue fair across groups and
-    sessions, up to `router.admission_wait_s` seconds, 60 by default, then gets a 429 with
-    `Retry-After`; 0 refuses at once) and routing affinity; see `engines/router.py` and
-    `engines/admission_queue.py`.
+    `store_sync` ("flush" or "fsync"), `store_max_idle_trees`, `store_hold_max_bytes` and
+    `store_hold_max_s` (`store_hold_max_bytes=0` holds nothing): docs/api.md, "When the
+    store's disk fills, or a log is damaged" and "Memory over a long run".
+    `router`: admission bounds and routing affinity (docs/api.md, "When every engine is
+    busy"; `engine_pool/router.py`, `engine_pool/admission_queue.py`).
     `auto_sessions`: None (the default) refuses unknown keys; see `AutoSessionsConfig`.
     `token_truth`: "verbatim" (the default: a call's prompt reuses the session's sampled IDs
     verbatim) or "template" (every prompt is the template's full render); see

@@ -1,19 +1,6 @@
 """Token-truth state across restarts: what each chat call stores of its `Head`, and how
-replaying the store rebuilds every session's heads.
-
-A head needs the request's canonical message keys, its tools key, the assistant
-message the gateway returned, its tree leaf, its prompt length and its closing text.
-Only the first two are not in the tree already, and they are stored as a delta, the
-way the tree stores tokens: a call's record carries `meta["head"]` =
-`{"base": call ID of the head it extended or null, "keys": the message keys after
-that head's, "tools": tools key, "parse_tools": bool}` (tens of bytes per call, not
-the history). The rest is derived on replay from the call's tokens: the leaf and the
-prompt length from the tree, the closing text and the assistant message (re-parsed
-from the completion's text exactly as `CallRunner` parsed it: cut at the call's first
-stop string, tool-call IDs aside, which token truth ignores) from the completion IDs.
-
-So after a restart, a session's next call extends its last call by token truth, as
-if the gateway had never stopped.
+replaying the store rebuilds every session's heads, so that a session's next call after a
+restart extends its last call by token truth, as if the gateway had never stopped.
 """
 
 from __future__ import annotations
@@ -70,8 +57,12 @@ def message_of_events(events: list[Event], tool_call_id) -> dict[str, Any]:
 
 
 def head_record(prompt: Prompt, heads: list[Head], parse_tools: bool) -> dict[str, Any]:
-    """What a call stores of its head: its message keys as a delta from the head it
-    extended (all of them when that head is gone or there is none)."""
+    """What a call stores of its head, as `meta["head"]`: its message keys as a delta
+    from the head it extended (all of them when that head is gone or there is none), and
+    its tools key; tens of bytes a call, not the history. The rest of a head is in the
+    tree: the leaf and prompt length, and the closing text and assistant message,
+    re-parsed on replay from the completion exactly as `CallRunner` parsed it (cut at
+    the first stop string; tool-call IDs aside, which token truth ignores)."""
     base = next((head for head in reversed(heads) if head.call_id == prompt.extends), None)
     keys = prompt.message_keys
     if base is not None and keys[:len(base.message_keys)] == base.message_keys:

@@ -1,12 +1,6 @@
-"""Held lines: the log lines of streamed calls that the disk refused, kept in memory
-until it takes them (the tree store's hold, `store.py`; docs/api.md, "When the store's
-disk fills").
-
-A streamed call's client has its text (and a 200) before the call is recorded, and no
-SDK retries the error event that would end it; so the store holds its lines instead of
-failing the call, and writes them, oldest first, before any later line of their group.
-The hold is bounded: lines that would take it past `max_bytes` are not held, and a
-group whose oldest line waited `max_s` is dropped, each submit's `on_lost` told why.
+"""Held lines: the log lines of streamed calls that the disk refused (their clients have
+the text, and no SDK retries the error event that would end them), kept in memory until it
+takes them; the tree store's hold (`store.py`; docs/api.md, "When the store's disk fills").
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`undertow model check DIR`: whether token truth holds with a model directory's own chat
-template and tokenizer, before any GPU hour is spent. No engine runs.
-
-An agent session is played through the pieces a gateway call goes through
-(`build_prompt`, the tool parser, the tree, the session's heads): tools, reasoning, tool
-results and user-turn observations, the history re-sent verbatim and, in a second
-session, with reasoning stripped (as Codex and Claude Code send it). What the model
-"samples" at each turn is what its own template writes for an assistant turn with
-reasoning and a tool call (or an answer), up to its stop token: so the completions are in
-the family's own format. Token truth holds when every later prompt is the previous
-prompt + those IDs verbatim + the new messages as the template renders them (no call
-would be labelled `rewrite`).
-
-The report also names the tool-call parser the template calls for (`tool_parser=auto`
-picks it), the reasoning format, the stop and EOS IDs, the vocabulary (the tokenizer's IDs
-against the rows of the model's embedding, `config.json`'s `vocab_size`: the gateway
-refuses any prompt ID past the embedding, which would take SGLang down), and what to set
-when something does not hold.
+template and tokenizer, before any GPU hour is spent; no engine runs. What it plays and
+reports, as a user reads it: docs/api.md, "Your model's chat template".
 """
 
 from __future__ import annotations
@@ -247,7 +232,12 @@ def play_session(renderer: Renderer, parser: str, num_turns: int,
 
 
 def check_model(model_dir: Path, num_turns: int = 12) -> ModelCheck:
-    """Plays the sessions (see the module docstring) and gathers what the report says."""
+    """Plays an agent session through the pieces a gateway call goes through
+    (`build_prompt`, the tool parser, the tree, the session's heads), verbatim and with
+    reasoning stripped, each turn "sampling" what the template writes for an assistant
+    turn (`_completion_text`); token truth holds when no call would be labelled `rewrite`.
+    Gathers the parser, reasoning format, stop and EOS IDs and the vocabulary against the
+    embedding's rows (`config.json`'s `vocab_size`) for the report."""
     model_dir = Path(model_dir)
     template = template_of(model_dir)
     parser = resolve_parser("auto", model_dir)

@@ -1,18 +1,6 @@
-"""Sampling a call's choices: engine pool chunks -> text -> parsed events, as they come.
-
-Flow: `ChoiceSampler.sample` sends the prompt to the pool (`EnginePool.generate`) and, for
-each chunk of new tokens, detokenizes it (`render.Detokenizer`), holds back what could be
-the start of a stop string (`StopTrimmer`), and feeds the text to the call's tool-call
-parser; it yields a `Delta` per chunk, a last `Delta` with what the flush and the parser's
-finish give, then the choice's `Sampled` for the record (`call_record.py`). `sample_all`
-samples one choice in the caller's task, or `n` side by side in tasks.
-
-Invariants:
-- A choice's `Delta`s hold every sampled token once, in order; its `Sampled` holds them
-  all with their logprobs and weight versions, and the reply text less any stop string.
-- Closing the iteration closes the pool's generation (the engine request is aborted);
-  with `n` choices, every choice's task is cancelled.
-- Every engine request carries a seed (`SamplingParams.for_choice`), recorded in `Sampled`.
+"""Sampling a call's choices: engine pool chunks -> text -> parsed events, as they come
+(docs/design.md, "From a scaffold's HTTP call to the tree", step 8). `CallRunner` iterates
+`ChoiceSampler.sample_all`; each choice's `Sampled` goes to `call_record.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +11,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 
-from undertow.gateway.engines.pool import EnginePool
+from undertow.gateway.engine_pool.pool import EnginePool
 from undertow.gateway.front.call_types import CallRequest, Delta, Sampled
 from undertow.gateway.front.tokentruth import Prompt
 from undertow.gateway.front.toolparsers import (
@@ -39,7 +27,7 @@ from undertow.gateway.render import Detokenizer, Renderer
 
 def new_call_id() -> str:
     """A call's ID, also its engine request's `rid`: `call-` and 16 hex digits, so that
-    no two start with each other (see `engines/pool.py`'s module doc)."""
+    no two start with each other (docs/engines.md, the engine pool's request IDs)."""
     return f"call-{secrets.token_hex(8)}"
 
 
@@ -104,7 +92,12 @@ class ChoiceSampler:
                      call_id: str, max_new_tokens: int, live: bool = True
                      ) -> AsyncGenerator[Delta | Sampled, None]:
         """One choice's `Delta`s as sampled (`live=False`: once the engine is done), then
-        its `Sampled` (for the record)."""
+        its `Sampled` (for the record). Each chunk of the pool's generation is detokenized,
+        held back where it could start a stop string (`StopTrimmer`) and fed to the
+        tool-call parser. The deltas hold every sampled token once, in order; `Sampled`
+        holds them all with their logprobs, weight versions and the engine request's seed
+        (`SamplingParams.for_choice`), and the text less any stop string. Closing the
+        iteration closes the pool's generation (the engine request is aborted)."""
         parser = self._parser(request, prompt) if request.messages is not None else None
         detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)

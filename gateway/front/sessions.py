@@ -1,31 +1,8 @@
-"""Sessions: one scaffold run on one task, as the gateway knows it.
-
-A session has an ID, a secret key (only its SHA-256 is kept and stored), its task
-group, its token-truth heads (`tokentruth.Head`, newest last, at most
-`num_heads` kept) and its recent replies by request fingerprint (so that an SDK's
-retry of a reply it never received is answered again, not recorded twice).
-
-Heads are rebuilt from the store on restart (`head_replay.py`), so token truth survives
-it. Replies (and `in_flight`: the calls still generating, by fingerprint, so that a
-retry waits for its original) live in memory only, as do `calls_in_flight` (the chat
-calls still generating, oldest first, which labels count as heads: `tokentruth.py`) and
-`known_messages` (by API: the last request's messages as sent and as parsed, and its
-body's bytes, so that an API parses only what a request adds to them).
-
-A session is opened by the admin API (the gateway makes its key) or, with
-auto-sessions on (`auto_sessions.py`), by the first call of a key the gateway does not
-know (the client's key is the session's key; `auto` is set). A session is closed with a
-reward (the admin API; trained on) or expires without one (an idle auto session,
-`expired`; not trained until a reward is set by closing it). Either way the session
-refuses calls from then on; auto-sessions may reopen its key as a new session (a key
-names its newest session).
-
-A session that met a failure of Undertow's own (an error reply: 5xx, 429, 529, an error
-event ending a stream; an engine lost past the resume timeout; a record the store could
-not keep) has it noted by reason (`Session.note_infra_error`), and is closed as an infra
-failure whatever its closer says (`Session.close_meta`): the scaffold's outcome is then
-Undertow's doing, not the policy's, so the learner never trains it and the rollout runs its
-slot again. The notes live in memory until the close, whose stored meta keeps them.
+"""Sessions: one scaffold run on one task, as the gateway knows it. Opened by the admin API
+(the gateway makes the key) or by an unknown key's first call (`auto_sessions.py`); closed
+with a reward, or expired without one; either way it refuses calls from then on. One that
+met a failure of Undertow's own closes as an infra failure (`Session.close_meta`; docs/api.md,
+"When Undertow fails a call").
 """
 
 from __future__ import annotations
@@ -56,7 +33,15 @@ def hash_key(key: str) -> str:
 
 @dataclass
 class Session:
-    """Invariant: `key_sha256` never changes; `closed` sessions refuse new calls."""
+    """Invariants: `key_sha256` never changes (the key itself is never kept); `closed`
+    sessions refuse new calls. `heads` (token truth's `Head`s, newest last) are rebuilt
+    from the store on restart (`head_replay.py`); the rest lives in memory only:
+    `replies` by request fingerprint (an SDK's retry of a reply it never received is
+    answered again, not recorded twice), `in_flight` (calls still generating, by
+    fingerprint: a retry waits for its original), `calls_in_flight` (chat calls still
+    generating, oldest first, labelled as heads), `known_messages` (by API: the last
+    request's messages and body, so an API parses only what a request adds) and
+    `infra_errors` (until the close, whose stored meta keeps them)."""
 
     session_id: str
     group: str

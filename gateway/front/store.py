@@ -1,62 +1,10 @@
-"""The tree store: group prefix trees, written ahead to disk, the recent ones in memory.
-
-Layout: one JSON-lines file per task group, `STORE/<group>.jsonl`. Each line is an
-event: `session_open` (ID, group, the SHA-256 of its key, metadata), `call` (a
-`CallRecord`: only the tokens new to the tree, so the file grows with unique
-tokens), or `session_close` (reward, metadata).
-
-Write-ahead: a call's lines are written (`write(2)` on the group's file, in `submit`,
-before it returns) before the API sends the last byte of its reply, and before the
-tree keeps the call: `CallRunner` applies a call's records inside a tree transaction
-and submits their lines before the transaction ends, so a failed write (a full disk,
-an I/O error) undoes the tree's change, leaves the file as it was (a partly written
-line is cut off again) and answers the scaffold with `StoreUnavailable`, a retryable
-503. What "written" means beyond that is the store's `sync` mode:
-
-- `flush` (the default): the kernel holds the bytes once `submit` returns, so a
-  delivered call survives the gateway being killed (SIGKILL, a crash, OOM). The files
-  are fsync'ed in the background, grouped, at most `fsync_interval_s` after a write,
-  and on `close`; so a power loss or kernel crash can lose the calls of the last
-  `fsync_interval_s` (1 s), delivered or not. The reply waits for no disk.
-- `fsync`: the reply also waits until its lines are fsync'ed (group commit: one writer
-  task fsyncs every file written since its last round), so a delivered call survives
-  a power loss. It costs a call one fsync (milliseconds on a slow disk). An fsync that
-  fails leaves the kernel's copy of the lines in doubt: the calls waiting for it are
-  answered 503 and the store refuses every later write until the gateway restarts
-  (their lines may stay in the file: a scaffold's retry is then recorded as a retry).
-
-Either way a group's file holds its records in the order they were applied to the
-tree, which replay needs to rebuild the same node IDs.
-
-Held lines (`held_lines.py`): when a streamed call's lines cannot be written (`submit`
-with `on_lost`: its client has the text), the store holds them in memory, the tree keeps
-the call and the stream ends normally; they are written, in order, as soon as the disk
-takes them (retried every `HOLD_RETRY_S`, and before any later line of the group: a later
-line never lands before a held one, and one that cannot wait, not streamed, is refused
-with the 503 as above). Held lines are only as safe as the gateway's memory. Past
-`hold_max_bytes` a call's lines are refused (the stream ends in the error event); a group
-whose oldest held line waited `hold_max_s` has them dropped, each one's `on_lost` told
-(the recorder notes its session an infra failure: never trained, re-run), and its tree
-read back from its file.
-
-On start-up `replay` reads every file, verifying each line's checksum
-(`trees.group_log`); a torn last line (the process died while writing it; its reply was
-never sent) is cut off. A group with a line damaged anywhere else (not JSON, a checksum
-that does not match, a record that does not fit the tree) is set aside by itself
-(`damaged`, a warning naming the file and line, `undertow_store_damaged_groups` in
-/metrics; its calls are refused with `GroupSetAside`) while the other groups serve;
-`undertow trees repair STORE` keeps every record of it that still replays
-(`trees_cli.repair_store`).
-
-Memory: a group is active while it has an open session (`is_active`, the session
-registry's count), idle otherwise. With `max_idle_trees` set (the gateway's
-`store_max_idle_trees`), at most that many idle groups keep their tree in memory (and
-their file open), least recently used let go first; a group let go keeps only a
-`GroupSummary` (for `GET /admin/groups`), and `tree(group)` loads it back by replaying its
-file alone. Active groups are never let go, so memory grows with the groups in use, not
-with every group a run has had. Start-up replay still reads every file once, letting go
-of idle trees past the bound as it goes. Without a bound (offline readers) every tree
-stays in memory.
+"""The tree store: group prefix trees, written ahead to disk (one JSON-lines log per group,
+`STORE/<group>.jsonl`, in `trees/group_log.py`'s format), the recent ones in memory.
+`CallRunner` applies a call's records inside a tree transaction and submits their lines
+before it ends, so the tree never holds a call its log does not, and the reply's last byte
+waits for the write. What a failed write, a damaged log, the `sync` modes and the memory
+bound mean for a user: docs/api.md, "When the store's disk fills, or a log is damaged" and
+"Memory over a long run".
 """
 
 from __future__ import annotations
@@ -164,8 +112,11 @@ def _never_active(group: str) -> bool:
 
 
 class TreeStore:
-    """Trees by group, plus their write-ahead log under `directory` (see the module
-    docstring for what each `sync` mode guarantees, and what a failed write leaves).
+    """Trees by group, plus their write-ahead log under `directory`. `sync`: "flush" (a
+    submit returns once the OS has the lines; files are fsync'ed in the background, at
+    most `fsync_interval_s` after a write) or "fsync" (a submit's future also waits for
+    one fsync round of every file written since the last: group commit). After a failed
+    fsync the store refuses every write until the gateway restarts.
 
     Invariants: `trees` holds the trees in memory, least recently used first: every
     active group's, at most `max_idle_trees` idle ones (plus the one `tree` last loaded,
@@ -350,7 +301,7 @@ class TreeStore:
         """Writes the events' lines to the group's file now, in one piece, after any held
         lines of the group, so that lines keep the order of the calls to `submit`; raises
         `StoreUnavailable`, the file unchanged, when it cannot, unless `on_lost` is given
-        and the lines fit the hold (see the module docstring): then they are held, and
+        and the lines fit the hold (`held_lines.py`): then they are held, and
         `on_lost(reason)` is called if they are dropped. The future resolves once the
         lines are as durable as the mode promises (at once for `flush`: the OS has them;
         at once for held lines: memory is all they have)."""

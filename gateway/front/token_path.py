@@ -1,18 +1,7 @@
-"""Token paths: the prompt IDs of a session's calls, sharing their history instead of copying it.
-
-A session's call k+1 sends call k's prompt, call k's sampled IDs and a few thousand new
-IDs. As flat lists, each prompt and each head (`tokentruth.Head`) would be a new list of
-the whole history: at a million tokens, a copy and a free of 8 MB and a million reference
-counts per call, more CPU than parsing the request. A `TokenPath` is an immutable sequence
-of immutable chunks (tuples): `extend` makes a new path that shares every chunk of the old
-one and adds one, so a call costs what it adds. Any number of calls and heads may hold
-and extend the same path; none of them can change what another holds (the pool, its
-engine requests and a migration read a call's prompt as one that never changes).
-
-Reads are what a list gives (`len`, indexing, slices as new lists, iteration, `==` with
-any sequence, `+` as a new list); slices that cost what they return (a prefix for the
-router, the last IDs for a tool parser, a tail for the tree) and `prefix`, a shorter path
-sharing the chunks (a retry's prompt).
+"""Token paths: the prompt IDs of a session's calls, sharing their history instead of
+copying it. Call k+1 sends call k's prompt, its sampled IDs and a few thousand new ones; as
+flat lists each prompt and head would copy the whole history (8 MB and a million reference
+counts per call at a million tokens), so a call costs what it adds only as a `TokenPath`.
 """
 
 from __future__ import annotations
@@ -24,8 +13,13 @@ from typing import overload
 
 
 class TokenPath(Sequence[int]):
-    """Token IDs in chunks. Invariants: `_chunks` are non-empty tuples, never changed;
-    `_starts[i]` is the index of `_chunks[i]`'s first ID, `_length` the number of IDs."""
+    """Token IDs in immutable chunks: `extend` makes a new path sharing every chunk of
+    the old one, so any number of calls and heads may hold and extend one path and none
+    can change what another holds. Reads are what a list gives (`len`, indexing, slices
+    as new lists, iteration, `==` with any sequence, `+` as a new list); `prefix` is a
+    shorter path sharing the chunks. Invariants: `_chunks` are non-empty tuples, never
+    changed; `_starts[i]` is the index of `_chunks[i]`'s first ID, `_length` the number
+    of IDs."""
 
     __slots__ = ("_chunks", "_length", "_starts")
 

@@ -1,41 +1,7 @@
-"""Token truth: the prompt token IDs of a call, reusing a session's earlier IDs verbatim.
-
-A session remembers a few `Head`s: for each recent call, the messages it was sent,
-the assistant message the gateway returned, and the tree leaf that ends its prompt
-and completion IDs. When a new request's messages are one head's messages, then that
-head's assistant message, then new messages, the prompt is
-
-    head's prompt + completion IDs (verbatim) + encode(closing text + rendered suffix)
-
-where the closing text ends the assistant turn the way the template would (e.g.
-`<|im_end|>\\n`, minus a sampled `<|im_end|>`), and the rendered suffix is the text the
-template adds for the new messages (it must extend the rendered history, which holds
-for templates that never rewrite earlier turns; otherwise we render in full). The
-history is never re-tokenized, so no retokenization drift can reach training.
-
-Messages are compared in a canonical form, not as text, so that scaffolds that
-re-send history with re-serialized tool arguments, dropped tool-call IDs, dropped
-reasoning or whitespace-stripped content still extend their session. The newest
-head also keeps the request's messages themselves: a scaffold that re-sends its
-history unchanged (the usual case) is recognised by comparing the messages as they
-are (list and string equality in C, tens of microseconds for hundreds of messages),
-and only the new messages get canonical keys; any difference falls back to the
-canonical keys of the whole request. So the cost of a call follows its new messages,
-not its history.
-
-Otherwise the prompt is rendered in full and labelled with why the session branched:
-`retry` (the same messages again), `rewrite` (earlier history changed, e.g. context
-condensation), `subagent` (a conversation that shares no first message with the
-session's earlier ones, or that continues an older parallel conversation).
-
-Labels follow what the session sent, not when: a call still generating counts as the
-head it will leave (`InFlightCall`), and heads are ordered by when their calls started
-(`Head.started_s`), so a call that overlaps the ones before it is labelled as it would
-be had they finished before it started.
-
-That is the `verbatim` policy, the default. The `template` policy renders every call in
-full instead, as the template shows it at inference, and labels a call whose render
-departs from the path it continues `template` (see `_template_prompt` and the README).
+"""Token truth: a call's prompt token IDs, reusing the session's earlier IDs verbatim so
+that no retokenization drift reaches training (`build_prompt`), or, with the `template`
+policy, the template's full render. `CallRunner.prompt` calls it; the policies and their
+trade-off, as a user sees them: docs/api.md, "Your model's chat template".
 """
 
 from __future__ import annotations
@@ -199,11 +165,20 @@ def same_assistant(sent: dict, returned: dict) -> bool:
 def build_prompt(renderer: Renderer, messages: list[dict], tools: list[dict] | None,
                  heads: Sequence[Head], path_token_ids: Callable[[int], list[int]],
                  policy: str = VERBATIM, in_flight: Sequence[InFlightCall] = ()) -> Prompt:
-    """The prompt for `messages`, by token truth from the newest head it extends,
-    else rendered in full with a branch reason. `path_token_ids(leaf)` reads the tree,
-    for a head that did not keep its path's IDs (`_path_of`). The session's calls `in_flight`
-    (oldest first) are labelled against as the heads they will be (module doc). With
-    `policy="template"`, the template's full render (`_template_prompt`)."""
+    """The prompt for `messages`. When they are a head's messages, then its assistant
+    message (`same_assistant`), then new ones, it is the head's prompt + completion IDs
+    (verbatim) + encode(closing text + rendered suffix): the closing text ends the turn
+    as the template would (`<|im_end|>\\n`, less a sampled `<|im_end|>`), the suffix is
+    what the template adds for the new messages (None where it does not extend the
+    rendered history: then a full render). Messages compare as they are against the
+    newest head's, else by canonical keys (`message_key`), so a call costs its new
+    messages, not its history. Otherwise the full render, labelled `retry` (the same
+    messages again), `rewrite` (earlier history changed) or `subagent` (no shared first
+    message, or an older parallel conversation continued). Labels follow what the session
+    sent: a call still generating (`in_flight`, oldest first) counts as the head it will
+    leave, heads ordered by `started_s`. `path_token_ids(leaf)` reads the tree, for a head
+    that did not keep its path's IDs (`_path_of`). With `policy="template"`, the
+    template's full render (`_template_prompt`)."""
     if policy == TEMPLATE:
         return _template_prompt(renderer, messages, tools, heads, path_token_ids, in_flight)
     keys = _Keys(messages)

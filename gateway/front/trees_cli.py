@@ -1,18 +1,7 @@
 """`undertow trees show|stats|repair STORE`: a tree store read back for people, and mended.
-
-`show` prints each group's tree depth-first: one line per node with its span of
-token IDs (abbreviated), whether it is trainable (`*`, sampled by the named
-session) or prompt, its weight versions, and where it branches (a node with
-several children is a branch point; the calls that started branches are listed
-with their reasons). `stats` prints unique tokens against the tokens a per-call
-log would hold (every call's prompt plus completion), and their ratio. Both read the
-groups that replay; a damaged group is named, not shown (the gateway sets it aside too).
-`repair` mends a store whose logs are damaged in the middle: in each file it keeps every
-record that still replays (a damaged line is left out, and so is a later record that hung
-on what it held: its checksum and anchor path show where it must land, `Tree.apply`),
-moves the lines left out to `STORE/damaged/`, and reports the calls and sessions lost. A
-closed session that lost a call is closed as an infra failure (`REPAIR_CAUSE`): its reward
-was for the whole session, which its tree no longer holds.
+`show` and `stats` read the groups that replay and name the damaged ones; `repair` keeps
+every record of a damaged log that still replays (docs/api.md, "When the store's disk fills,
+or a log is damaged").
 """
 
 from __future__ import annotations
@@ -69,6 +58,9 @@ def _node_line(tree: Tree, node_id: int, max_tokens: int) -> str:
 
 
 def show_tree(tree: Tree, session: str | None = None, max_tokens: int = 12) -> str:
+    """The tree depth-first, a line per node: its span of IDs (abbreviated), `*` and the
+    session where trainable, its weight versions, and the calls that started branches
+    with their reasons."""
     keep = session_node_ids(tree, session) if session else None
     lines = [f"group {tree.group_id}: {len(tree.sessions)} sessions, {len(tree.calls)} calls, "
              f"{tree.num_unique_tokens} unique tokens (* = trainable)"]
@@ -109,6 +101,7 @@ def show(store_dir: Path, group: str | None = None, session: str | None = None,
 
 
 def stats(store_dir: Path) -> str:
+    """Per group, unique tokens against those a per-call log would hold, and the ratio."""
     trees, damaged = load(store_dir)
     lines = ["| group | sessions | calls | unique tokens | per-call log tokens | ratio |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]

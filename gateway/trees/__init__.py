@@ -1,5 +1,4 @@
-"""The tree data model, all that the learner imports of the gateway (docs/design.md,
-"Layout"): prefix trees of token IDs (`tree.py`), their exception root (`errors.py`), and the
-chat-template environment that the gateway, the built-in engine and the learner render a model
-directory's templates in (`template_env.py`). Imports nothing else of the gateway.
+"""The tree data model, all that the learner imports of the gateway: prefix trees of token
+IDs (`tree.py`), their log (`group_log.py`), their exception root (`errors.py`) and the
+chat-template environment (`template_env.py`). docs/design.md, "Layout".
 """

@@ -1,12 +1,8 @@
 """A group's write-ahead log as lines: the format `front/store.py` writes and the one
-replay of it (the gateway's start-up, `undertow trees repair`, the learner's reader).
-
-One JSON event per line (`session_open`, `call`: a `CallRecord`, `session_close`,
-`session_expire`), in the order they were applied to the group's tree, so that replaying
-them rebuilds the same tree, node IDs included. Every line ends with its checksum
-(`encode_event`); start-up verifies it, and a record also proves where it lands on the
-tree (`Tree.apply`). Lines written before checksums existed are accepted, unverified, and
-counted (`ReplayReport.num_unchecked`). See docs/design.md, "Tree store".
+replay of it (the gateway's start-up, `undertow trees repair`, the learner's reader). One
+JSON event per line (`session_open`, `call`: a `CallRecord`, `session_close`,
+`session_expire`) in the order applied, so a replay rebuilds the same tree, node IDs
+included. See docs/design.md, "Tree data model".
 """
 
 from __future__ import annotations

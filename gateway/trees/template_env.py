@@ -1,21 +1,7 @@
-"""Chat templates as `transformers` finds and renders them, without importing it.
-
-Where a model directory keeps its templates (`read_chat_templates`), in `transformers`' order:
-`chat_template.jinja` (the default) and `additional_chat_templates/NAME.jinja` (what
-`save_pretrained` writes since transformers 4.5x, and how current Hugging Face repos ship);
-failing those, `chat_template` in `tokenizer_config.json`, a string or a list of named
-templates (`[{"name": "default", "template": ...}, {"name": "tool_use", ...}]`). Which one a
-call renders (`ChatTemplates.select`): `tool_use` when the call has tools and the model has
-one, else `default`, as `apply_chat_template` and vLLM choose.
-
-The one Jinja environment they are rendered in is built as `apply_chat_template` builds it
-(sandboxed, `trim_blocks`, `lstrip_blocks`, loop controls, `tojson` that keeps non-ASCII
-text, `raise_exception`, `strftime_now`). Three renderers use both, so that one template
-gives one text everywhere: the gateway's `render.Renderer` (a session's prompt), the
-built-in engine's tokenizer (`engines/builtin/tokenizer.py`, its own
-`/v1/chat/completions`), and the learner's template of the models it builds
-(`learner/modeldir/chat_template.py`); the tool-parser detection and `undertow doctor` read
-the templates the same way. Each renderer passes what a template's
+"""Chat templates as `transformers` finds and renders them, without importing it. The
+gateway's `render.Renderer`, the built-in engine's tokenizer and the learner's
+`modeldir/chat_template.py` all read and render a model directory's templates here, so
+that one template gives one text everywhere; each passes what a template's
 `raise_exception(message)` raises: its own package's error.
 """
 
@@ -40,7 +26,9 @@ def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=Fa
 
 def chat_template_environment(refuse: Callable[[str], NoReturn]
                               ) -> ImmutableSandboxedEnvironment:
-    """A fresh environment whose templates' `raise_exception(message)` calls `refuse`."""
+    """A fresh environment whose templates' `raise_exception(message)` calls `refuse`,
+    built as `apply_chat_template` builds it (sandboxed, `trim_blocks`, `lstrip_blocks`,
+    loop controls, `tojson` keeping non-ASCII text, `strftime_now`)."""
     environment = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined,
         extensions=["jinja2.ext.loopcontrols"])
@@ -68,7 +56,8 @@ class ChatTemplates:
 
     def select(self, with_tools: bool) -> str | None:
         """The template a call renders: `tool_use` for a call with tools when there is
-        one, else `default` (None when the directory has no default)."""
+        one, else `default` (None when the directory has no default), as
+        `apply_chat_template` and vLLM choose."""
         if with_tools and "tool_use" in self.by_name:
             return self.by_name["tool_use"]
         return self.by_name.get("default")
@@ -80,8 +69,11 @@ class ChatTemplates:
 
 
 def read_chat_templates(model_dir: Path) -> ChatTemplates:
-    """The chat templates of a Hugging Face model directory (module docstring); ValueError
-    when `tokenizer_config.json`'s `chat_template` has a form no loader reads."""
+    """The chat templates of a Hugging Face model directory, in `transformers`' order:
+    `chat_template.jinja` (the default) and `additional_chat_templates/NAME.jinja` (what
+    `save_pretrained` writes since transformers 4.5x); failing those, `chat_template` in
+    `tokenizer_config.json`, a string or a list of `{"name", "template"}` entries.
+    ValueError when that has a form no loader reads."""
     model_dir = Path(model_dir)
     by_name: dict[str, str] = {}
     default_file = model_dir / CHAT_TEMPLATE_FILE

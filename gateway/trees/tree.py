@@ -1,34 +1,6 @@
-"""Prefix trees of token IDs: the training record of one task group (docs/design.md,
-"Tree data model").
-
-The gateway records every call of every session of a group into one `Tree`; the
-learner packs the tree into one sequence. This module is plain data and imports
-nothing else of the gateway, so that the learner may depend on it.
-
-Invariants:
-- A node is a span of token IDs with one owner: `sampled_by` is None for prompt
-  tokens (not trainable) or the session ID whose policy sampled every token of the
-  span (trainable). Sampled tokens are therefore never shared between sessions,
-  and each trainable token belongs to exactly one session.
-- A token extends an existing child only when its ID matches and the child's owner
-  is compatible: a prompt token may follow any prompt node or a node sampled by the
-  same session (its own history); a sampled token may follow only a node sampled
-  by the same session. Otherwise a sibling is created.
-- Inserting a sequence that ends or diverges inside a node splits it. The split's
-  TAIL keeps the node's ID (so session leaves and children stay valid) and the
-  HEAD gets a new ID; node IDs are assigned in insertion order, so replaying the
-  same records rebuilds the same tree with the same IDs.
-- Every call is stored as a compact `CallRecord`: an anchor (node, offset) where its
-  sequence leaves the existing tree plus only the new tokens, so that the size of
-  a group's log grows with its unique tokens, not with calls x context.
-- Every node knows the length (`path_end`) and the CRC-32 (`path_crc`, `crc_of_ids`) of
-  the path of IDs from the root to its last token. A record carries the length and CRC of
-  the path to its anchor and the first node ID it takes, so that replay proves where it
-  lands, and a record that follows a lost one (a damaged line) still lands on its own
-  path with its own node IDs, or is refused (`apply`).
-- Changes made inside `Tree.transaction()` are undone, exactly, when it raises: the
-  store applies a call's records inside one and writes their log lines before it
-  ends, so a tree never holds a node that its log does not.
+"""Prefix trees of token IDs: the training record of one task group. The gateway records
+every call of a group's sessions into one `Tree`; the learner packs it into one sequence.
+Plain data, importing nothing else of the gateway. See docs/design.md, "Tree data model".
 """
 
 from __future__ import annotations
@@ -150,7 +122,15 @@ class SessionPaths:
 
 
 class Tree:
-    """The prefix tree of one task group. Node 0 is an empty root."""
+    """The prefix tree of one task group. Node 0 is an empty root.
+
+    Invariants: a node's tokens have one owner, `sampled_by`: None for prompt tokens, else
+    the one session whose policy sampled them all, so each trainable token belongs to
+    exactly one session. A token extends a child only when its ID matches and the owner is
+    compatible (a prompt token follows a prompt node or its own session's sampled one; a
+    sampled token only its own session's); else it starts a sibling. A split's tail keeps
+    the node's ID and its head takes a new one, and IDs go in insertion order, so replaying
+    the same records rebuilds the same tree, IDs included."""
 
     def __init__(self, group_id: str):
         self.group_id = group_id

@@ -1,17 +1,8 @@
-"""Model directories built offline: `undertow model init`.
-
-`init_model_dir` writes a Hugging Face-layout directory (`config.json`,
-`model.safetensors`, `tokenizer.json`, `tokenizer_config.json` with the chat
-template, `special_tokens_map.json`, `generation_config.json`) for a Qwen3 model
-(`Qwen3ForCausalLM`, model_type `qwen3`) with random weights from a seed and a
-byte-level BPE tokenizer trained on a frozen snapshot of the repository's own
-text. transformers,
-SGLang and vLLM load it without a network.
-
-Flow: read the frozen corpus (`corpus.py`) -> train the tokenizer
-(`tokenizer.py`) -> write configs (`config.json` sized by `sizes.py`, template
-from `chat_template.py`) -> draw and save weights (`weights.py`, the only part
-that imports torch).
+"""Model directories built offline, `undertow model init`: `init_model_dir` writes a Hugging
+Face-layout directory of a Qwen3 model with random weights from a seed and a byte-level BPE
+tokenizer trained on a frozen snapshot of the repository's text (`corpus.py` ->
+`tokenizer.py` -> configs sized by `sizes.py`, template of `chat_template.py` -> `weights.py`,
+the only part that imports torch). transformers, SGLang and vLLM load it without a network.
 """
 
 import json

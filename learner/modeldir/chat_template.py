@@ -1,23 +1,10 @@
-'''The ChatML chat template of the built models, in Qwen/Hermes style.
-
-Turns are `<|im_start|>{role}\n{content}<|im_end|>\n`. Tools are listed as JSON
-lines inside `<tools></tools>` in the system turn. An assistant turn is
-`<think>\n{reasoning_content}\n</think>\n\n` (only when there is reasoning),
-then its content, then one `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`
-block per tool call (arguments given as a JSON string are written verbatim,
-as a mapping they are dumped). Each tool result is its own user turn wrapped in
-`<tool_response>\n...\n</tool_response>`. The generation prompt is
-`<|im_start|>assistant\n`.
-
-The template renders every message the same way whatever follows it, and never
-strips or rewrites earlier turns (no dropping of old thinking): rendering a
-conversation's first k messages is always a prefix of rendering all of them.
-That is what lets the gateway extend a session's token IDs instead of
-re-tokenizing it.
-
-`render_chat` renders in the gateway's chat-template environment
-(`gateway/trees/template_env.py`: the Jinja settings of `transformers`' `apply_chat_template`),
-the one the gateway and the built-in engine render every template in.
+'''The ChatML chat template of the built models, in Qwen/Hermes style (`CHAT_TEMPLATE`:
+tools as JSON lines in `<tools>`, reasoning in `<think>`, calls in `<tool_call>`, tool
+results as user turns in `<tool_response>`). It renders every message the same whatever
+follows and never rewrites earlier turns, so rendering a conversation's first k messages is
+a prefix of rendering all of them: what lets the gateway extend a session's token IDs
+instead of re-tokenizing it. `render_chat` renders in the chat-template environment of
+`gateway/trees/template_env.py`.
 '''
 
 from collections.abc import Mapping, Sequence

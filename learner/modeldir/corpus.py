@@ -1,16 +1,9 @@
-"""The text the tokenizer is trained on: a frozen snapshot of the repository's own files.
-
-The corpus is the project's own sources and docs (and the task repositories under
-`sandboxes/tasks/`), so that no text is ever downloaded. It is frozen into
-`corpus.json.xz` beside this module, and `init_model_dir` trains on that file only:
-a tokenizer trained on the live tree would change its vocabulary with every edit of
-the code, and with it which words are single tokens (the default run's answers must
-be) and every model built before. `python -m undertow.learner.modeldir.corpus --freeze`
-writes the snapshot again from the tree; that changes every tiny model's tokenizer, so
-do it on purpose and update the tokenizer's pinned hash (tests/learner/test_modeldir.py).
-
-The selection is deterministic: files are ordered by their path relative to the
-repository root, and the total is capped so that training stays fast.
+"""The text the tokenizer is trained on: a frozen snapshot (`corpus.json.xz`) of the
+repository's own sources and docs and `sandboxes/tasks/`, so that no text is downloaded. A
+tokenizer trained on the live tree would change its vocabulary, and every model built
+before, with each edit. `python -m undertow.learner.modeldir.corpus --freeze` writes the
+snapshot again, deterministically (files by relative path, the total capped): that changes
+every tiny model's tokenizer, so update the pinned hash (tests/learner/test_modeldir.py).
 """
 
 import argparse

@@ -1,15 +1,8 @@
-"""A GGUF file converted to a Hugging Face model directory, through transformers.
-
-transformers reads a GGUF (`from_pretrained(dir, gguf_file=NAME)`, which needs the `gguf`
-package) and dequantises every tensor into a torch model, and builds the tokenizer and its
-chat template from the GGUF's metadata. It refuses to `save_pretrained` such a model
-("quantized with gguf ... not serializable"), so the pieces are written one by one here:
-the state dict to `model.safetensors` (without `lm_head.weight` when the embeddings are
-tied, as Hugging Face directories store them), `config.json` without the
-`quantization_config` that marks the model as loaded from GGUF, `generation_config.json`,
-and the tokenizer (`tokenizer.json`, `tokenizer_config.json`, the chat template in
-`chat_template.jinja`). The values are the dequantised ones: exact in float32, rounded in
-bfloat16. Only this module of `modeldir/` imports torch.
+"""A GGUF file converted to a Hugging Face model directory, through transformers, which
+reads and dequantises a GGUF (with the `gguf` package) but refuses to `save_pretrained` it:
+the pieces are written one by one here (`model.safetensors` without a tied
+`lm_head.weight`, `config.json` without its `quantization_config`, `generation_config.json`,
+the tokenizer and its `chat_template.jinja`). Only this module of `modeldir/` imports torch.
 """
 
 from __future__ import annotations
@@ -36,7 +29,6 @@ def _load(gguf_dir: Path, gguf_name: str, dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
     # In bfloat16 transformers warns that its packed-GGUF kernels are fastest in float32:
     # true of running the loaded model, beside the point for writing its weights out.
     verbosity = logging.get_verbosity()
@@ -46,6 +38,11 @@ def _load(gguf_dir: Path, gguf_name: str, dtype: str):
                                                      dtype=getattr(torch, dtype))
     finally:
         logging.set_verbosity(verbosity)
+    # transformers leaves the tokenizer's length unbounded when reading a GGUF; the model's
+    # own context is what a Hugging Face directory of it states.
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf_dir, gguf_file=gguf_name,
+        model_max_length=model.config.max_position_embeddings)
     return tokenizer, model
 
 
@@ -66,9 +63,6 @@ def _write_configs(model, tokenizer, out: Path) -> None:
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    # transformers leaves it unbounded when reading a GGUF; the model's own context is
-    # what a Hugging Face directory of it states.
-    tokenizer.model_max_length = config.max_position_embeddings
     tokenizer.save_pretrained(out)
 
 

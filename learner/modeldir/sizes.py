@@ -1,17 +1,7 @@
-"""The model sizes `undertow model init` can build, as Qwen3 architecture shapes.
-
-`tiny` (about 5M parameters) is what the tests and CPU benchmarks run; `small`
-(about 33-40M) is big enough that decode throughput is compute-bound on a CPU;
-`qwen3-0.6b` has Qwen3-0.6B's shape (28 layers, hidden 1024, 16 query and 8 key-value
-heads of 128, MLP 3072, 151,936 embedding rows, tied head: 596M parameters) with
-random weights, for the GPU check (`make device-check`). `tiny-untied` is `tiny` with an
-LM head of its own (tests of sharding such heads), and `qwen2.5-7b` has Qwen2.5-7B's
-shape (28 layers, hidden 3584, 28 query and 4 key-value heads of 128, MLP 18944, 152,064
-embedding rows, an untied head: 7.6B parameters) in the Qwen3 architecture, which has
-no q/k/v biases and adds q/k norms, for sizing a 7B run. The
-embedding table is sized by the trained tokenizer (see `max_vocab_size`), so the
-counts are reached once the repository's text is large enough (about 1 MB) to fill
-the vocabulary; before that the models are somewhat smaller.
+"""The model sizes `undertow model init` can build, as Qwen3 architecture shapes (`SIZES`).
+The embedding table is sized by the trained tokenizer (`max_vocab_size`), so the parameter
+counts are reached once the repository's text (about 1 MB) fills the vocabulary; before
+that the models are somewhat smaller.
 """
 
 from dataclasses import dataclass
@@ -62,18 +52,24 @@ class ModelSize:
 
 
 SIZES = {
+    # about 5M parameters: what the tests and CPU benchmarks run
     "tiny": ModelSize(max_vocab_size=8192, hidden_size=256, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                       intermediate_size=768),
+    # about 33-40M: big enough that decode throughput is compute-bound on a CPU
     "small": ModelSize(max_vocab_size=16384, hidden_size=512, num_hidden_layers=8,
                        num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                        intermediate_size=2048),
+    # Qwen3-0.6B's shape (596M parameters, tied head), random weights: `make device-check`
     "qwen3-0.6b": ModelSize(max_vocab_size=32768, hidden_size=1024, num_hidden_layers=28,
                             num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                             intermediate_size=3072, embedding_rows=151936),
+    # `tiny` with an LM head of its own, for tests of sharding such heads
     "tiny-untied": ModelSize(max_vocab_size=8192, hidden_size=256, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                              intermediate_size=768, tie_word_embeddings=False),
+    # Qwen2.5-7B's shape (7.6B parameters, untied head) in the Qwen3 architecture (no q/k/v
+    # biases, q/k norms added), for sizing a 7B run
     "qwen2.5-7b": ModelSize(max_vocab_size=32768, hidden_size=3584, num_hidden_layers=28,
                             num_attention_heads=28, num_key_value_heads=4, head_dim=128,
                             intermediate_size=18944, embedding_rows=152064,

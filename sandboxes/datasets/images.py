@@ -5,6 +5,7 @@ must not depend on a registry). `missing_images` lists the absent ones with thei
 command, so that a user can fetch or build them before a rollout.
 """
 
+import docker
 import docker.errors
 
 from undertow.sandboxes.connection import Connection
@@ -19,7 +20,7 @@ def how_to_get(task: Task, dataset: DatasetFormat) -> str:
             f"with: {dataset.get_image.format(**fields)}")
 
 
-def _is_present(client, image: str) -> bool:
+def _is_present(client: docker.DockerClient, image: str) -> bool:
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:

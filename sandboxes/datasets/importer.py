@@ -1,16 +1,5 @@
-"""`undertow tasks import NAME --from DIR --out DIR`: a dataset's rows in, a task set out.
-
-Each row goes through its dataset's `convert` (`formats.py`), keeps the Undertow task
-fields it gives itself (`ROW_FIELDS`: its `image`, `source_dir`, `workdir`, `timeout_s`),
-gets its image name (the row's own, else the dataset's template; `image_template`
-overrides both; `registry` prefixes it, for a private mirror), the official harness's
-30-minute limit on its tests, and must then load as a `Task`. A row over a local
-repository (`source_dir`, relative to the rows' folder, and no image of its own) gets no
-image name: its image is built from that repository at the row's `base_commit`
-(`task_image.py`), which stays as given. The rows kept are written to `OUT/tasks.jsonl`
-(loadable by `load_tasks`, so `undertow rollout --tasks OUT` runs them; a `source_dir`
-is written relative to OUT when it lies below it, else absolute); `ImportReport` counts
-the rows dropped, by reason.
+"""`undertow tasks import NAME --from DIR --out DIR`: a dataset's rows in, a task set out;
+what each row gets, and where it is written: docs/sandboxes.md#datasets.
 """
 
 import json

@@ -1,10 +1,5 @@
-"""Reversing a git diff, for datasets whose `patch` introduces the bug instead of fixing it.
-
-SWE-smith stores in `patch` "the diff that, when applied, creates the bug" (its harness
-docs; `harness/gather.py` commits it as the instance branch's only commit, and its
-evaluation of the gold prediction applies it with `git apply --reverse`). An Undertow
-task's `patch` is the fix, so the loader stores the reverse: what `git apply -R` would
-apply. Text hunks only; a binary patch cannot be reversed from its text here.
+"""Reversing a git diff, for datasets whose `patch` introduces the bug instead of fixing it
+(SWE-smith: docs/sandboxes.md#datasets). Text hunks only.
 """
 
 import re

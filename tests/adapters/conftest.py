@@ -15,7 +15,7 @@ from aiohttp import web
 
 from tests.gateway.scripted_engine import ScriptedEngine
 from undertow.adapters.gateway_client import GatewayAdmin
-from undertow.embedded import serve_gateway
+from undertow.run.embedded import serve_gateway
 from undertow.sandboxes.connection import connect
 from undertow.sandboxes.sandbox import RUN_LABEL
 from undertow.sandboxes.task import load_tasks

@@ -3,6 +3,7 @@ statement hides, the decoy, the held-out repository, determinism, and (Docker) t
 generated tasks pass `undertow tasks validate`; what the agent did, read from a tree
 store (`benchmarks/explore_behaviour.py`); `benchmarks/learning.py --family explore`."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import yaml
 
 from benchmarks.explore_behaviour import behaviour_of, command_kind, session_commands
 from benchmarks.explore_tasks import (
+    ORACLE_FILE,
     REPOS,
     TRAIN_REPOS,
     UNSEEN_REPO,
@@ -71,10 +73,11 @@ def test_statements_hide_the_fix_and_a_decoy_holds_the_wrong_number():
         repo, chain = instance.repo, instance.repo.chains[instance.chain]
         hidden = {chain.helper, chain.leaf, chain.constant, repo.path(chain.leaf_module),
                   *chain.leaf_module.split("."), *chain.helper_module.split(".")}
-        for difficulty in ("call", "numbers"):
+        for difficulty in ("call", "numbers", "constant"):
             statement = problem_statement(instance, difficulty)
-            found = [name for name in hidden if re.search(rf"\b{re.escape(name)}\b", statement)]
-            assert not found, (statement, found)
+            named = {chain.constant} if difficulty == "constant" else set()
+            found = {name for name in hidden if re.search(rf"\b{re.escape(name)}\b", statement)}
+            assert found == named, (statement, found)
             assert chain.entry in statement
         decoy = repo.chains[instance.decoy]
         assert decoy.leaf_module != chain.leaf_module
@@ -94,6 +97,7 @@ def test_each_task_breaks_the_stated_call_and_its_patch_mends_it(tmp_path):
             assert stated is not None
             chain = next(c for c in repo.chains if c.entry == stated[1])
             repo_dir = tmp_path / "work" / task.instance_id
+            assert task.source_dir is not None
             shutil.copytree(folder / task.source_dir, repo_dir)
             assert _call(repo_dir, repo, chain) == int(stated[4])  # the FIXED state
             subprocess.run(["git", "apply", "-R", "-"], input=task.patch, text=True,
@@ -103,7 +107,7 @@ def test_each_task_breaks_the_stated_call_and_its_patch_mends_it(tmp_path):
             constants = [line for line in task.patch.splitlines() if line[:1] in "+-"
                          and not line.startswith(("+++", "---"))]
             assert len(changed) == 1 and len(constants) == 2
-            wrong = re.search(r"= (\d+)$", constants[0])[1]
+            wrong = re.findall(r"= (\d+)$", constants[0])[0]
             holders = [p for p in repo_dir.rglob("*.py")
                        if re.search(rf"^[A-Z_]+ = {wrong}$", p.read_text(), re.M)]
             assert len(holders) == 2 and changed[0] in {str(p.relative_to(repo_dir))
@@ -218,3 +222,34 @@ def test_the_explore_configs_regex_takes_one_shell_block_as_mini_swe_agent_parse
     assert parse(f"First find it:\n```bash\n{command}\n```") == [{"command": command}]
     with pytest.raises(FormatError):
         parse(f"```bash\n{command}\n```\n```bash\ncat x.py\n```")
+
+
+def test_the_oracle_session_run_with_real_grep_and_sed_passes_the_tasks_tests(tmp_path):
+    folders = generate(tmp_path / "tasks", num_instances=6, num_unseen=2, seed=3)
+    for folder in (folders["train"], folders["heldout"]):
+        oracle = {r["instance_id"]: r["commands"] for r in map(
+            json.loads, (folder / ORACLE_FILE).read_text().splitlines())}
+        for task in load_tasks(folder):
+            repo_dir = tmp_path / "work" / task.instance_id
+            assert task.source_dir is not None
+            shutil.copytree(folder / task.source_dir, repo_dir)
+            subprocess.run(["git", "apply", "-R", "-"], input=task.patch, text=True,
+                           cwd=repo_dir, check=True)  # the base state, as the sandbox has it
+            subprocess.run(["git", "apply", "-"], input=task.test_patch, text=True,
+                           cwd=repo_dir, check=True)
+            tests = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+            assert _pytest(repo_dir, tests).returncode != 0
+            commands = oracle[task.instance_id]
+            assert commands[-1] == "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+            outputs = [subprocess.run(command.replace("/testbed", str(repo_dir)), shell=True,
+                                      capture_output=True, text=True, check=True).stdout
+                       for command in commands]
+            changed = re.findall(r"^\+\+\+ b/(.+)$", task.patch, re.M)[0]
+            assert changed in outputs[0] and changed.removesuffix(".py").replace(
+                "/", ".").removeprefix("src.") in outputs[2]  # grep and the helper show it
+            assert _pytest(repo_dir, tests).returncode == 0, outputs
+
+
+def _pytest(repo_dir, tests):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *tests], cwd=repo_dir, capture_output=True, text=True)

@@ -7,14 +7,18 @@ import yaml
 
 from benchmarks.learning import (
     AGENT_CONFIG,
+    EXPLORE_CONFIG,
     _timed,
+    collect_argv,
     eval_steps,
     evaluate,
     gain,
     group_rewards,
     parse_args,
     plot_heldout,
+    prepare,
     scaffold_options,
+    sft_argv,
     table,
     train_argv,
 )
@@ -40,11 +44,12 @@ def test_table_and_plot_show_each_point_with_its_interval(tmp_path):
 def test_gain_is_the_last_point_against_the_first_with_newcombes_interval():
     first, last = _evaluation(0, 5, (0.043, 0.214)), _evaluation(30, 20, (0.26, 0.54))
     result = gain([first, _evaluation(10, 9, (0.1, 0.3)), last])
+    assert result is not None
     assert (result["from_step"], result["to_step"]) == (0, 30)
     assert result["difference"] == pytest.approx(0.3)
     low, high = result["interval"]
     assert 0.13 < low < 0.3 < high < 0.45 and result["excludes_zero"]
-    assert not gain([first, _evaluation(30, 8, (0.08, 0.29))])["excludes_zero"]
+    assert not (gain([first, _evaluation(30, 8, (0.08, 0.29))]) or {})["excludes_zero"]
     assert gain([first]) is None
 
 
@@ -133,3 +138,53 @@ def test_held_out_sessions_the_policy_never_answered_are_left_out(tmp_path):
     assert (row["num_sessions"], row["num_resolved"], row["num_left_out"]) == (3, 1, 2)
     assert row["num_timed_out_unanswered"] == 1 and row["pass_rate"] == pytest.approx(1 / 3)
     assert row["causes"] == {"exited": 2, "timeout": 2, "error:sandbox": 1}
+
+
+def test_an_sft_start_collects_gold_sessions_then_trains_with_a_small_lr_and_frozen_head(
+        tmp_path):
+    args = parse_args(["--family", "explore", "--start", "sft", "--work", str(tmp_path),
+                       "--results", str(tmp_path / "probe.json")])
+    assert (args.sft_lr, args.num_sft_tasks, args.plot) == (1e-5, 40, tmp_path / "probe.png")
+    base, train = tmp_path / "base", tmp_path / "tasks" / "train"
+    train.mkdir(parents=True)
+    (train / "tasks.jsonl").write_text("".join(
+        json.dumps({"repo": f"x/{repo}", "instance_id": f"{repo}-{i}"}) + "\n"
+        for repo, num in (("ledger", 30), ("orbit", 20), ("quill", 2)) for i in range(num)))
+    collect = collect_argv(tmp_path, base, args)
+    assert collect[:3] == ["sft-collect", "--tasks", str(train)]
+    chosen = [collect[i + 1] for i, a in enumerate(collect) if a == "--task"]
+    assert chosen[:6] == ["ledger-0", "orbit-0", "quill-0", "ledger-1", "orbit-1", "quill-1"]
+    assert [sum(c.startswith(repo) for c in set(chosen)) for repo in ("ledger", "orbit",
+                                                                      "quill")] == [19, 19, 2]
+    for flag, value in (("--commands", str(train / "oracle.jsonl")), ("--step-limit", "8"),
+                        ("--max-tokens", "96"), ("--agent-config", str(EXPLORE_CONFIG))):
+        assert collect[collect.index(flag) + 1] == value
+    assert sft_argv(tmp_path, base, args)[-3:] == [
+        "sft.lr=1e-05", "sft.min_reward=1", 'sft.frozen=["model.embed_tokens", "lm_head"]']
+    tiny = parse_args(["--model", "tiny"])
+    assert (tiny.sft_lr, tiny.num_sft_tasks) == (3e-3, 60)
+    assert "--commands" not in collect_argv(tmp_path, base, tiny)
+    assert collect_argv(tmp_path, base, tiny)[-2:] == ["--num-tasks", "60"]
+    assert not any(a.startswith("sft.frozen") for a in sft_argv(tmp_path, base, tiny))
+    with pytest.raises(SystemExit):
+        parse_args(["--start", "sft"])  # the swe family has no gold session
+
+
+def test_an_sft_start_skips_the_stages_whose_output_is_there(tmp_path):
+    args = parse_args(["--family", "explore", "--start", "sft", "--work", str(tmp_path),
+                       "--sft-epochs", "1"])
+    for split in ("train", "heldout", "heldout-seen"):
+        (tmp_path / "tasks" / split).mkdir(parents=True)
+        (tmp_path / "tasks" / split / "tasks.jsonl").write_text(
+            '{"repo": "x/ledger", "instance_id": "ledger-1"}\n')
+    (tmp_path / "oracle-store").mkdir()
+    (tmp_path / "oracle-store" / "g0.jsonl").write_text("")
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "sft" / "metrics.jsonl").write_text(
+        '{"loss": 2.0, "train_s": 1.0}\n{"loss": 1.0, "train_s": 3.0}\n')
+    record: dict = {}
+    assert prepare(tmp_path, args, record) == ("sft", tmp_path / "sft")
+    assert record["sft"]["command"].startswith("python -m undertow.cli sft --store")
+    assert (record["sft"]["num_steps"], record["sft"]["epoch_train_s"]) == (2, [4.0])
+    assert record["collect"]["wall_s"] is None and record["collect"]["num_sessions"] == 0

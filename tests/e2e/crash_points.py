@@ -24,7 +24,7 @@ import os
 import threading
 from pathlib import Path
 
-from undertow.rollout_source import chat_rollouts
+from undertow.run.rollout_source import chat_rollouts
 
 VARIABLE = "UNDERTOW_TEST_HANG"
 

@@ -1,4 +1,4 @@
-"""The rollout side of the cells (`undertow/cells.py`) against the real gateway and real
+"""The rollout side of the cells (`undertow/cells/pool.py`) against the real gateway and real
 built-in engine processes: moving a cell to training drains its engine while a session
 streams, the session continues on the other cell's engine (one reply, its tree exact),
 and the engine process is gone; moving it back serves the newest weights. SGLang cells
@@ -17,13 +17,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.engines.builtin_client import prompt
+from tests.builtin_engine.wire import prompt
 from tests.gateway.capture import calls_of, captured
-from undertow.cells import GatewayEngineSlots, engineless_gateway
+from undertow.cells.backends import LocalBackend
+from undertow.cells.config import CellPoolConfig
+from undertow.cells.pool import GatewayEngineSlots, engineless_gateway
 from undertow.learner.gateway_link import GatewayLink
-from undertow.learner.pool.config import CellPoolConfig
-from undertow.pool_backends import LocalBackend
-from undertow.rollout_source import background_loop
+from undertow.run.rollout_source import background_loop
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from tests.e2e.test_cells import _launches, _standin_python
-from undertow.cells import engineless_gateway
+from undertow.cells.config import CellPoolConfig
+from undertow.cells.pool import engineless_gateway
 from undertow.learner.gateway_link import GatewayLink
-from undertow.learner.pool.config import CellPoolConfig
-from undertow.rollout_source import background_loop
+from undertow.run.rollout_source import background_loop
 
 # Ray is imported by the test, not here: it decides at import time whether to bind loopback.
 pytestmark = [
@@ -33,8 +33,8 @@ def _free_gpus(ray) -> float:
 
 
 def test_an_sglang_cells_engine_holds_its_ray_gpus_until_drained(tiny_model_dir, tmp_path):
-    from undertow.learner.elastic.ray_members import cell_resource, local_cluster
-    from undertow.pool_backends import RayBackend
+    from undertow.cells.backends import RayBackend
+    from undertow.cells.elastic.ray_members import cell_resource, local_cluster
 
     python, record = _standin_python(tmp_path)
     pool = CellPoolConfig(engine="sglang", backend="ray", num_cells=1, tp_size=2,

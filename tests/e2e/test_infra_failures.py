@@ -36,11 +36,11 @@ from tests.engines.conftest import LISTENING, STARTUP_TIMEOUT_S, _wait_healthy
 from undertow.adapters.command import CommandScaffold
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.rollout import Rollout, RolloutConfig
-from undertow.embedded import serve_gateway
-from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.engine_pool.router import RouterConfig
 from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
 from undertow.learner.packing import pack_step
 from undertow.learner.trees import load_store_trees
+from undertow.run.embedded import serve_gateway
 from undertow.sandboxes.connection import connect
 from undertow.sandboxes.task import load_tasks
 

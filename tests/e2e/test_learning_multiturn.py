@@ -106,7 +106,10 @@ def test_smollm2_learns_a_lookup_only_through_the_tool_result(smollm2_dir, tmp_p
     assert min(v for _, _, versions in groups[-NUM_END_GROUPS:] for v in versions) >= \
         NUM_STEPS - 2, report
     if arm == "learns":
-        assert start < 0.5 and end >= start + MARGIN, report
+        # The start is one group of 8 from a policy at about 1 in 4: 4 of 8 comes about 1 run
+        # in 11 (a clean-clone CI run met it, 7 December: start 0.5, end 0.875); 5 of 8, 1 in
+        # 37. Above half, the task would not be the one this test is about.
+        assert start <= 0.5 and end >= start + MARGIN, report
     elif arm == "flipped":
         assert end <= start / 2, report
     else:

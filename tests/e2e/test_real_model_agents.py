@@ -51,9 +51,9 @@ from tests.conftest import vllm_python
 from tests.e2e.engine_recorder import EngineRecorder, ScaffoldRecorder
 from tests.e2e.real_sessions import assert_token_truth
 from undertow.adapters.gateway_client import GatewayAdmin
-from undertow.embedded import serve_gateway
 from undertow.gateway.engines.launch import BuiltinLauncher, VLLMLauncher, start_engine
 from undertow.gateway.trees.tree import tree_from_json
+from undertow.run.embedded import serve_gateway
 
 # A test's time includes its class's engine start: vLLM's took 4-7 minutes here under load.
 pytestmark = [pytest.mark.slow, pytest.mark.qwen, pytest.mark.agents, pytest.mark.timeout(2400),

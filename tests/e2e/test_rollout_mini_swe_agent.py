@@ -1,5 +1,5 @@
 """End to end: the built-in engine on the tiny model, the gateway, the real mini-swe-agent
-and Docker sandboxes, through `undertow.rollout_run` (the command's own wiring).
+and Docker sandboxes, through `undertow.run.rollout` (the command's own wiring).
 
 The tiny model's weights are random, so mini-swe-agent gets junk: it must end by its step
 limit or by repeated format errors. Every session must still end with a tree (the calls
@@ -9,7 +9,7 @@ it made), a reward, and no container left behind.
 import pytest
 
 from tests.adapters.conftest import BUNDLED, run_containers
-from undertow.rollout_run import RolloutCommand, run_rollout
+from undertow.run.rollout import RolloutCommand, run_rollout
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")  # the fixtures' loop
 

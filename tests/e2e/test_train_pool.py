@@ -21,8 +21,8 @@ import shutil
 import pytest
 
 from tests.conftest import POOL_RUN_NUM_TURNS, run_train
+from undertow.cells.loop import read_timeline
 from undertow.learner.checkpoint import latest_checkpoint
-from undertow.learner.loop import read_timeline
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.trees import load_store_trees
 
@@ -98,7 +98,7 @@ def planned_chat_rollouts(context):
     Undertow failed up to `rollout.max_attempts`) rewarded by its function."""
     from undertow.adapters.chat_rollout import ChatRollout, ChatRolloutConfig, PromptTask
     from undertow.adapters.gateway_client import GatewayAdmin
-    from undertow.rollout_source import outcome_of
+    from undertow.run.rollout_source import outcome_of
 
     options = dict(context.rollout.scaffold_options)
     plan = {int(index): kind for index, kind in options.get("plan", {}).items()}

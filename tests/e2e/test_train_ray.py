@@ -86,7 +86,7 @@ def ray_cluster(monkeypatch):
     """Three Ray nodes on 127.0.0.1, node c declaring `cell_resource(c)`, held by their own
     process (`ray_cluster.py`). Yields the cluster and the process watch; at teardown the
     cluster is shut down and no process it started may be left."""
-    from undertow.learner.elastic.ray_members import cell_resource
+    from undertow.cells.elastic.ray_members import cell_resource
 
     temp_dir = tempfile.mkdtemp(prefix="ut-ray-")   # short: Ray's socket paths are bounded
     (Path(temp_dir) / "ray").mkdir()    # where Cluster writes the cluster's address
@@ -174,7 +174,7 @@ def _parameters(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_pool_run_on_a_three_node_ray_cluster(ray_cluster, tiny_model_dir, tmp_path):
-    from undertow.pool_backends import read_placements
+    from undertow.cells.backends import read_placements
 
     cluster, watch = ray_cluster
     run_dir = tmp_path / "run"

@@ -1,8 +1,9 @@
-"""Fixtures for the engine tests: the built-in engine, started as a real server process.
+"""Fixtures for the drivers' tests and the built-in engine's (`tests/builtin_engine/`
+imports them): the built-in engine, started as a real server process.
 
-`builtin_engine_url` is one engine on the tiny model for the whole session (the conformance
-suite shares it); tests that change an engine's state for good (weights, tiny cache bound) start
-their own with the `start_engine` fixture.
+`builtin_engine_url` is one engine on the tiny model for a folder's tests (the conformance
+suite and the built-in engine's tests each start one); tests that change an engine's state for
+good (weights, tiny cache bound) start their own with the `start_engine` fixture.
 """
 
 import contextlib

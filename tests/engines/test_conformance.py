@@ -2,7 +2,7 @@
 against every engine the project drives.
 
 - `builtin`: Undertow's engine on the tiny model (always);
-- `vllm`: a real vLLM server on the tiny model, through `VLLMClient` (marker `vllm`; skips only
+- `vllm`: a real vLLM server on the tiny model, through `VLLMDriver` (marker `vllm`; skips only
   where the vLLM CPU build is absent);
 - `sglang`: a real SGLang server given by `--sglang-url` (marker `sglang`), serving the model
   directory given by `--sglang-model` (default: the tiny model of seed 0, which must then be
@@ -31,7 +31,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import (
     EngineDriver,
     EngineRejected,
@@ -39,7 +38,8 @@ from undertow.gateway.engines.protocol import (
     SamplingParams,
     result_from_chunks,
 )
-from undertow.gateway.engines.vllm import VLLMClient
+from undertow.gateway.engines.sglang import SGLangDriver
+from undertow.gateway.engines.vllm import VLLMDriver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -77,7 +77,7 @@ def target(request, tiny_model_dir) -> Target:
 
 @pytest.fixture
 async def engine(target):
-    driver = VLLMClient(target.url) if target.kind == "vllm" else SGLangClient(target.url)
+    driver = VLLMDriver(target.url) if target.kind == "vllm" else SGLangDriver(target.url)
     yield driver
     await driver.close()
 

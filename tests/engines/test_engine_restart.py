@@ -24,11 +24,11 @@ import psutil
 import pytest
 
 from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
-from undertow.cells import GatewayEngineSlots, engineless_gateway
-from undertow.embedded import embedded_gateway, held_on
-from undertow.gateway.engines.client import SGLangClient
+from undertow.cells.pool import GatewayEngineSlots, engineless_gateway
+from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.learner.gateway_link import EngineDropped, GatewayLink, GatewayLinkError
-from undertow.rollout_source import background_loop
+from undertow.run.embedded import embedded_gateway, held_on
+from undertow.run.rollout_source import background_loop
 
 TCP_ESTABLISHED = "01"
 
@@ -53,11 +53,11 @@ def has_unread_request(port: int) -> bool:
 
 def model_info(loop, url: str):
     async def ask():
-        client = SGLangClient(url)
+        driver = SGLangDriver(url)
         try:
-            return await client.model_info()
+            return await driver.model_info()
         finally:
-            await client.close()
+            await driver.close()
     return asyncio.run_coroutine_threadsafe(ask(), loop).result()
 
 

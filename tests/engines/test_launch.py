@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.engines.sglang_types import REPO, find_wheel
-from undertow.cells import cell_launcher
+from undertow.cells.config import CellPoolConfig
+from undertow.cells.pool import cell_launcher
 from undertow.gateway.engines.launch import (
     DETERMINISTIC_ATTENTION_BACKENDS,
     LAUNCHERS,
@@ -29,7 +30,6 @@ from undertow.gateway.engines.launch import (
     start_engines,
 )
 from undertow.gateway.engines.protocol import EngineLaunchError
-from undertow.learner.pool.config import CellPoolConfig
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

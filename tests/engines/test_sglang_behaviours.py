@@ -17,8 +17,7 @@ import pytest
 from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
 from tests.gateway.capture import captured
 from tests.gateway.conftest import make_gateway, renderer  # noqa: F401 (fixtures)
-from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.pool import EnginePool, PoolConfig
+from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.protocol import (
     EngineError,
     GenerateChunk,
@@ -27,6 +26,7 @@ from undertow.gateway.engines.protocol import (
     WeightsNotUpdated,
     result_from_chunks,
 )
+from undertow.gateway.engines.sglang import SGLangDriver
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -39,8 +39,8 @@ MESSAGES = [{"role": "user", "content": "Fix the failing test."}]
 async def faithful(**switches):
     """A faithful SGLang server and a driver for it."""
     server = FaithfulSGLang(**switches)
-    async with serve_faithful(server) as url, SGLangClient(url) as client:
-        yield server, client
+    async with serve_faithful(server) as url, SGLangDriver(url) as driver:
+        yield server, driver
 
 
 @contextlib.asynccontextmanager
@@ -88,9 +88,9 @@ async def test_1_a_group_of_eight_with_one_prompt_gets_eight_samples_each_replay
         assert len(calls) == 8 and len(set(completions)) == 8
         seeds = [call.meta["sampling"]["sampling_seed"] for call in calls]
         assert len(set(seeds)) == 8
-        async with SGLangClient(url) as client:  # replay the first call from its record
+        async with SGLangDriver(url) as driver:  # replay the first call from its record
             sent = server.bodies["/generate"][0]
-            replayed = await client.generate(GenerateRequest(
+            replayed = await driver.generate(GenerateRequest(
                 input_ids=tuple(sent["input_ids"]), sampling_params=SamplingParams(
                     max_new_tokens=12, sampling_seed=seeds[0])))
         assert tuple(replayed.output_ids) == completions[0]
@@ -100,8 +100,8 @@ async def test_1_a_group_of_eight_with_one_prompt_gets_eight_samples_each_replay
 
 async def test_2_a_resumed_generation_draws_a_fresh_sample():
     params = SamplingParams(max_new_tokens=200, sampling_seed=5)
-    async with faithful(step_delay_s=0.002) as (server, client), pool_on(client.url) as pool:
-        reference = await client.generate(GenerateRequest(
+    async with faithful(step_delay_s=0.002) as (server, driver), pool_on(driver.url) as pool:
+        reference = await driver.generate(GenerateRequest(
             input_ids=PROMPT, sampling_params=params))
         chunks: list = []
         task = asyncio.create_task(consume(
@@ -123,8 +123,8 @@ async def test_2_a_resumed_generation_draws_a_fresh_sample():
 
 async def test_3_a_late_abort_of_an_interrupted_attempt_spares_its_resume():
     params = SamplingParams(max_new_tokens=300, sampling_seed=9)
-    async with (faithful(num_tokenizer_workers=2) as (server, client),
-                pool_on(client.url) as pool):
+    async with (faithful(num_tokenizer_workers=2) as (server, driver),
+                pool_on(driver.url) as pool):
         chunks: list = []
         task = asyncio.create_task(consume(
             pool.generate("s", list(PROMPT), params, "call-00000000000000a3"), chunks))
@@ -132,7 +132,7 @@ async def test_3_a_late_abort_of_an_interrupted_attempt_spares_its_resume():
         await pool.pause("abort_resume")
         await pool.resume()
         await until(lambda: len(server.rids) == 2 and server.rids[1] in server.requests)
-        await client.abort(server.rids[0])  # the late repeat of the first attempt's abort
+        await driver.abort(server.rids[0])  # the late repeat of the first attempt's abort
         await task
     assert chunks[-1].finish_reason["type"] == "length"
     assert len(token_ids(chunks)) == 300
@@ -141,25 +141,25 @@ async def test_3_a_late_abort_of_an_interrupted_attempt_spares_its_resume():
 
 # 4 and 5 -------------------------------------------------------------------------------
 
-async def _abort_while_queued(client: SGLangClient, server: FaithfulSGLang,
+async def _abort_while_queued(driver: SGLangDriver, server: FaithfulSGLang,
                               request: GenerateRequest) -> list[GenerateChunk]:
     """Streams `request`; after 3 chunks retracts it into the queue and aborts it there."""
     chunks: list[GenerateChunk] = []
     try:
-        async for chunk in client.generate_stream(request):
+        async for chunk in driver.generate_stream(request):
             chunks.append(chunk)
             if len(chunks) == 3:
-                await client.pause("retract")
-                await client.abort(request.rid)
+                await driver.pause("retract")
+                await driver.abort(request.rid)
     finally:
-        await client.resume()
+        await driver.resume()
     return chunks
 
 
 async def test_4_an_incremental_stream_aborted_in_the_queue_repeats_nothing():
-    async with faithful(incremental=True) as (server, client):
+    async with faithful(incremental=True) as (server, driver):
         request = GenerateRequest(input_ids=PROMPT, sampling_params=LONG, return_logprob=True)
-        chunks = await _abort_while_queued(client, server, request)
+        chunks = await _abort_while_queued(driver, server, request)
     result = result_from_chunks(chunks)
     assert result.finish_reason.type == "abort"
     assert len(result.output_ids) == result.completion_tokens >= 3
@@ -168,18 +168,18 @@ async def test_4_an_incremental_stream_aborted_in_the_queue_repeats_nothing():
 
 
 async def test_5_a_queued_abort_keeps_the_prompt_and_cached_counts():
-    async with faithful() as (server, client):
-        await client.generate(GenerateRequest(input_ids=PROMPT[:4],
+    async with faithful() as (server, driver):
+        await driver.generate(GenerateRequest(input_ids=PROMPT[:4],
                                               sampling_params=SamplingParams(max_new_tokens=2)))
         request = GenerateRequest(input_ids=PROMPT, sampling_params=LONG)
-        chunks = await _abort_while_queued(client, server, request)
-        whole = asyncio.create_task(client.generate(GenerateRequest(
+        chunks = await _abort_while_queued(driver, server, request)
+        whole = asyncio.create_task(driver.generate(GenerateRequest(
             input_ids=PROMPT, rid="whole", sampling_params=LONG)))
         await until(lambda: "whole" in server.requests
                     and len(server.requests["whole"].output_ids) >= 2)
-        await client.pause("retract")
-        await client.abort("whole")
-        await client.resume()
+        await driver.pause("retract")
+        await driver.abort("whole")
+        await driver.resume()
         result = await whole
     assert chunks[0].cached_tokens == 4
     assert chunks[-1].finish_reason.type == "abort"
@@ -190,31 +190,31 @@ async def test_5_a_queued_abort_keeps_the_prompt_and_cached_counts():
 # 6 -------------------------------------------------------------------------------------
 
 async def test_6_a_null_logprob_is_an_engine_error():
-    async with faithful(null_logprob_at=2) as (_, client):
+    async with faithful(null_logprob_at=2) as (_, driver):
         request = GenerateRequest(input_ids=PROMPT, return_logprob=True,
                                   sampling_params=SamplingParams(max_new_tokens=5))
         with pytest.raises(EngineError, match="null"):
-            await client.generate(request)
+            await driver.generate(request)
         with pytest.raises(EngineError, match="null"):
-            [chunk async for chunk in client.generate_stream(request)]
+            [chunk async for chunk in driver.generate_stream(request)]
 
 
 # 7 -------------------------------------------------------------------------------------
 
 async def test_7_health_answers_during_a_pause_and_a_weight_update_without_generating():
-    async with faithful() as (server, client), SGLangClient(client.url) as trainer:
-        running = asyncio.create_task(client.generate(GenerateRequest(
+    async with faithful() as (server, driver), SGLangDriver(driver.url) as trainer:
+        running = asyncio.create_task(driver.generate(GenerateRequest(
             input_ids=PROMPT, rid="running", sampling_params=SamplingParams(
                 max_new_tokens=60))))
         await until(lambda: "running" in server.requests)
         update = asyncio.create_task(trainer.update_weights_from_disk("/models/b", "1"))
         await until(lambda: server.updating)
-        healthy_during_update = await client.health()
+        healthy_during_update = await driver.health()
         await update
         await running
-        await client.pause("in_place")
-        healthy_during_pause = await client.health()
-        await client.resume()
+        await driver.pause("in_place")
+        healthy_during_pause = await driver.health()
+        await driver.resume()
     assert healthy_during_update and healthy_during_pause
     assert server.num_health_generations == 0
 
@@ -222,17 +222,17 @@ async def test_7_health_answers_during_a_pause_and_a_weight_update_without_gener
 # 8 -------------------------------------------------------------------------------------
 
 async def test_8_a_weight_update_during_an_in_place_pause_completes_and_says_so():
-    async with faithful() as (server, client):
-        running = asyncio.create_task(client.generate(GenerateRequest(
+    async with faithful() as (server, driver):
+        running = asyncio.create_task(driver.generate(GenerateRequest(
             input_ids=PROMPT, rid="running", sampling_params=SamplingParams(
                 max_new_tokens=40))))
         await until(lambda: "running" in server.requests
                     and len(server.requests["running"].output_ids) >= 3)
-        await client.pause("in_place")
-        await client.update_weights_from_disk("/models/b", "1")
-        info = await client.model_info()
+        await driver.pause("in_place")
+        await driver.update_weights_from_disk("/models/b", "1")
+        info = await driver.model_info()
         still_paused = server.paused is not None
-        await client.resume()
+        await driver.resume()
         result = await running
     assert (info.model_path, info.weight_version) == ("/models/b", "1")
     assert still_paused
@@ -242,12 +242,12 @@ async def test_8_a_weight_update_during_an_in_place_pause_completes_and_says_so(
 
 
 async def test_8_an_update_whose_flush_fails_says_the_weights_changed_and_their_version():
-    async with faithful(flush_refused=True) as (server, client):
-        async with pool_on(client.url) as pool:
+    async with faithful(flush_refused=True) as (server, driver):
+        async with pool_on(driver.url) as pool:
             outcome = await pool.update_weights("/models/b", 1)
             engine = pool.engines[0]
         with pytest.raises(WeightsNotUpdated) as error:
-            await client.update_weights_from_disk("/models/c", "2")
+            await driver.update_weights_from_disk("/models/c", "2")
     assert outcome["failed"] and engine.weight_version == "0"
     assert error.value.loaded and error.value.weight_version == "0"
     assert server.model_path == "/models/c" and server.paused is None
@@ -258,11 +258,11 @@ async def test_8_an_update_whose_flush_fails_says_the_weights_changed_and_their_
 @pytest.mark.parametrize("old_server", [False, True], ids=["0.5.23", "older"])
 async def test_9_info_comes_from_the_current_paths_and_the_old_ones_on_older_servers(
         old_server):
-    async with faithful(old_server=old_server) as (server, client):
-        info = await client.model_info()
-        server_info = await client.server_info()
-        await client.model_info()
-        healthy = await client.health()
+    async with faithful(old_server=old_server) as (server, driver):
+        info = await driver.model_info()
+        server_info = await driver.server_info()
+        await driver.model_info()
+        healthy = await driver.health()
     assert info.model_path == "/models/a" and info.weight_version == "0"
     assert server_info["version"] == "0.5.23" and healthy
     expected = ["/get_model_info", "/get_server_info", "/get_model_info"] if old_server else []

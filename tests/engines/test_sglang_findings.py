@@ -24,14 +24,14 @@ from safetensors.numpy import load_file, save_file
 from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
 from tests.gateway.capture import captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
-from undertow.gateway.engines.client import SGLangClient
-from undertow.gateway.engines.fleet import WeightVersionConflict
-from undertow.gateway.engines.pool import EnginePool, PoolConfig
+from undertow.gateway.engine_pool.fleet import WeightVersionConflict
+from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig
 from undertow.gateway.engines.protocol import (
     EngineUnavailable,
     GenerateRequest,
     SamplingParams,
 )
+from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.gateway.front.app import POOL_KEY, STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -78,7 +78,7 @@ async def test_whether_seeds_replay_is_said_once_and_recorded_with_each_call(
     """Without `--enable-deterministic-inference` SGLang ignores `sampling_seed`: the driver
     reads that from `/server_info`, says it once, and each call's record says it."""
     server = FaithfulSGLang(vocab_size=8186, deterministic=deterministic)
-    caplog.set_level(logging.INFO, logger="undertow.gateway.engines.client")
+    caplog.set_level(logging.INFO, logger="undertow.gateway.engines.sglang")
     async with (serve_faithful(server) as engine_url,
                 gateway_on([engine_url], tiny_model_dir, tmp_path) as (app, url, http)):
         for _ in range(2):
@@ -90,9 +90,9 @@ async def test_whether_seeds_replay_is_said_once_and_recorded_with_each_call(
         async with http.get(f"{url}/admin/engines", headers=ADMIN) as reply:
             engines = (await reply.json())["engines"]
         calls = app[STORE_KEY].tree("g").calls
-        async with SGLangClient(engine_url) as client:  # the first call, replayed by its seed
+        async with SGLangDriver(engine_url) as driver:  # the first call, replayed by its seed
             sent = server.bodies["/generate"][0]
-            replayed = await client.generate(GenerateRequest(
+            replayed = await driver.generate(GenerateRequest(
                 input_ids=tuple(sent["input_ids"]), sampling_params=SamplingParams(
                     max_new_tokens=8, sampling_seed=sent["sampling_params"]["sampling_seed"])))
     assert [call.meta["honours_seeds"] for call in calls] == [deterministic] * 2
@@ -110,11 +110,11 @@ async def test_whether_seeds_replay_is_said_once_and_recorded_with_each_call(
 async def test_an_out_of_vocabulary_prompt_id_takes_sglang_down():
     """The faithful server as SGLang 0.5.23: no reply, and nothing answers afterwards."""
     server = FaithfulSGLang(vocab_size=8192)
-    async with serve_faithful(server) as url, SGLangClient(url) as client:
-        assert await client.health()
+    async with serve_faithful(server) as url, SGLangDriver(url) as driver:
+        assert await driver.health()
         with pytest.raises(EngineUnavailable):
-            await client.generate(GenerateRequest(input_ids=(*PROMPT, 8197)))
-        assert not await client.health()
+            await driver.generate(GenerateRequest(input_ids=(*PROMPT, 8197)))
+        assert not await driver.health()
     assert server.dead
 
 

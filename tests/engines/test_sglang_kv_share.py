@@ -21,8 +21,8 @@ from tests.engines.sglang_faithful import FaithfulSGLang, Request, serve_faithfu
 from tests.engines.sglang_types import find_wheel, load_api_types
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.gateway.front.app import POOL_KEY, STORE_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -127,8 +127,8 @@ async def weight_update_between_calls() -> tuple[list[FaithfulSGLang], list]:
     servers = sharing_pair({})
     prompt = tuple(INPUT_IDS)
     params = SamplingParams(max_new_tokens=4, sampling_seed=7)
-    async with served(servers) as urls, SGLangClient(urls[0]) as first, \
-            SGLangClient(urls[1]) as second:
+    async with served(servers) as urls, SGLangDriver(urls[0]) as first, \
+            SGLangDriver(urls[1]) as second:
         results = [await first.generate(GenerateRequest(input_ids=prompt,
                                                         sampling_params=params))]
         results.append(await second.generate(GenerateRequest(

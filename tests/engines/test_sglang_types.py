@@ -13,8 +13,8 @@ import pytest
 
 from tests.engines.sglang_faithful import FaithfulSGLang, serve_faithful
 from tests.engines.sglang_types import IoStructs, find_wheel, load_api_types, read_source
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
+from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.gateway.front.toolparsers import PARSERS, forced_structural_tag
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
@@ -51,43 +51,43 @@ def io_structs(wheel) -> IoStructs:
     return IoStructs(read_source(wheel, "sglang/srt/managers/io_struct.py"))
 
 
-async def drive_everything(client: SGLangClient, server: FaithfulSGLang) -> None:
+async def drive_everything(driver: SGLangDriver, server: FaithfulSGLang) -> None:
     """Every driver method that talks to SGLang, each request form included."""
-    await client.generate(GenerateRequest(input_ids=PROMPT, return_logprob=True,
+    await driver.generate(GenerateRequest(input_ids=PROMPT, return_logprob=True,
                                           sampling_params=SamplingParams(
                                               max_new_tokens=4, stop=("x",), top_k=5,
                                               stop_token_ids=(7,), sampling_seed=3)))
-    await client.generate(GenerateRequest(text="hello", sampling_params=SamplingParams(
+    await driver.generate(GenerateRequest(text="hello", sampling_params=SamplingParams(
         max_new_tokens=2, temperature=0.0)))
-    await client.generate(GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(
+    await driver.generate(GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(
         max_new_tokens=2, structural_tag=FORCED_TAG)))  # a forced tool call's constraint
-    [chunk async for chunk in client.generate_stream(GenerateRequest(
+    [chunk async for chunk in driver.generate_stream(GenerateRequest(
         input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=3)))]
-    await client.abort("no-such-request")
-    await client.abort(None)
+    await driver.abort("no-such-request")
+    await driver.abort(None)
     for mode in ("abort", "in_place", "retract"):
-        await client.pause(mode)
-        await client.resume()
-    await client.flush_cache()
-    await client.update_weights_from_disk("/models/b")
-    held = asyncio.create_task(client.generate(GenerateRequest(
+        await driver.pause(mode)
+        await driver.resume()
+    await driver.flush_cache()
+    await driver.update_weights_from_disk("/models/b")
+    held = asyncio.create_task(driver.generate(GenerateRequest(
         input_ids=PROMPT, rid="held", sampling_params=SamplingParams(max_new_tokens=50))))
     while "held" not in server.requests:
         await asyncio.sleep(0.01)
-    await client.pause("in_place")
-    await client.update_weights_from_disk("/models/c", "2")  # retracts, flushes, sets "2"
-    await client.resume()
+    await driver.pause("in_place")
+    await driver.update_weights_from_disk("/models/c", "2")  # retracts, flushes, sets "2"
+    await driver.resume()
     await held
-    await client.health()
-    await client.model_info()
-    await client.server_info()
+    await driver.health()
+    await driver.model_info()
+    await driver.server_info()
 
 
 @ASYNC
 async def test_every_body_the_driver_sends_is_a_valid_sglang_request(api, io_structs):
     server = FaithfulSGLang()
-    async with serve_faithful(server) as url, SGLangClient(url) as client:
-        await drive_everything(client, server)
+    async with serve_faithful(server) as url, SGLangDriver(url) as driver:
+        await drive_everything(driver, server)
     assert set(server.bodies) == {"/generate", *CONTROL_STRUCTS}
     for body in server.bodies["/generate"]:
         api.GenerateRequest.from_json_value(body)  # raises JsonContractError
@@ -102,18 +102,18 @@ async def test_every_body_the_driver_sends_is_a_valid_sglang_request(api, io_str
 @ASYNC
 async def test_the_faithful_servers_replies_are_valid_sglang_replies(api):
     server = FaithfulSGLang(incremental=True, null_logprob_at=3)
-    async with serve_faithful(server) as url, SGLangClient(url) as client:
-        await client.generate(GenerateRequest(input_ids=PROMPT, return_logprob=True,
+    async with serve_faithful(server) as url, SGLangDriver(url) as driver:
+        await driver.generate(GenerateRequest(input_ids=PROMPT, return_logprob=True,
                                               sampling_params=SamplingParams(max_new_tokens=2)))
         chunks = []
-        async for chunk in client.generate_stream(GenerateRequest(
+        async for chunk in driver.generate_stream(GenerateRequest(
                 input_ids=PROMPT, rid="queued", sampling_params=SamplingParams(
                     max_new_tokens=1000))):
             chunks.append(chunk)
             if len(chunks) == 2:
-                await client.pause("retract")
-                await client.abort("queued")
-        await client.resume()
+                await driver.pause("retract")
+                await driver.abort("queued")
+        await driver.resume()
     assert chunks[-1].finish_reason.type == "abort"
     assert any("prompt_tokens" not in reply["meta_info"] for reply in server.replies)
     for reply in server.replies:

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.gateway.capture import calls_of
-from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.engine_pool.router import RouterConfig
 from undertow.gateway.errors import BadRequest
 from undertow.gateway.front.api.openai_chat import KnownMessages, parse_messages
 from undertow.gateway.front.app import POOL_KEY, SESSIONS_KEY

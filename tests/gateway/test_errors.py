@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from undertow.gateway.engines.client import SGLangClient
 from undertow.gateway.engines.http1 import HttpError
 from undertow.gateway.engines.protocol import (
     EngineError,
@@ -17,7 +16,8 @@ from undertow.gateway.engines.protocol import (
     EngineUnavailable,
     WeightsNotUpdated,
 )
-from undertow.gateway.engines.vllm import VLLMClient
+from undertow.gateway.engines.sglang import SGLangDriver
+from undertow.gateway.engines.vllm import VLLMDriver
 from undertow.gateway.errors import (
     BadRequest,
     Busy,
@@ -78,7 +78,7 @@ def _closed_port_url() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("driver", [SGLangClient, VLLMClient])
+@pytest.mark.parametrize("driver", [SGLangDriver, VLLMDriver])
 def test_kv_transfer_is_a_declared_capability_false_where_the_engine_lacks_it(driver):
     async def ask() -> bool:
         async with driver(_closed_port_url()) as engine:

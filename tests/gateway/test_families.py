@@ -29,7 +29,6 @@ from tests.gateway.templates import FAMILIES, family_model_dir
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.mini_swe_agent import MiniSweAgent
 from undertow.adapters.rollout import Rollout, RolloutConfig
-from undertow.embedded import serve_gateway
 from undertow.gateway.engines.scripted import ScriptedEngine
 from undertow.gateway.front.api.openai_chat import parse_messages
 from undertow.gateway.front.app import STORE_KEY
@@ -39,6 +38,7 @@ from undertow.gateway.front.tokentruth import Head, build_prompt
 from undertow.gateway.front.toolparsers import PARSERS, create_parser, parser_of_template
 from undertow.gateway.render import Renderer, TemplateError
 from undertow.gateway.trees.tree import Tree, tree_from_json
+from undertow.run.embedded import serve_gateway
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command",

@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.conftest import ADMIN_TOKEN, Gateway
 from tests.gateway.test_api_scripted import script
-from undertow.gateway.engines.pool import EnginePool, PoolConfig
-from undertow.gateway.engines.router import RouterConfig
+from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig
+from undertow.gateway.engine_pool.router import RouterConfig
 from undertow.gateway.front.app import create_app
 from undertow.gateway.front.config import GatewayConfig
 from undertow.learner.advantages import infra_failures, valid_sessions

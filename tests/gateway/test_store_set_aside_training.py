@@ -17,12 +17,12 @@ from tests.gateway.capture import captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.test_api_scripted import script
 from tests.gateway.test_store_repair import admin, chat
-from undertow.learner.admission import Admission, StepCounts
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.gateway_link import GatewayLink
+from undertow.learner.group_filter import GroupFilter, StepCounts
 from undertow.learner.run_log import RunLog
 from undertow.learner.train import GroupRequest
-from undertow.rollout_source import ThreadedGroupSource
+from undertow.run.rollout_source import ThreadedGroupSource
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 GROUP_SIZE = 2
@@ -102,7 +102,7 @@ async def test_a_set_aside_group_is_an_infra_failure_the_step_drops_and_names(
             for call in fine.tree.calls} == sampled[FINE]
 
     log = RunLog(tmp_path / "run")
-    admission, counts = Admission(GROUP_SIZE, 3, AdvantageConfig(), log), StepCounts()
+    admission, counts = GroupFilter(GROUP_SIZE, 3, AdvantageConfig(), log), StepCounts()
     assert admission.admit(damaged, counts, step=1) == "invalid"
     assert admission.admit(fine, counts, step=1) is None
     assert counts.metrics()["num_infra_failures"] == GROUP_SIZE

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from undertow.doctor import check_model_dir
-from undertow.gateway.engines.builtin import errors as builtin_errors
-from undertow.gateway.engines.builtin.tokenizer import Tokenizer
+from undertow.gateway.builtin_engine import errors as builtin_errors
+from undertow.gateway.builtin_engine.tokenizer import Tokenizer
 from undertow.gateway.front.toolparsers.detect import parser_of_template, template_of
 from undertow.gateway.render import Renderer, TemplateError
 from undertow.gateway.trees.template_env import chat_template_environment, read_chat_templates

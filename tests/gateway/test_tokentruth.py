@@ -9,9 +9,9 @@ from aiohttp import web
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
-from undertow.gateway.engines.client import sglang_body, sglang_body_pieces
-from undertow.gateway.engines.pool import EnginePool
+from undertow.gateway.engine_pool.pool import EnginePool
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams, TokenIdsJson
+from undertow.gateway.engines.sglang import sglang_body, sglang_body_pieces
 from undertow.gateway.front.app import STORE_KEY, create_app
 from undertow.gateway.front.config import GatewayConfig
 from undertow.gateway.front.sessions import Session

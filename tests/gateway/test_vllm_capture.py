@@ -14,7 +14,7 @@ import pytest
 
 from tests.gateway.capture import calls_of, captured
 from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
-from undertow.gateway.engines.vllm import VLLMClient
+from undertow.gateway.engines.vllm import VLLMDriver
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.vllm, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ async def test_multi_turn_capture_through_vllm(make_gateway, vllm_engine_url):
     for record in (one, two):
         assert record.completion_ids and all(record.trainable[len(record.prompt_ids):])
 
-    async with VLLMClient(vllm_engine_url) as vllm:
+    async with VLLMDriver(vllm_engine_url) as vllm:
         for record in (one, two):
             direct = await vllm.generate(GenerateRequest(
                 input_ids=tuple(record.prompt_ids), return_logprob=True,

@@ -142,6 +142,7 @@ def test_config_and_tokenizer_follow_the_gguf_metadata(fetched, reference_gguf):
     vocabulary = _field(reference_gguf, "tokenizer.ggml.tokens")
     assert tokenizer.convert_ids_to_tokens(list(range(len(vocabulary)))) == vocabulary
     assert tokenizer("The capital").input_ids[0] != config["bos_token_id"]   # add_bos false
+    assert tokenizer.model_max_length == expected["max_position_embeddings"]
 
 
 def test_transformers_answers_from_the_directory(fetched):

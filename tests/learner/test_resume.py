@@ -1,4 +1,5 @@
-"""A start of a run (`Learner.begin_run`, `trackers.track_learner`) over what a dead start
+"""A start of a run (`Learner.begin_run`, then the trackers opened as
+`undertow/run/train.py` opens them) over what a dead start
 left: the logs hold each step once (cut back to the checkpoint resumed), the start takes a
 number no earlier start used, and the dead start's weights and temporaries are gone."""
 
@@ -13,7 +14,14 @@ from undertow.learner.checkpoint import STARTS_FILE
 from undertow.learner.config import TrainConfig
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import METRICS_FILE, read_metrics
-from undertow.learner.trackers import STEPS_FILE, TrackerConfig, track_learner
+from undertow.learner.trackers import (
+    STEPS_FILE,
+    TrackedMetricsLog,
+    TrackerConfig,
+    Trackers,
+    open_trackers,
+    truncate_steps,
+)
 from undertow.learner.train import Learner, group_id_of
 
 from .conftest import build_random_tree
@@ -23,6 +31,13 @@ pytestmark = pytest.mark.slow
 
 def _lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _open_trackers(learner: Learner) -> Trackers:
+    """What `undertow train` does at a start: the steps log cut back to the checkpoint, then
+    the trackers opened."""
+    truncate_steps(learner.run_dir, learner.state.step)
+    return open_trackers(TrackerConfig(), learner.run_dir, {}, lambda: learner.state.consumed)
 
 
 def _dead_start(run_dir, num_steps: int) -> None:
@@ -45,10 +60,10 @@ def test_a_resume_over_a_dead_start_logs_each_step_once_under_a_new_number(tiny_
     config = TrainConfig(lr=1e-3, checkpoint_every=1)
     learner = Learner(config, LossConfig(), AdvantageConfig(), tiny_model_dir, tmp_path)
     learner.begin_run()
-    trackers = track_learner(learner, TrackerConfig(), {})
+    trackers = _open_trackers(learner)
     learner.train_step([build_random_tree(3, "g000000-r0")])
     learner.state.consumed = [0]
-    learner.metrics.append(1, 1, {"loss": 1.0})
+    TrackedMetricsLog(learner.run_dir, trackers).append(1, 1, {"loss": 1.0})
     learner.save(checkpoint=True)
     trackers.close()
     _dead_start(tmp_path, 5)
@@ -57,7 +72,7 @@ def test_a_resume_over_a_dead_start_logs_each_step_once_under_a_new_number(tiny_
         resumed = Learner.restore(config, LossConfig(), AdvantageConfig(), tiny_model_dir,
                                   tmp_path)
         resumed.begin_run()
-        track_learner(resumed, TrackerConfig(), {}).close()
+        _open_trackers(resumed).close()
         assert resumed.state.step == 1 and resumed.state.num_resumes == expected_number
         assert [r["step"] for r in read_metrics(tmp_path)] == [1]
         assert [r["step"] for r in _lines(tmp_path / STEPS_FILE)] == [1]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from undertow.cells.loop import train_alone
 from undertow.learner.advantages import AdvantageConfig, group_advantages
 from undertow.learner.config import TrainConfig
 from undertow.learner.gateway_link import EngineWeightSink
-from undertow.learner.loop import train_alone
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.objective import backward_step

@@ -6,11 +6,11 @@ session failed stops with one RunFailedError naming the cause."""
 import pytest
 
 from tests.learner.random_trees import build_random_tree
+from undertow.cells.loop import train_alone
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import TrainConfig
 from undertow.learner.errors import RunFailedError
-from undertow.learner.loop import train_alone
 from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.train import FinishedGroup, Learner

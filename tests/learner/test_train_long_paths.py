@@ -14,12 +14,12 @@ import threading
 import pytest
 import torch
 
+from undertow.cells.elastic.learner import ElasticLearner
+from undertow.cells.elastic.step import Member
 from undertow.config import build_section, read_config
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.config import LONG_PATHS, TrainConfig
-from undertow.learner.elastic.learner import ElasticLearner
-from undertow.learner.elastic.step import Coordinator, Member
 from undertow.learner.errors import MicroBatchTooLongError
 from undertow.learner.losses import LossConfig
 from undertow.learner.packing import LONG_PATHS as PACKING_LONG_PATHS
@@ -136,7 +136,6 @@ def test_a_pool_member_scores_with_the_run_configs_options(tiny_model_dir, tmp_p
     model's defaults, trains it with the config's chunk and segment sizes."""
     config, loss = sections(tmp_path)
     learner = learner_of(tiny_model_dir, tmp_path / "pool", config, loss, ElasticLearner)
-    learner.coordinator = Coordinator(learner.policy, timeout_s=60)
     member = Member(learner.coordinator.address, "cell-0", tiny_model_dir, timeout_s=60)
     assert (member.policy.head_chunk_tokens, member.policy.max_segment_tokens) != (16, 48)
     joined = threading.Thread(target=member.join, args=(0,))
@@ -149,7 +148,7 @@ def test_a_pool_member_scores_with_the_run_configs_options(tiny_model_dir, tmp_p
         if learner.coordinator.step_open:    # a failed check: let the member go
             learner.coordinator.abort_step()
         joined.join(timeout=60)
-        learner.coordinator.close()
+        learner.close()
     assert (member.policy.head_chunk_tokens, member.policy.max_segment_tokens) == (16, 48)
     flat_config, _ = sections(tmp_path, "learner.max_tokens=4096")
     flat = learner_of(tiny_model_dir, tmp_path / "flat", flat_config, loss)

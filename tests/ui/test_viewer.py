@@ -268,7 +268,7 @@ def test_pool_run_draws_each_cells_roles_over_time(elastic_pool_run, browser, tm
     """A real pool run (3 cells, the elastic policy: the session's `elastic_pool_run`,
     tests/conftest.py, which tests/e2e/test_train_pool.py checks): its run page draws each
     cell's role between the recorded decisions."""
-    from undertow.learner.loop import read_timeline
+    from undertow.cells.loop import read_timeline
 
     runs = tmp_path / "runs"
     shutil.copytree(elastic_pool_run, runs / "pool")

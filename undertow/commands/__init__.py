@@ -1,18 +1,39 @@
-"""Command groups of the `undertow` command line that live in their own module.
+"""The command groups of the `undertow` command line, one module each (docs/commands.md).
 
-Each module here exposes `add(commands)`, which declares its sub-commands on the
-argparse sub-parsers object and sets a `handler` for each; `undertow/cli.py`
-lists the modules in `COMMAND_MODULES`. Handlers import what they need only when
-they run, so that `undertow --help` stays fast and never imports torch.
+Each module's `add(commands)` declares its group's commands, arguments and handlers;
+`undertow/cli.py` holds the one list of groups. A handler imports what it needs only when
+it runs, so that importing these modules (`undertow --help`) stays fast and never loads
+torch. The command line reads the environment here and passes the values on (STYLE.md).
 """
 
 import argparse
+import os
+from typing import Protocol
+
+ADMIN_TOKEN_VARIABLE = "UNDERTOW_ADMIN_TOKEN"
 
 
-def subcommands_of(commands, name: str) -> argparse._SubParsersAction:
-    """The sub-parsers of the existing command group `name` (e.g. `trees`, declared in
-    `undertow/cli.py`), so that a module can add a sub-command to a group it does not
-    own. argparse offers no public way to reach them; this is the one place that looks."""
-    group = commands.choices[name]
-    return next(action for action in group._actions
-                if isinstance(action, argparse._SubParsersAction))
+class Commands(Protocol):
+    """The argparse sub-parsers object a group adds its commands to: what
+    `ArgumentParser.add_subparsers()` returns, of which a group uses `add_parser` only."""
+
+    def add_parser(self, name: str, *, help: str | None = ..., description: str | None = ...,
+                   add_help: bool = ...) -> argparse.ArgumentParser: ...
+
+
+class CommandGroup(Protocol):
+    """A module of this package: `add` declares the group on the command line."""
+
+    __name__: str
+
+    def add(self, commands: Commands) -> None: ...
+
+
+def docker_url_from_env() -> str | None:
+    """The Docker daemon `DOCKER_HOST` names; None: the local socket."""
+    return os.environ.get("DOCKER_HOST")
+
+
+def admin_token_from_env() -> str:
+    """The gateway's admin token from `UNDERTOW_ADMIN_TOKEN`; empty when unset."""
+    return os.environ.get(ADMIN_TOKEN_VARIABLE, "")

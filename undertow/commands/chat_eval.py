@@ -1,21 +1,26 @@
 """`undertow chat-eval --model DIR`: the pass rate of a model on a prompt task set.
 
-What `undertow train` prints at the end of a chat run (`rollout.scaffold: chat`) to
-check its checkpoint: the built-in engine on the model, the embedded gateway, and
-`--samples` one-call chat sessions per task at temperature 1 (`adapters/chat_rollout.py`,
-rewarded by each task's function). Prints one line per task and the total, with a 95%
-Wilson interval of the pass rate; `--out` also writes them as JSON. (`undertow eval`
-does the same for scaffolds on SWE tasks in sandboxes.)
+What `undertow train` prints at the end of a chat run to check its checkpoint: the
+built-in engine and the embedded gateway (`undertow/run/embedded.py`) run `--samples`
+one-call chat sessions per task (`adapters/chat_rollout.py`); it prints each task's pass
+rate with Wilson's interval (`undertow/evaluation.py`). `undertow eval` is its
+counterpart for scaffolds on SWE tasks.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from undertow.commands import Commands
+
+if TYPE_CHECKING:
+    from undertow.adapters.chat_rollout import PromptTask
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     evaluate = commands.add_parser(
         "chat-eval", help="pass rate of a model on a prompt task set (chat sessions)")
     evaluate.add_argument("--model", type=Path, required=True, help="model directory")
@@ -30,23 +35,12 @@ def add(commands) -> None:
     evaluate.set_defaults(handler=_evaluate)
 
 
-def wilson_interval(num_passed: int, num_sessions: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial pass rate."""
-    if num_sessions == 0:
-        return 0.0, 1.0
-    rate = num_passed / num_sessions
-    denominator = 1 + z * z / num_sessions
-    centre = (rate + z * z / (2 * num_sessions)) / denominator
-    spread = z * math.sqrt(rate * (1 - rate) / num_sessions
-                           + z * z / (4 * num_sessions ** 2)) / denominator
-    return max(0.0, centre - spread), min(1.0, centre + spread)
-
-
-def _evaluate(args) -> int:
+def _evaluate(args: argparse.Namespace) -> int:
     import asyncio
     import uuid
 
-    from undertow.rollout_source import RolloutSection, select_prompt_tasks
+    from undertow.evaluation import wilson_interval
+    from undertow.run.rollout_source import RolloutSection, select_prompt_tasks
 
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
@@ -67,10 +61,11 @@ def _evaluate(args) -> int:
     return 0
 
 
-async def _run(args, tasks, store_dir: Path) -> list[dict]:
+async def _run(args: argparse.Namespace, tasks: list[PromptTask],
+               store_dir: Path) -> list[dict[str, Any]]:
     from undertow.adapters.chat_rollout import ChatRollout, ChatRolloutConfig
     from undertow.adapters.gateway_client import GatewayAdmin
-    from undertow.embedded import embedded_gateway
+    from undertow.run.embedded import embedded_gateway
 
     config = ChatRolloutConfig(group_size=args.samples, concurrency=args.concurrency,
                                max_tokens=args.max_tokens)

@@ -1,10 +1,14 @@
-"""`undertow doctor`: checks what a run (or the test suite) needs; see `undertow/doctor.py`."""
+"""`undertow doctor`: what a run (or the test suite) needs, and the command that fixes each
+missing piece; the checks are `undertow/doctor.py`'s."""
 
+import argparse
 import os
 from pathlib import Path
 
+from undertow.commands import Commands, docker_url_from_env
 
-def add(commands) -> None:
+
+def add(commands: Commands) -> None:
     doctor = commands.add_parser(
         "doctor", help="check what a run needs; print the command that fixes each missing piece")
     doctor.add_argument("--for", dest="purpose", choices=("run", "test"), default="run",
@@ -14,8 +18,8 @@ def add(commands) -> None:
     doctor.set_defaults(handler=_doctor)
 
 
-def _doctor(args) -> int:
+def _doctor(args: argparse.Namespace) -> int:
     from undertow.doctor import main
 
-    return main(args.purpose, args.model, os.environ.get("DOCKER_HOST"),
+    return main(args.purpose, args.model, docker_url_from_env(),
                 os.environ.get("UNDERTOW_VLLM_PYTHON"))

@@ -1,19 +1,21 @@
-"""`undertow eval --tasks PATH --scaffold NAME --model DIR -k K`: pass@1 and pass@k.
+"""`undertow eval`: pass@1 and pass@k of one or two checkpoints on a task set.
 
-Runs the scaffold on every task `--samples` times (default k) with the model (the
-embedded engine and gateway of `undertow rollout`), then prints pass@1 and pass@k per
-task and overall with 95% intervals (`undertow/evaluation.py`). A second `--model`
-runs the second checkpoint on the same tasks and adds the paired comparison.
-`--from-run RUN` (once or twice) scores finished rollout runs instead of running.
+It runs the scaffold through `undertow rollout`'s embedded engine and gateway
+(`undertow/run/rollout.py`), or scores finished rollout runs (`--from-run`), and reports
+with `undertow/evaluation.py`, which states the estimators and intervals.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import Any
+
+from undertow.commands import Commands, docker_url_from_env
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     command = commands.add_parser("eval", help="pass@1 and pass@k of checkpoints on a task "
                                   "set, with intervals and a paired comparison")
     command.add_argument("--tasks", type=Path, default=None,
@@ -34,7 +36,7 @@ def add(commands) -> None:
     command.set_defaults(handler=_eval)
 
 
-def _summaries(args) -> list[tuple[str, dict]]:
+def _summaries(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     from undertow.exports import read_summary
 
     if args.from_run:
@@ -42,11 +44,10 @@ def _summaries(args) -> list[tuple[str, dict]]:
     if not args.tasks or not args.model:
         raise ValueError("give --tasks and --model (or --from-run RUN)")
     import asyncio
-    import os
 
     import yaml
 
-    from undertow.rollout_run import RolloutCommand, run_rollout
+    from undertow.run.rollout import RolloutCommand, run_rollout
 
     options = {}
     for option in args.option:
@@ -59,12 +60,12 @@ def _summaries(args) -> list[tuple[str, dict]]:
         command = RolloutCommand(
             tasks=args.tasks, scaffold=args.scaffold, group_size=args.samples or args.k,
             concurrency=args.concurrency, timeout_s=args.timeout_s, model_dir=model,
-            out_dir=args.out, scaffold_options=options, docker_url=os.environ.get("DOCKER_HOST"))
+            out_dir=args.out, scaffold_options=options, docker_url=docker_url_from_env())
         results.append((model.name, asyncio.run(run_rollout(command)).to_json()))
     return results
 
 
-def _eval(args) -> int:
+def _eval(args: argparse.Namespace) -> int:
     from undertow.evaluation import compare, evaluate, format_comparison, format_result, outcomes
 
     summaries = _summaries(args)
@@ -75,7 +76,7 @@ def _eval(args) -> int:
         per_task, num_left_out = outcomes(summary)
         results.append(evaluate(per_task, args.k, label, num_left_out))
         print(format_result(results[-1]) + "\n")
-    report = {"results": [result.to_json() for result in results]}
+    report: dict[str, Any] = {"results": [result.to_json() for result in results]}
     if len(results) == 2:
         comparison = compare(*results)
         print(format_comparison(comparison))

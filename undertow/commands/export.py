@@ -1,18 +1,23 @@
 """`undertow export predictions|sft RUN`: a rollout run's results for tools outside Undertow.
 
-`predictions`: the SWE-bench predictions JSONL (one per instance, the best of its group;
-or every session with `--select all`), for the official harness or a submission.
-`sft`: the run's sessions at or above `--min-reward` as chat-format records with token
-IDs and rewards (JSONL and a Hugging Face dataset folder), which `undertow sft --data DIR`
-reads back. See `undertow/exports.py`.
+`predictions` writes SWE-bench's predictions JSONL, `sft` the sessions as chat-format
+records with token IDs that `undertow sft --data DIR` reads back; both formats are
+`undertow/exports.py`'s.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from undertow.commands import Commands
+
+if TYPE_CHECKING:
+    from undertow.exports import Decode
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     export = commands.add_parser("export", help="a rollout run's predictions or SFT data"
                                  ).add_subparsers(dest="action", required=True)
     predictions = export.add_parser("predictions", help="SWE-bench predictions JSONL")
@@ -38,7 +43,7 @@ def add(commands) -> None:
     sft.set_defaults(handler=_sft)
 
 
-def _predictions(args) -> int:
+def _predictions(args: argparse.Namespace) -> int:
     from undertow.exports import export_predictions
 
     report = export_predictions(args.run, args.out, select=args.select,
@@ -47,7 +52,7 @@ def _predictions(args) -> int:
     return 0
 
 
-def _decoder(model_dir: Path):
+def _decoder(model_dir: Path) -> Decode:
     from tokenizers import Tokenizer
 
     path = model_dir / "tokenizer.json"
@@ -57,7 +62,7 @@ def _decoder(model_dir: Path):
     return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=False)
 
 
-def _sft(args) -> int:
+def _sft(args: argparse.Namespace) -> int:
     from undertow.exports import sft_records, write_sft
     from undertow.learner.trees import load_store_trees
 

@@ -1,25 +1,27 @@
 """`undertow gateway serve`: the OpenAI/Anthropic-compatible gateway in front of engines.
 
-Its configuration is `GatewayConfig` (`gateway/front/config.py`, nesting `router`:
-`RouterConfig` and `auto_sessions`: `AutoSessionsConfig`): `-c FILE` and `KEY=VALUE`
-overrides (`undertow/config.py`), e.g. `router.retry_after_s=2 store_sync=fsync`;
-`--help` lists the keys and their defaults. The flags are what one types every time: the
-engines, model directory, store, host and port, plus `--auto-sessions GROUP`, shared with
-`undertow serve`. The admin token is `UNDERTOW_ADMIN_TOKEN`. The old flags of the other
-keys (`--store-sync`, `--retry-after`, ...) still work, hidden, for scripts not yet moved.
+Its configuration is `GatewayConfig` (`gateway/front/config.py`), given as `-c FILE` and
+`KEY=VALUE` overrides (`undertow/config.py`); the flags are the engines, model directory,
+store, host and port, and `--auto-sessions`, shared with `undertow serve`. The old flags of
+the other keys (`ALIASES`) still work, hidden, for scripts not yet moved.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from undertow.commands import ADMIN_TOKEN_VARIABLE, Commands, admin_token_from_env
 from undertow.commands.serve import add_auto_session_arguments, auto_sessions_config
-from undertow.config import add_alias_flags, add_config_arguments, command_config
+from undertow.config import Aliases, add_alias_flags, add_config_arguments, command_config
+
+if TYPE_CHECKING:
+    from undertow.gateway.front.config import GatewayConfig
 
 # Deprecated flag: (argparse keyword arguments, the config key it sets).
-ALIASES: dict[str, tuple[dict, str]] = {
+ALIASES: Aliases = {
     "--model-name": ({}, "model_name"),
     "--tool-parser": ({}, "tool_parser"),
     "--max-body-bytes": ({"type": int}, "max_body_bytes"),
@@ -32,11 +34,12 @@ ALIASES: dict[str, tuple[dict, str]] = {
 FLAG_KEYS = frozenset({"model_dir", "store_dir", "engine_urls", "host", "port", "admin_token"})
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     gateway = commands.add_parser("gateway", help="the OpenAI/Anthropic-compatible gateway"
                                   ).add_subparsers(dest="action", required=True)
     serve = gateway.add_parser("serve", help="serve scaffolds, capture calls into trees "
-                               "(admin token from UNDERTOW_ADMIN_TOKEN)", add_help=False)
+                               f"(admin token from {ADMIN_TOKEN_VARIABLE})", add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--engine", action="append", default=[], metavar="URL",
                        help="an engine's base URL (repeat for several)")
     serve.add_argument("--model", type=Path, required=True, help="model directory")
@@ -49,13 +52,13 @@ def add(commands) -> None:
     serve.set_defaults(handler=_serve)
 
 
-def _config_class():
+def _config_class() -> type[GatewayConfig]:
     from undertow.gateway.front.config import GatewayConfig
 
     return GatewayConfig
 
 
-def gateway_config(args, admin_token: str = ""):
+def gateway_config(args: argparse.Namespace, admin_token: str = "") -> GatewayConfig:
     """The `GatewayConfig` of the parsed command line."""
     flags = {"model_dir": args.model, "store_dir": args.store,
              "engine_urls": tuple(args.engine) or None, "host": args.host, "port": args.port,
@@ -67,8 +70,8 @@ def gateway_config(args, admin_token: str = ""):
     return config
 
 
-def _serve(args) -> int:
+def _serve(args: argparse.Namespace) -> int:
     from undertow.gateway.front.app import serve
 
-    serve(gateway_config(args, os.environ.get("UNDERTOW_ADMIN_TOKEN", "")))
+    serve(gateway_config(args, admin_token_from_env()))
     return 0

@@ -1,28 +1,28 @@
 """`undertow serve`: the built-in engine (or given engines) and the gateway, in one command.
 
 The first of the three commands that point an agent at Undertow (README, "Use it with
-your agent"): it starts what `undertow rollout` embeds (`undertow/embedded.py`), prints
-the gateway's URL, where calls are stored, the admin token's variable and the next
-command to run, and serves until Ctrl-C (or SIGTERM), when it stops the engine it
-started. The admin token is `UNDERTOW_ADMIN_TOKEN` when set, else a fresh one, printed
-as the line that sets it.
-
-This module also holds the `--auto-sessions` options that `undertow gateway serve`
-shares (`add_auto_session_arguments`, `auto_sessions_config`).
+your agent"): it starts what `undertow rollout` embeds (`undertow/run/embedded.py`) and
+serves until Ctrl-C or SIGTERM; what it prints is in docs/commands.md. The
+`--auto-sessions` options it shares with `undertow gateway serve` are declared here.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-ADMIN_TOKEN_VARIABLE = "UNDERTOW_ADMIN_TOKEN"
+from undertow.commands import ADMIN_TOKEN_VARIABLE, Commands, admin_token_from_env
+
+if TYPE_CHECKING:
+    from undertow.gateway.front.config import AutoSessionsConfig
+    from undertow.run.embedded import EmbeddedGateway
+
 DEFAULT_STORE = Path("runs/serve/store")
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     serve = commands.add_parser(
         "serve", help="the built-in engine (or --engine URLs) and the gateway, in one command",
         description="Serve a model behind the gateway; point any agent at the URL it prints. "
@@ -54,7 +54,7 @@ def add_auto_session_arguments(parser: argparse.ArgumentParser) -> None:
                         "new session either way; 'never': a 401 either way")
 
 
-def auto_sessions_config(args):
+def auto_sessions_config(args: argparse.Namespace) -> AutoSessionsConfig | None:
     """The gateway's `AutoSessionsConfig` from the options, or None when off."""
     if args.auto_sessions is None:
         return None
@@ -65,12 +65,12 @@ def auto_sessions_config(args):
                               reopen=args.reopen)
 
 
-def _serve(args) -> int:
+def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from undertow.gateway.front.app import event_loop_factory, tune_gc, tune_malloc
 
-    token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
+    token = admin_token_from_env()
     tune_gc()
     tune_malloc()
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
@@ -78,11 +78,11 @@ def _serve(args) -> int:
     return 0
 
 
-async def _serve_until_stopped(args, token: str) -> None:
+async def _serve_until_stopped(args: argparse.Namespace, token: str) -> None:
     import asyncio
     import signal
 
-    from undertow.embedded import embedded_gateway
+    from undertow.run.embedded import embedded_gateway
 
     args.store.mkdir(parents=True, exist_ok=True)  # its parent holds the engine's log
     stop = asyncio.Event()
@@ -97,7 +97,7 @@ async def _serve_until_stopped(args, token: str) -> None:
         print("undertow serve: stopping", flush=True)
 
 
-def banner(gateway, args, token_was_set: bool) -> str:
+def banner(gateway: EmbeddedGateway, args: argparse.Namespace, token_was_set: bool) -> str:
     """What `undertow serve` prints once it serves: URL, store, admin token, next step."""
     engine = ("built-in, on " + str(args.model) + "; log "
               + str(Path(args.store).parent / "engine.log") if not args.engine else "given")

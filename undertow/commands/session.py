@@ -1,18 +1,13 @@
 """`undertow session open|close|list`: sessions at a running gateway, for a person.
 
-They talk HTTP to the gateway's admin API (`gateway/front/api/admin.py`) with the admin token
-from `UNDERTOW_ADMIN_TOKEN`, read here and nowhere else. `open` prints, ready to paste
-or to `eval`, the environment that points the OpenAI and Anthropic clients (and the
-tools built on them) at the new session, and the session's ID; `--json` prints the
-gateway's answer with that environment instead, for scripts. The gateway's URL is
-`--gateway URL`, or `UNDERTOW_GATEWAY` when that is not given.
-
-A missing token, a wrong one, an unreachable gateway and an unknown session each end the
-command with a `SessionCommandError` that says what to set or do (exit status 2).
+They call the gateway's admin API (`gateway/front/api/admin.py`) over HTTP, with the stdlib
+only so that the command stays fast; what each prints, the variables it reads and its
+errors are in docs/commands.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -21,9 +16,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from undertow.commands import ADMIN_TOKEN_VARIABLE, Commands, admin_token_from_env
 from undertow.errors import CommandError
 
-ADMIN_TOKEN_VARIABLE = "UNDERTOW_ADMIN_TOKEN"
 GATEWAY_VARIABLE = "UNDERTOW_GATEWAY"
 TIMEOUT_S = 30.0
 
@@ -32,7 +27,7 @@ class SessionCommandError(CommandError, ValueError):
     """The admin call could not be made or was refused; the message says what to do."""
 
 
-def add(commands) -> None:
+def add(commands: Commands) -> None:
     session = commands.add_parser(
         "session", help="open, close and list sessions at a running gateway "
         f"(admin token from {ADMIN_TOKEN_VARIABLE})").add_subparsers(dest="action",
@@ -55,7 +50,7 @@ def add(commands) -> None:
     list_.set_defaults(handler=_list)
 
 
-def _add_common(parser) -> None:
+def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", default=None, metavar="URL",
                         help=f"the gateway's URL (default: ${GATEWAY_VARIABLE})")
     parser.add_argument("--json", action="store_true", help="print JSON, for scripts")
@@ -97,12 +92,12 @@ class AdminClient:
         return f"the gateway at {self.url} answered {error.code}: {message}"
 
 
-def client_from(args) -> AdminClient:
+def client_from(args: argparse.Namespace) -> AdminClient:
     """The admin client the options and environment describe."""
     url = args.gateway or os.environ.get(GATEWAY_VARIABLE)
     if not url:
         raise SessionCommandError(f"no gateway: give --gateway URL or set {GATEWAY_VARIABLE}")
-    token = os.environ.get(ADMIN_TOKEN_VARIABLE, "")
+    token = admin_token_from_env()
     if not token:
         raise SessionCommandError(
             f"{ADMIN_TOKEN_VARIABLE} is not set: set it to the gateway's admin token "
@@ -129,7 +124,7 @@ def _parse_meta(pairs: list[str]) -> dict[str, str]:
     return meta
 
 
-def _open(args) -> int:
+def _open(args: argparse.Namespace) -> int:
     meta = _parse_meta(args.meta)
     opened = client_from(args).call("POST", "/admin/sessions",
                                     {"group": args.group, "meta": meta})
@@ -142,7 +137,7 @@ def _open(args) -> int:
     return 0
 
 
-def _close(args) -> int:
+def _close(args: argparse.Namespace) -> int:
     closed = client_from(args).call("POST", f"/admin/sessions/{args.session_id}/close",
                                     {"reward": args.reward})
     if args.json:
@@ -153,7 +148,7 @@ def _close(args) -> int:
     return 0
 
 
-def _list(args) -> int:
+def _list(args: argparse.Namespace) -> int:
     path = "/admin/sessions" + (f"?group={urllib.parse.quote(args.group)}" if args.group
                                 else "")
     sessions = client_from(args).call("GET", path)["sessions"]

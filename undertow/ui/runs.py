@@ -1,23 +1,11 @@
-"""Run directories as the viewer reads them: what each holds, and what it lacks.
+"""Run directories as the viewer reads them: what each holds (docs/commands.md, "A run
+directory") and what it lacks.
 
-A run directory (`undertow train`'s `run.run_dir`) may hold:
-
-    metrics.jsonl             one line per step (`learner/metrics_log.py`)
-    steps.jsonl               the groups each step took (`learner/trackers.py`)
-    checkpoints/step-NNNNNN/  config.yaml (the resolved run config), state.json, model/
-    store/GROUP.jsonl         the gateway's tree store (`gateway/front/store.py`)
-    rollouts/GROUP/summary.json, sessions/SESSION/trajectory.json   the rollout runner's
-                              records, and the scaffold's own (mini-swe-agent's messages)
-    pool_timeline.jsonl       a pool run's cells: their roles at each decision
-
-Any of them may be missing or half-written (a run that crashed, or is still going):
-`RunFolder.problems` lists what is not there in words, and every reader returns what
-is there. A line of a record file that is not a record (cut off at the end, damaged in
-the middle, JSON of another type, a step record without a step) is named with its file
-and line (`read_jsonl`) and skipped; fields this version does not know are kept.
-`Catalog` is the set of runs that `undertow ui --runs DIR` serves: DIR itself when it
-is a run, else each folder below it that is one; `--store DIR` adds a store
-without a run. Nothing here imports torch or writes a file.
+Any file may be missing or half-written (a run that crashed, or is still going):
+`RunFolder.problems` says what is not there, every reader returns what is, and a line of
+a record file that is not a record is named with its file and line (`read_jsonl`) and
+skipped. `Catalog` is the set of runs `undertow ui --runs DIR` serves. Nothing here
+imports torch or writes a file.
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -40,7 +28,7 @@ from undertow.learner.trees import load_store_tree
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6})(?:\.(\d+))?$")
 RUN_MARKERS = (METRICS_FILE, "checkpoints", "store")
 STORE_RUN = "store"
-# Written by every run (`learner/loop.py`): every decision and step with the cells' roles.
+# Written by every run (`undertow/cells/loop.py`): every decision and step with the cells' roles.
 POOL_TIMELINE_FILE = "pool_timeline.jsonl"
 # Bad lines listed per file; a run whose every line is damaged names a few, then counts.
 MAX_LINE_PROBLEMS = 5
@@ -97,7 +85,7 @@ def _not_json(error: ValueError) -> str:
     return "not UTF-8 text"
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     kinds = {list: "a list", str: "a string", int: "a number", float: "a number"}
@@ -153,9 +141,9 @@ class RunFolder:
         folder = self.path / "checkpoints"
         if not folder.is_dir():
             return []
-        found = [p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name)]
-        return sorted(found, key=lambda p: tuple(int(g or 0) for g in
-                                                 CHECKPOINT_NAME.match(p.name).groups()))
+        found = [(tuple(int(g or 0) for g in match.groups()), p) for p in folder.iterdir()
+                 if p.is_dir() and (match := CHECKPOINT_NAME.match(p.name))]
+        return [p for _, p in sorted(found)]
 
     def config(self) -> dict[str, Any]:
         """The resolved run config of the latest checkpoint that has a readable one."""
@@ -328,7 +316,7 @@ class Catalog:
         return []
 
 
-def _text(content: Any, max_chars: int = 20_000) -> str:
+def _text(content: object, max_chars: int = 20_000) -> str:
     """A message's content as text (OpenAI content parts joined), cut at `max_chars`."""
     if isinstance(content, list):
         content = "\n".join(str(part.get("text", part)) if isinstance(part, dict) else str(part)
@@ -337,7 +325,7 @@ def _text(content: Any, max_chars: int = 20_000) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + f" … ({len(text)} chars)"
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

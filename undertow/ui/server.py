@@ -1,23 +1,10 @@
-"""The viewer's HTTP server (aiohttp): the static page, the JSON it reads, live events.
+"""The viewer's HTTP server (aiohttp): the static page, the JSON it reads (the routes are
+in docs/commands.md) and, with a gateway, server-sent events of its open sessions.
 
-Routes (all GET):
-
-- `/` and `/static/NAME`: the page (`static/index.html`, `app.js`, `format.js`, `style.css`);
-- `/api/info`: what this server shows (runs folder, store, whether live is on);
-- `/api/runs`: every run with its status, number of steps and problems;
-- `/api/runs/{run}`: its config, metrics, groups, a pool run's cell roles over time, and
-  problems;
-- `/api/runs/{run}/steps/{step}`: `views.step_view`;
-- `/api/runs/{run}/groups/{group}/tree`: `views.tree_view`;
-- `/api/runs/{run}/groups/{group}/sessions/{session}?offset=&limit=`: `views.session_view`;
-- `/api/live`: server-sent events, one `sessions` event per poll of the gateway's
-  `GET /admin/sessions` (open sessions with their calls so far) while the page listens.
-
-A run whose files cannot be read is listed with what went wrong (its bad lines are named
-by `runs.read_jsonl`); any other failure answers JSON `{"error": ...}` with status 500, so
-that the page shows it. The gateway's admin token stays in this process: it is sent to
-the gateway in the `Authorization` header, never to the browser, and no URL carries it.
-File reads run in a worker thread so that a large run never stalls the event loop.
+Any failure answers JSON `{"error": ...}` with status 500, so that the page shows it. The
+gateway's admin token stays in this process (sent to the gateway only, in the
+`Authorization` header). File reads run in a worker thread, so that a large run never
+stalls the event loop.
 """
 
 from __future__ import annotations
@@ -26,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from undertow.ui import views
 from undertow.ui.runs import Catalog, NotFoundError, RunFolder
@@ -145,6 +134,8 @@ class Viewer:
 
     async def _gateway_sessions(self) -> dict[str, Any]:
         """The gateway's open sessions now, or what went wrong asking."""
+        if self.config.gateway_url is None:
+            return {"error": "no gateway: start the viewer with --gateway URL", "sessions": []}
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         url = f"{self.config.gateway_url.rstrip('/')}/admin/sessions"
@@ -180,7 +171,7 @@ def _summary(run: RunFolder) -> dict[str, Any]:
                              f"{error}); its log has the details"]}
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
+def _json(data: object, status: int = 200) -> web.Response:
     """A JSON answer (orjson: a page of thousands of tokens encodes in milliseconds)."""
     return web.Response(body=orjson.dumps(data, option=JSON_OPTIONS), status=status,
                         content_type="application/json")
@@ -196,7 +187,7 @@ def _int(text: str, name: str) -> int:
 
 
 @web.middleware
-async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except NotFoundError as error:
@@ -210,7 +201,7 @@ async def _errors_as_json(request: web.Request, handler) -> web.StreamResponse:
                      status=500)
 
 
-async def serve(config: ViewerConfig, ready=None) -> None:
+async def serve(config: ViewerConfig, ready: Callable[[str], None] | None = None) -> None:
     """Serves until cancelled; `ready(url)` is called once listening (port 0 read back)."""
     runner = web.AppRunner(Viewer(config).app(), access_log=None)
     await runner.setup()

@@ -1,19 +1,11 @@
-"""What each page of the viewer shows, computed from a run's files (`runs.py`) as JSON.
-
-- `step_view`: the groups a step took, each session's reward, cause, duration, calls,
-  tokens, and the advantage the learner gave it (`learner/advantages.py`, with the
-  run's `advantages` config);
-- `session_view`: a session's calls, a page at a time: the prompt tokens new in each
-  call (decoded), its reply as per-token pieces with ID, logprob and weight version,
-  its branch label, and the session's outcome (reward, cause, diff, test verdicts);
-- `tree_view`: a group's nodes for drawing (size, owner, the sessions through each).
+"""What each page of the viewer shows, as JSON computed from a run's files (`runs.py`):
+`step_view`, `session_view` (a page of calls at a time) and `tree_view` (docs/ui.md).
 
 Token text comes from the run's tokenizer (`Decoder`); without one, token IDs stand in.
-A call's prompt shares its first tokens with the session's previous call along the
-same tree nodes (the gateway reuses the earlier tokens verbatim), so the new part is
-found by comparing node IDs, not tokens: a page costs its own calls' new tokens. Its
-size (`call_prompt`) is what both pages call "new prompt tokens": per call on the
-session page, summed over the session's calls on the step page.
+A call's prompt shares its first tokens with the session's previous call along the same
+tree nodes, so its new part is found by comparing node IDs, not tokens: a page costs its
+own calls' new tokens. That size (`call_prompt`) is what both pages call "new prompt
+tokens".
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""Operator endpoints for sessions and trees, behind the admin token
-(`Authorization: Bearer TOKEN`). Engine endpoints are in `engines_admin.py`.
-
-- `POST /admin/sessions` `{"group", "session_id"?, "meta"?}` -> `{session_id, api_key,
-  group, base_url}` (201)
-- `GET /admin/sessions?group=G` -> `{"sessions": [...]}`
-- `GET /admin/sessions/{id}` -> the session's summary
-- `POST /admin/sessions/{id}/close` `{"reward", "meta"?}` -> the closed session's summary;
-  a session that met failures of Undertow's own (`infra_errors` in its summary) is closed
-  with `infra_failure: true`, cause `error:gateway` and the reasons in its meta
-  (`Session.close_meta`), whatever the closer's meta says
-- `GET /admin/sessions/{id}/tree` -> its paths of the group tree (JSON, `tree.tree_to_json`)
-- `GET /admin/groups` -> groups with token counts (every group of the store: a group whose
-  tree was let go from memory is listed from the summary the store kept of it)
-- `GET /admin/groups/{group}/tree` -> the group's tree (JSON; loaded back from its file
-  if it was let go)
-
-The key is returned once, at opening; the store keeps only its SHA-256.
+"""Operator endpoints for sessions and trees, behind the admin token; the engines' are in
+`engines_admin.py`. The endpoints: docs/api.md, "The operator's endpoints".
 """
 
 from __future__ import annotations
@@ -26,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from undertow.gateway.engines.pool import EnginePool
+from undertow.gateway.engine_pool.pool import EnginePool
 from undertow.gateway.errors import BadRequest, NotFound
 from undertow.gateway.front.sessions import SessionRegistry
 from undertow.gateway.front.store import TreeStore, check_group

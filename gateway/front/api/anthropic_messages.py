@@ -1,22 +1,8 @@
-"""`POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages API).
-
-Translation to the internal chat form is written here rather than taken from
-litellm (`LiteLLMAnthropicMessagesAdapter.translate_anthropic_to_openai`): its import
-takes seconds, its translation grows with the history on every call (hundreds of
-microseconds at a hundred messages, against the gateway's 2 ms p50 budget), and it
-prints a banner to stdout for model names it does not know. The mapping
-itself is small: system -> system message; text blocks -> content; `thinking`
-blocks -> `reasoning_content` (preserved and rendered back into the prompt);
-`tool_use` -> tool calls; `tool_result` -> tool messages.
-
-With `thinking.display: "omitted"`, thinking blocks come back empty with the thinking
-sealed in their `signature` (`sealed_reasoning.py`), which the gateway reads back when
-the block is re-sent, as Anthropic's API carries omitted thinking for multi-turn
-continuity.
-
-Replies carry `thinking`, `text` and `tool_use` blocks; streaming follows
-Anthropic's events (`message_start`, `content_block_start/delta/stop`,
-`message_delta`, `message_stop`) with `ping` keep-alives.
+"""`POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages API): blocks
+to the internal chat form and back, streamed as Anthropic's events with `ping`
+keep-alives. What each field becomes: docs/api.md, "Request fields". Translated here, not by
+litellm, whose import takes seconds and whose translation grows with the history on every
+call.
 """
 
 from __future__ import annotations

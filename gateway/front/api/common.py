@@ -18,7 +18,7 @@ import orjson
 import xxhash
 from aiohttp import web
 
-from undertow.gateway.engines.admission import CALLER, Caller
+from undertow.gateway.engine_pool.admission import CALLER, Caller
 from undertow.gateway.errors import BadRequest, GatewayError, PayloadTooLarge
 from undertow.gateway.front.api.errors import SESSION_KEY, note_infra_error
 from undertow.gateway.front.calls import CallRequest, CallRunner, Delta, Outcome

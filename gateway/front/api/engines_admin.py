@@ -1,28 +1,7 @@
-"""Operator endpoints for the engine pool, behind the admin token.
-
-Mounted by the app factory with `add_engine_routes(app, pool, admin_auth)`:
-
-- `GET /admin/engines`: engines with state, load and pinned sessions, and whether paused.
-- `POST /admin/engines` `{"url": ...}`: add an engine (it must answer /health).
-- `POST /admin/engines/{id}/drain` `{"migrate": false}`: no new generations go to it; its
-  sessions move on their next call; `migrate` aborts its in-flight generations and
-  resumes them on other engines.
-- `DELETE /admin/engines/{id}?migrate=true`: drain, wait until idle, remove.
-- `POST /admin/pause` `{"mode": "drain" | "abort_resume"}`: stop admitting; wait for
-  (drain) or abort (abort_resume) the in-flight generations.
-- `POST /admin/resume`: admit again; aborted generations resume from their partial output.
-- `POST /admin/update_weights` `{"model_path", "weight_version", "mode"}`: pause(mode) ->
-  update_weights_from_disk on every live engine -> resume (502 naming engines that failed,
-  `dead` those that stopped answering while loading). A checkpoint that does not fit the
-  served model (architecture, vocabulary, tensor names and shapes) is refused first: 400
-  naming the mismatch, no engine paused or given it. The reply's `pool_weights` are what
-  an engine added or returning later loads: the pushed weights also when no engine was
-  live to take them.
-- Adding an engine whose weight version differs from the live engines' before any update
-  is refused (400): a session moved between them would mix weights.
-
-`admin_auth(request)` is the app's check of the admin token: it raises an aiohttp
-HTTP exception (401/403) when the request may not pass.
+"""Operator endpoints for the engine pool, behind the admin token, mounted by the app factory
+with `add_engine_routes(app, pool, admin_auth)`; `admin_auth(request)` raises an aiohttp
+HTTP exception (401/403) when the request may not pass. The endpoints: docs/api.md, "The
+operator's endpoints".
 """
 
 from __future__ import annotations
@@ -32,7 +11,12 @@ from typing import Any
 
 from aiohttp import web
 
-from undertow.gateway.engines.pool import PAUSE_MODES, EnginePool, PoolUnavailable, UnknownEngine
+from undertow.gateway.engine_pool.pool import (
+    PAUSE_MODES,
+    EnginePool,
+    PoolUnavailable,
+    UnknownEngine,
+)
 from undertow.gateway.engines.protocol import IncompatibleCheckpoint
 
 AdminAuth = Callable[[web.Request], None]
@@ -139,7 +123,7 @@ class _EngineHandlers:
 
 
 def add_engine_routes(app: web.Application, pool: EnginePool, admin_auth: AdminAuth) -> None:
-    """Mounts the operator's engine endpoints (see module doc) on the app."""
+    """Mounts the operator's engine endpoints on the app."""
     handlers = _EngineHandlers(pool)
     routes = [
         ("GET", "/admin/engines", handlers.list_engines),

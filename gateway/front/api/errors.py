@@ -1,19 +1,10 @@
-"""Error bodies in each API's own shape, the one its SDKs parse.
+"""Error bodies in each API's own shape, the one its SDKs parse: `error_middleware` turns
+every `GatewayError` (anything unexpected as a 500) into the route's family's body, with
+`Retry-After` on a 429, and notes an error reply of Undertow's own on its session
+(`note_infra_error`; docs/api.md, "When Undertow fails a call").
 
-OpenAI (chat, completions, responses, models):
-    {"error": {"message", "type", "param", "code"}}
-Anthropic (messages):
-    {"type": "error", "error": {"type", "message"}}
-
-`error_middleware` turns every `GatewayError` (and anything unexpected, as a 500)
-raised by a handler into the right body for the route's API family, with
-`Retry-After` on a 429; malformed input never takes down other calls.
-
-An error reply of Undertow's own (a 5xx, 429 or 529, also as the event that ends a
-stream: `note_infra_error`) is noted on the session the request reached
-(`SESSION_KEY`, set by `common.session_of`), which makes it an infra failure at its
-close (`sessions.py`), and the status the client effectively got is kept on the request
-(`REPLY_STATUS_KEY`) for the calls counter (`app._metrics_middleware`).
+    OpenAI (chat, completions, responses, models): {"error": {"message", "type", "param", "code"}}
+    Anthropic (messages): {"type": "error", "error": {"type", "message"}}
 """
 
 from __future__ import annotations
@@ -29,8 +20,8 @@ from undertow.gateway.front.sessions import Session
 from undertow.gateway.front.store import GroupSetAside
 
 log = logging.getLogger(__name__)
-SESSION_KEY = web.RequestKey("session", Session)
-REPLY_STATUS_KEY = web.RequestKey("reply_status", int)
+SESSION_KEY = web.RequestKey("session", Session)  # set by `common.session_of`
+REPLY_STATUS_KEY = web.RequestKey("reply_status", int)  # for `app._metrics_middleware`
 GROUP_SET_ASIDE = "group_set_aside"   # the `code` of a set-aside group's 503
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",

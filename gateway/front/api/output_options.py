@@ -1,28 +1,7 @@
-"""What a request asks of the output and of the template, read from each API's own
-fields into a `CallRequest`: forced tool use and JSON output (both enforced by the
-engine's constrained decoding), one tool call at most, and template arguments.
-
-- Forced tool use (`tool_choice` "required"/"any" or a named function): the engine
-  samples under a structural tag of calls in the family's own syntax
-  (`toolparsers.forced`), which the gateway's parser reads like free calls.
-- JSON output (`response_format` / `text.format` / `output_format`): the engine samples
-  under the schema (`{"type": "object"}` for `json_object`).
-- At most one tool call (`parallel_tool_calls: false`, `disable_parallel_tool_use`):
-  a forced call is one (the structural tag's `stop_after_first`); free ones stop at the
-  format's end of a call (a stop string), so a second call cannot begin. Formats that
-  write one call per turn anyway (harmony, whose `<|call|>` ends the turn; Llama 3 JSON)
-  need nothing.
-- Template arguments (`chat_template_kwargs`, `reasoning_effort`, Anthropic's
-  `thinking`) are passed to the chat template, as vLLM and SGLang pass them.
-
-- Template arguments that only some templates take (`text.verbosity`): passed when the
-  model's template reads them (`Renderer.reads`), a 400 naming the field otherwise.
-- Fields with values the gateway cannot honour (`service_tier` other than the one tier,
-  `truncation: "auto"`, `include_obfuscation: true`, unknown sub-fields): `check_value`
-  and `known_keys` refuse them by name.
-
-Anything else that would change the output and cannot be honoured is a 400 naming it
-(the README's "Request fields" table lists every accepted field).
+"""What a request asks of the output and of the template, read from each API's own fields
+into a `CallRequest`: forced tool use and JSON output (both by the engine's constrained
+decoding), one tool call at most, template arguments; a value the gateway cannot honour is a
+400 naming it. Each field: docs/api.md, "Request fields".
 """
 
 from __future__ import annotations

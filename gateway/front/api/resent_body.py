@@ -1,39 +1,8 @@
 """A request body that re-sends the previous one's history, parsed only where it is new.
-
-A scaffold re-sends its whole history on every call: at a million tokens each chat body
-is megabytes of JSON of which the last few kilobytes are new, and parsing it whole was
-the largest cost of a call that grew with the history (measured: benchmarks/README.md,
-xLong horizon (d)). A session keeps its last body (`KnownBody`): its bytes, where its
-history (the array `messages`) ends, and what it parsed to. When the next body has the
-same bytes up to that end (one `memcmp`), only the rest is parsed, in two pieces split at the
-`]` that closes the array:
-
-    b"[{}" + rest[:split] + b"]"     the new messages: `{}` leaves the parser where the
-                                     known last message (an object) did, so this parses
-                                     exactly when they are whole array elements
-    b"{" + rest[split:] less "],"    the fields after the array (not parsed again when
-                                     these bytes are the known body's)
-
-and the body is the known fields before the array, the known messages (the same
-objects, so comparing them with the previous call's is pointer equality) followed by
-the new ones, and the fields after it: what `orjson.loads` gives for the whole body,
-which parses exactly when the pieces do (JSON reads the same from the same state).
-
-Where the history ends (just past its last element) is found once in a body parsed
-whole (from its end, the `]` after an object from which the fields that follow the
-array parse as that body's), and proved the first time a later body shares the bytes
-before it: those bytes, closed by a marker element, `]` and `}`, parse only if they end
-inside the array that `messages` names, with its last element whole (inside a string, a
-deeper value or another array they do not, or the marker lands elsewhere). From then on
-the end is known by construction. Anything else (a body that changed before the end,
-the key again among the fields after it, a piece that does not parse) is parsed whole,
-as before. The price: a session holds its last body's bytes (3.5 MB at a million tokens)
-besides its parsed messages.
-
-The body's XXH3 (its fingerprint for retries, `common.fingerprint`) is kept the same way:
-the hash of the bytes up to the history's end is carried from body to body and extended
-by the new messages, so a body costs the hash its new bytes (the digest is that of the
-whole body, however it was reached).
+A scaffold re-sends its whole history on every call: at a million tokens a chat body is
+megabytes of JSON of which the last kilobytes are new, and parsing it whole was the largest
+cost of a call that grew with the history (benchmarks/README.md, xLong horizon (d)). A
+session keeps its last body (`KnownBody`); `parse_resent` parses and hashes the next one.
 """
 
 from __future__ import annotations
@@ -77,10 +46,13 @@ def parse_resent(raw: bytes, known: KnownBody | None, key: str = "messages", *,
                  loads: Callable[[bytes], Any] = orjson.loads,
                  hasher: Callable[[], Any] = xxhash.xxh3_128) -> tuple[Any, KnownBody | None]:
     """What `whole(raw)` gives, parsing only what follows `known`'s history where `raw`
-    re-sends it (module doc); and what the next body of the session may reuse. `whole`
+    re-sends it (`_splice`); and what the next body of the session may reuse. `whole`
     parses a body that cannot be spliced (and raises what it raises for one that is not
     JSON); `loads` parses the pieces (JSON errors are `ValueError`s); `hasher` makes the
-    streaming hash behind `KnownBody.digest`."""
+    streaming hash behind `KnownBody.digest` (the retry fingerprint,
+    `common.fingerprint`): the hash of the bytes up to the history's end is carried from
+    body to body, so a body costs the hash its new bytes. The price: a session holds its
+    last body's bytes (3.5 MB at a million tokens) besides its parsed messages."""
     if known is not None and known.key == key and known.end is not None:
         spliced = _splice(raw, known, loads)
         if spliced is not None:
@@ -117,7 +89,16 @@ def _digest(prefix_hash, raw: bytes, end: int | None, hasher) -> str:
 def _splice(raw: bytes, known: KnownBody, loads
             ) -> tuple[dict, int | None, dict, dict] | None:
     """The body, where its history ends, the fields after and before the array; None
-    where `raw` does not extend `known` (module doc)."""
+    where `raw` does not extend `known` (then it is parsed whole). When `raw` has
+    `known`'s bytes up to its history's end (one `memcmp`), only the rest is parsed, in
+    two pieces split at the `]` that closes the array: `b"[{}" + rest[:split] + b"]"`,
+    the new messages (`{}` leaves the parser where the known last message, an object,
+    did, so this parses exactly when they are whole elements), and the fields after the
+    array (`_fields_after`; not parsed again when they are the known body's bytes). The
+    body is the known fields before the array, the known messages (the same objects:
+    comparing them with the previous call's is pointer equality), the new ones and the
+    fields after: what `orjson.loads` gives for the whole body, since JSON reads the
+    same from the same state."""
     end = known.end
     if end is None or not raw.startswith(memoryview(known.raw)[:end]):
         return None
@@ -140,8 +121,11 @@ def _splice(raw: bytes, known: KnownBody, loads
 
 
 def _proved_before(known: KnownBody, loads) -> dict | None:
-    """The fields before `known`'s array if `known.end` is proved to be its end (module
-    doc: the bytes before it, closed by the marker, `]` and `}`), else None."""
+    """The fields before `known`'s array if `known.end` is proved to be its end, else
+    None. The proof, once, the first time a later body shares the bytes before it: those
+    bytes, closed by a marker element, `]` and `}`, parse only if they end inside the
+    array that `key` names with its last element whole (inside a string, a deeper value
+    or another array they do not, or the marker lands elsewhere)."""
     try:
         prefix = loads(b"".join((memoryview(known.raw)[:known.end], _MARKER_CLOSE)))
     except ValueError:

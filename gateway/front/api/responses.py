@@ -1,19 +1,7 @@
 """`POST /v1/responses` (OpenAI Responses API, which Codex speaks), streaming and not.
-
-Stateless: the scaffold sends its whole input each time (`store: false`, as Codex
-does); `previous_response_id` is refused with a 400. With `include:
-["reasoning.encrypted_content"]` (Codex asks for it) each reasoning item carries its
-reasoning sealed (`sealed_reasoning.py`), and a re-sent item's sealed reasoning is
-read back as the assistant turn's reasoning, summary or not. Hand-written translation for
-the same reasons as `anthropic_messages.py` (litellm's responses bridge costs an
-import of seconds and per-call work that grows with the history). Input items:
-messages (`input_text`/`output_text` parts) -> chat messages; consecutive
-`reasoning`, assistant `message` and `function_call` items -> one assistant
-message; `function_call_output` -> a tool message.
-
-Streaming: `response.created`, `response.in_progress`, per output item
-`response.output_item.added` ... `.done` with text, reasoning-summary and
-function-call-argument deltas, and finally `response.completed`.
+Stateless: the scaffold sends its whole input each time; consecutive `reasoning`, assistant
+`message` and `function_call` items become one assistant message. What each field becomes:
+docs/api.md, "Request fields"; translated here, as in `anthropic_messages.py`.
 """
 
 from __future__ import annotations

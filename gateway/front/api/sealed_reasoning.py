@@ -1,18 +1,8 @@
-"""Reasoning handed to a scaffold as an opaque string that only this gateway reads back.
-
-The Responses API's `include: ["reasoning.encrypted_content"]` asks for each reasoning
-item's reasoning as `encrypted_content`, which a stateless scaffold (Codex, `store:
-false`) sends back with its history so that the next call can show the model its earlier
-reasoning even when the readable summary is dropped; the Messages API's `thinking.display:
-"omitted"` carries omitted thinking the same way, in a thinking block's `signature`. The
-gateway's sealed form is the reasoning text itself, compressed, behind a marker: not a
-secret (the scaffold is the user's own program and already holds the text), only a form
-the gateway can recognise and read back exactly. Read back, it is the very
-`reasoning_content` the gateway returned, so the re-sent assistant turn is the one
-recorded and token truth holds as with the summary.
-
-A sealed string from anything else (another provider's ciphertext, a damaged one) is a
-400 naming the field: the gateway cannot read it, and dropping it would be silence.
+"""Reasoning handed to a scaffold as an opaque string that only this gateway reads back: the
+Responses API's `encrypted_content` and the Messages API's omitted-thinking `signature`. The
+sealed form is the reasoning text itself, compressed, behind a marker: no secret (the
+scaffold already holds the text), only a form read back exactly, so the re-sent turn is the
+one recorded. A string the gateway did not seal is a 400 naming the field.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Forced tool use (`tool_choice` "required"/"any" or a named function), written in the
-model's own tool-call syntax.
-
-The engine samples under a structural tag (SGLang's `structural_tag` sampling parameter, in
-xgrammar's format, which SGLang, vLLM and the built-in engine take) of one or more calls as
-the family writes them (each parser's `forced_format`), arguments under the tools' schemas.
-So a forced call is read by the gateway's own parser like a free one, and the session's
-history (token truth keeps the sampled tokens) stays in the model's format: a call forced
-as a bare JSON list taught the model that list, which it then wrote in later free turns
-(issue 36). SGLang 0.5.23 forces calls the same way (`FunctionCallParser.
-get_structure_constraint`: the model's structural tag, with at least one call).
-
-A completion that begins inside a think block (a template that opens it at the end of the
-generation prompt, as DeepSeek-R1's and GLM-4.7's do) first reasons freely and closes the
-block, then writes the calls (`reasoning_first`), as SGLang's reasoner grammar leaves the
-reasoning unconstrained.
-
-Calls recorded before this, forced as a JSON list `[{"name", "parameters"}]` under a JSON
-schema titled `FORCED_TITLE`, are still read by `ForcedCallsParser` (`is_forced`,
-`toolparsers.replay_parser`).
+model's own tool-call syntax: the engine samples under a structural tag (xgrammar's format,
+which SGLang, vLLM and the built-in engine take) of calls as the family writes them (each
+parser's `forced_format`), arguments under the tools' schemas. So the gateway's parser reads
+a forced call like a free one, and the history stays in the model's format: a call forced as
+a bare JSON list taught the model that list, which it then wrote in free turns (issue 36).
+SGLang 0.5.23 forces calls the same way (`FunctionCallParser.get_structure_constraint`).
 """
 
 from __future__ import annotations
@@ -44,7 +31,10 @@ def forced_structural_tag(parser: type[ToolParser], tools: Sequence[dict], name:
 
 def reasoning_first(sampling: SamplingParams, parser: ToolParser) -> SamplingParams:
     """`sampling`, its forced calls preceded by the end of the reasoning block when the
-    completion begins inside one (`parser.open_reasoning_end`, from the prompt's tail)."""
+    completion begins inside one (`parser.open_reasoning_end`, from the prompt's tail: a
+    template that opens it at the end of the generation prompt, as DeepSeek-R1's and
+    GLM-4.7's do): the model reasons freely, closes the block, then writes the calls, as
+    SGLang's reasoner grammar leaves the reasoning unconstrained."""
     end = parser.open_reasoning_end
     if sampling.structural_tag is None or not end:
         return sampling
@@ -62,7 +52,9 @@ def is_forced(sampling: dict) -> bool:
 
 
 class ForcedCallsParser:
-    """Reads a recorded completion forced as a JSON list of calls (see the module)."""
+    """Reads a completion recorded before forced calls took the model's syntax, forced
+    as a JSON list `[{"name", "parameters"}]` under a schema titled `FORCED_TITLE`
+    (`is_forced`, `toolparsers.replay_parser`)."""
 
     keeps_special_tokens = False
     single_call_stop = ""

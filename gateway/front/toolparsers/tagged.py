@@ -1,19 +1,10 @@
-"""The parser shared by formats that wrap each tool call (or the list of them) in an
-opening and a closing tag, with reasoning in an optional leading `<think>` block:
+"""The parser shared by formats that wrap each tool call (or the list of them) in an opening
+and a closing tag, with reasoning in an optional leading `<think>` block:
 
     <think>\\n{reasoning}\\n</think>\\n\\n{content}\\n{CALL_OPEN}{block}{CALL_CLOSE}...
 
-A format is a subclass naming its tags and reading one block into tool calls
-(`read_block`); Hermes, Qwen3-Coder, GLM-4.5 and DeepSeek-V3/R1 are such subclasses.
-
-Streaming: text is emitted as soon as it cannot be the start of a tag; a tool call is
-emitted whole when its closing tag arrives (each SDK gets its name and full arguments
-in one delta), or at the end of the completion if the model stopped inside it.
-Whitespace right before a tool call is dropped (templates write it as a separator).
-A block that cannot be read stays content (`Unparsed`), so nothing the model wrote is
-lost. When the prompt already opened the think block (DeepSeek-R1's and Qwen3's
-thinking templates end the generation prompt with `<think>\\n`), the completion
-starts inside it.
+A format is a subclass naming its tags and reading one block into tool calls (`read_block`):
+Hermes, Qwen3-Coder, GLM-4.5 and DeepSeek-V3/R1.
 """
 
 from __future__ import annotations
@@ -32,7 +23,13 @@ from undertow.gateway.front.toolparsers.base import (
 
 
 class TaggedParser:
-    """States: `start` (may open a think block), `think`, `content`, `call`."""
+    """States: `start` (may open a think block), `think`, `content`, `call`. Text is
+    emitted as soon as it cannot be the start of a tag; a tool call whole when its closing
+    tag arrives (each SDK gets its name and full arguments in one delta), or at the end
+    if the model stopped inside it. Whitespace right before a call is dropped (templates
+    write it as a separator); a block that cannot be read stays content (`Unparsed`).
+    When the prompt opened the think block (DeepSeek-R1's and Qwen3's thinking templates
+    end the generation prompt with `<think>\\n`), the completion starts inside it."""
 
     THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
     CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

@@ -1,0 +1,107 @@
+"""The sections of one training run's config, typed: `RunSections`, built in one place.
+
+`undertow train` reads its config once (`load_sections`: the file, or on resume the latest
+checkpoint's, then the overrides) into one frozen dataclass per section, and
+`undertow/run/train.py` hands each part only its own (docs/design.md, "From `undertow
+train` to the loss"). `RunSections.resolved()` is what a checkpoint stores as
+`config.yaml`; building it again gives the same sections, so a resume continues the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from undertow.cells.config import CellPoolConfig
+from undertow.config import build_section, dataclass_of, read_config
+from undertow.learner.advantages import AdvantageConfig
+from undertow.learner.config import TrainConfig
+from undertow.learner.losses import LossConfig
+from undertow.learner.trackers import TrackerConfig
+from undertow.run.rollout_source import RolloutSection
+from undertow.run.warm_start import WarmStartSection
+from undertow.sandboxes.hosts import HostsConfig
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIGS_DIR / "learn.yaml"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where the run lives and what it serves. `model_dir` None: the tiny model, built
+    once into `run_dir/model-base`; `engine_urls` empty: one built-in engine."""
+
+    run_dir: Path = Path("runs/train")
+    model_dir: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    docker_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSections:
+    """Every section of a run config, each its part's frozen dataclass (defaults where
+    the config leaves a section out). `pool` is None unless the config has a `pool`
+    section, which makes the run a cell-pool run."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    learner: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    warm_start: WarmStartSection = field(default_factory=WarmStartSection)
+    logging: TrackerConfig = field(default_factory=TrackerConfig)
+    sandbox: HostsConfig = field(default_factory=HostsConfig)
+    pool: CellPoolConfig | None = None
+
+    @classmethod
+    def from_tree(cls, tree: dict[str, Any]) -> RunSections:
+        """The sections of a config tree (`config.read_config`). An unknown section, or an
+        unknown key or bad value in one, is a ValueError naming it (`section.key`)."""
+        names = section_names()
+        unknown = sorted(set(tree) - set(names))
+        if unknown:
+            raise ValueError(f"unknown config section(s) {unknown}; known: {list(names)}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{name: build_section(_section_class(hints[name]), data, name)
+                      for name, data in tree.items()})
+
+    def resolved(self) -> dict[str, Any]:
+        """The sections as YAML-safe data (paths as strings, tuples as lists), every key
+        filled in: what a checkpoint stores; `from_tree` of it gives these sections."""
+        tree = {name: dataclasses.asdict(getattr(self, name)) for name in section_names()
+                if getattr(self, name) is not None}
+        return json.loads(json.dumps(tree, default=str))
+
+
+def _section_class(hint: object) -> type:
+    """The dataclass of a `RunSections` field (`X` or `X | None`)."""
+    found = dataclass_of(hint)
+    if found is None:
+        raise TypeError(f"RunSections field of type {hint} is no dataclass: make it one")
+    return found
+
+
+def section_names() -> tuple[str, ...]:
+    """The sections a run config may have, in `RunSections`' order."""
+    return tuple(section.name for section in dataclasses.fields(RunSections))
+
+
+def load_sections(config_path: Path | None, overrides: list[str], run_dir: Path | None = None,
+                  resume: bool = False) -> RunSections:
+    """The run's sections: `config_path` (default `configs/learn.yaml`) and `overrides`,
+    `run_dir` setting `run.run_dir`. On resume without a config file, the config the
+    latest checkpoint of `run.run_dir` stored, with the same overrides."""
+    if run_dir is not None:
+        overrides = [*overrides, f"run.run_dir={run_dir}"]
+    sections = RunSections.from_tree(read_config(config_path or DEFAULT_CONFIG, overrides))
+    if resume and config_path is None:
+        from undertow.learner.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(sections.run.run_dir)
+        if latest is not None:
+            return RunSections.from_tree(read_config(latest / "config.yaml", overrides))
+    return sections

@@ -3,6 +3,8 @@ the import graph, on the code before issue 39's moves and after, side by side.
 
     python -m benchmarks.walks [--before 7cf1793] [--after HEAD]
 
+`--after .` measures this checkout's working tree as it is (uncommitted changes too).
+
 Each commit is checked out as a git worktree (`/tmp/walks-<commit>`), with a package root
 beside it whose `undertow/` links that tree's `undertow/*`, `gateway`, `adapters`, `learner`
 and `sandboxes` (as `make lint` builds one for pyright). The walks run in a subprocess with
@@ -67,6 +69,7 @@ BEFORE = "7cf1793"   # the last commit before issue 39's moves
 TRAIN_OPTIONS = ("learner.num_steps=1", "learner.group_size=2", "warm_start.num_steps=1",
                  "rollout.concurrency=2", "advantages.filter_uniform_groups=false")
 CO_VARARGS, CO_VARKEYWORDS = 0x04, 0x08
+WORKING_TREE = "."
 
 
 def collapse(modules: Iterable[str]) -> list[str]:
@@ -273,7 +276,10 @@ def git(*args: str) -> str:
 
 
 def check_out(commit: str) -> tuple[Path, Path]:
-    """A worktree of `commit` and a package root of links to it (its `undertow/`)."""
+    """A worktree of `commit` and a package root of links to it (its `undertow/`);
+    `WORKING_TREE` is this checkout itself."""
+    if commit == WORKING_TREE:
+        return REPO, _package_root(REPO, Path(tempfile.mkdtemp(prefix="walks-working-")))
     checkout = Path(tempfile.gettempdir()) / f"walks-{commit[:7]}"
     if not checkout.exists():
         git("worktree", "add", "--detach", str(checkout), commit)
@@ -281,14 +287,19 @@ def check_out(commit: str) -> tuple[Path, Path]:
     if found != commit:
         raise RuntimeError(f"{checkout} holds {found}, not {commit}; remove it with "
                            f"`git worktree remove --force {checkout}` and run again")
-    package = checkout.parent / f"walks-{commit[:7]}-root" / "undertow"
+    return checkout, _package_root(checkout, checkout.parent / f"walks-{commit[:7]}-root")
+
+
+def _package_root(checkout: Path, root: Path) -> Path:
+    """`root`, holding an `undertow/` of links to `checkout`'s packages (made once)."""
+    package = root / "undertow"
     if not package.exists():
         package.mkdir(parents=True)
         for entry in (checkout / "undertow").iterdir():
             (package / entry.name).symlink_to(entry)
         for folder in set(FOLDERS.values()) - {"undertow"}:
             (package / folder).symlink_to(checkout / folder)
-    return checkout, package.parent
+    return root
 
 
 # The measuring process: its working directory, the package root, comes first on sys.path
@@ -307,7 +318,9 @@ def measure_commit(commit: str) -> dict:
                     "--out", str(out)], check=True, cwd=root, env=env)
     walks = json.loads(out.read_text())
     out.unlink()
-    return {"commit": commit, "subject": git("log", "-1", "--format=%s", commit),
+    subject = ("the working tree" if commit == WORKING_TREE
+               else git("log", "-1", "--format=%s", commit))
+    return {"commit": commit, "subject": subject,
             "walk_s": round(time.monotonic() - started_s, 1), **walks,
             "imports": import_graph(checkout)}
 
@@ -355,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure is not None:
         measure_walks(args.measure, args.out)
         return 0
-    commits = {"before": git("rev-parse", args.before), "after": git("rev-parse", args.after)}
+    commits = {name: commit if commit == WORKING_TREE else git("rev-parse", commit)
+               for name, commit in (("before", args.before), ("after", args.after))}
     trees = {name: measure_commit(commit) for name, commit in commits.items()}
     result = {"command": " ".join(["python -m benchmarks.walks", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **trees}

@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 2300
 NUM_STEPS = 4
 NUM_END_GROUPS = 2
-MARGIN = 0.35
+MAX_START = 0.75
+MIN_END = 0.75
 ARMS = {"learns": {}, "flipped": {"flip": True}, "dropped": {"drop_tool_result": True}}
 
 
@@ -106,10 +107,12 @@ def test_smollm2_learns_a_lookup_only_through_the_tool_result(smollm2_dir, tmp_p
     assert min(v for _, _, versions in groups[-NUM_END_GROUPS:] for v in versions) >= \
         NUM_STEPS - 2, report
     if arm == "learns":
-        # The start is one group of 8 from a policy at about 1 in 4: 4 of 8 comes about 1 run
-        # in 11 (a clean-clone CI run met it, 7 December: start 0.5, end 0.875); 5 of 8, 1 in
-        # 37. Above half, the task would not be the one this test is about.
-        assert start <= 0.5 and end >= start + MARGIN, report
+        # The start is one group of 8, so it scatters: runs here gave 2, 4 and 4 of 8 (about
+        # 0.4, above the probe's 1 in 4); at 0.4, 5 of 8 or more comes 1 run in 6, 7 or more
+        # 1 in 120. So this run's start is only checked not to be most of the group, and the
+        # learning is judged by the end (16 sessions) against a fixed bar well above the
+        # start policy's rate. Runs here ended at 0.875, 0.938 and 1.0.
+        assert start <= MAX_START and end >= MIN_END, report
     elif arm == "flipped":
         assert end <= start / 2, report
     else:

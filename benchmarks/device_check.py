@@ -165,7 +165,8 @@ def model_flops(config, step) -> float:
 
 def packed_step(shape: str, max_tokens: int = MICRO_BATCH_TOKENS):
     from benchmarks.learner import SHAPES, build_tree
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig
     from undertow.learner.packing import pack_step
 
     tree = build_tree(SHAPES[shape])
@@ -182,7 +183,7 @@ def train_rows(model_dir: Path, shape: str, device_type: str = "cuda") -> list[d
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.config import LossConfig
     from undertow.learner.model import PolicyModel
     from undertow.learner.sharding import full_parameters, shard_policy, sharded_backward_step
 
@@ -242,7 +243,7 @@ def flex_row(model_dir: Path, shape: str) -> dict:
     """Row 3: flex against dense attention, logprobs and gradient, float32."""
     import torch
 
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.config import LossConfig
     from undertow.learner.model import PolicyModel
     from undertow.learner.objective import backward_step
     from undertow.learner.sharding import step_to
@@ -298,13 +299,14 @@ def pool_row(model_dir: Path, device_type: str = "cuda", timeout_s: float = 300.
 
 
 def _pool_loss():
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.config import LossConfig
 
     return LossConfig(name="dr_grpo", dr_grpo_num_tokens=4096)
 
 
 def _pool_packed(trees, max_tokens: int):
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig
     from undertow.learner.packing import pack_step
 
     advantages = {(tree.group_id, s): a for tree in trees

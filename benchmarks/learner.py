@@ -160,9 +160,8 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
                options: LearnerOptions = LearnerOptions()) -> dict:
     import torch
 
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
-    from undertow.learner.config import torch_dtype
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig, LossConfig, torch_dtype
     from undertow.learner.model import PolicyModel
     from undertow.learner.objective import backward_step
     from undertow.learner.packing import pack_step
@@ -254,8 +253,8 @@ def fsdp2_worker(rank: int, port: int, shape_name: str, model_dir: str, out_dir:
     from safetensors.torch import save_file
     from torch.distributed.device_mesh import init_device_mesh
 
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig, LossConfig
     from undertow.learner.model import PolicyModel
     from undertow.learner.packing import pack_step
     from undertow.learner.sharding import shard_policy, sharded_backward_step

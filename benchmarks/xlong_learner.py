@@ -132,8 +132,8 @@ def run_worker(case: str, variant: str, model_dir: str, path_tokens: int) -> dic
 
 
 def _tree_step(policy, tree) -> dict:
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig, LossConfig
     from undertow.learner.objective import backward_step
     from undertow.learner.packing import pack_step
 

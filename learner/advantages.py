@@ -7,41 +7,12 @@ train` to the loss", step 8); only sessions with an outcome the policy earned en
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from undertow.gateway.trees.tree import Tree
+from undertow.learner.config import AdvantageConfig
 
-SCALES = ("std", "none")
-TIMEOUT_REWARDS = ("partial_credit", "tree_value", "drop")
 # Causes of sessions stopped or failed by Undertow, not by the policy (with `error:*`).
 INFRA_CAUSES = ("killed", "interrupted", "pending")
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    """How rewards become advantages: `scale` and `eps` (`group_advantages`),
-    `timeout_reward` (`session_rewards`). `filter_uniform_groups`: DAPO's dynamic
-    sampling, where the training loop drops a group whose valid sessions all got the
-    same reward (every advantage 0, no signal) and launches a replacement, at most
-    `max_extra_groups` extra groups a step (past that, such groups train as they are)."""
-
-    scale: str = "std"
-    eps: float = 1e-6
-    timeout_reward: str = "partial_credit"
-    filter_uniform_groups: bool = False
-    max_extra_groups: int = 8
-
-    def __post_init__(self):
-        if self.max_extra_groups < 0:
-            raise ValueError(f"AdvantageConfig.max_extra_groups must be >= 0, "
-                             f"got {self.max_extra_groups}")
-        if self.scale not in SCALES:
-            raise ValueError(f"AdvantageConfig.scale must be one of {SCALES}, got {self.scale!r}")
-        if self.timeout_reward not in TIMEOUT_REWARDS:
-            raise ValueError(f"AdvantageConfig.timeout_reward must be one of {TIMEOUT_REWARDS}, "
-                             f"got {self.timeout_reward!r}")
-        if self.eps < 0:
-            raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps}")
 
 
 def is_timed_out(tree: Tree, session_id: str) -> bool:

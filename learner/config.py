@@ -1,21 +1,33 @@
 """The learner's configuration sections: one frozen dataclass per section of the run config.
 
 A run config (`undertow train -c CONFIG`) has, for the learner, the sections `learner`
-(`TrainConfig`: the loop, optimiser, checkpoints), `loss` (`losses.LossConfig`),
-`advantages` (`advantages.AdvantageConfig`) and, for `undertow sft`, `sft`
-(`SFTConfig`). `undertow/config.py`'s `build_section` builds each from its own
-section; every bad value is a `ValueError` that names it.
+(`TrainConfig`: the loop, optimiser, checkpoints), `loss` (`LossConfig`, the objective of
+`losses.py`), `advantages` (`AdvantageConfig`, of `advantages.py` and `group_filter.py`),
+`logging` (`TrackerConfig`, of `trackers.py`) and, for `undertow sft`, `sft` (`SFTConfig`).
+`undertow/config.py`'s `build_section` builds each from its own section; every bad value
+is a `ValueError` that names it. No torch here: the run's sections are read and checked
+before any of the learner's heavy modules is imported.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from undertow.learner.errors import LossConfigError
 
 DTYPES = ("float32", "float64", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("none", "bf16")
 ATTENTIONS = ("auto", "blocks", "flex", "dense")
 LONG_PATHS = ("split", "whole")     # packing.LONG_PATHS, without importing torch here
+LOSS_NAMES = ("token_mean", "grpo", "dr_grpo", "gyre")   # losses.LOSSES' keys, as above
+CORRECTION_NAMES = ("none", "decoupled_ppo", "tis", "mis")   # losses.CORRECTIONS' keys
+SEQUENCE_MASKS = ("none", "geometric")
+SCALES = ("std", "none")
+TIMEOUT_REWARDS = ("partial_credit", "tree_value", "drop")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 def _check_positive(owner: str, **values: float) -> None:
@@ -146,6 +158,117 @@ class TrainConfig:
     def segment_tokens(self, max_tokens: int) -> int:
         """The policy's `max_segment_tokens` under a micro-batch bound of `max_tokens`."""
         return max_tokens if self.max_segment_tokens is None else self.max_segment_tokens
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss of a step; `name` picks the aggregation, `correction` the off-policy
+    correction (docs/training.md, "The objective"); "gyre" uses `max_paths_per_session`."""
+
+    name: str = "grpo"
+    correction: str = "none"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    max_importance_weight: float = 2.0
+    dr_grpo_num_tokens: int = 4096
+    max_paths_per_session: int = 2
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    mis_low: float = 0.5
+    mis_high: float = 5.0
+    sequence_mask: str = "none"
+    sequence_mask_low: float = 0.999
+    sequence_mask_high: float = 1.001
+    max_token_version_gap: int | None = None
+
+    def __post_init__(self):
+        if self.name not in LOSS_NAMES:
+            raise LossConfigError(f"unknown loss {self.name!r}; choose one of {sorted(LOSS_NAMES)}")
+        if self.correction not in CORRECTION_NAMES:
+            raise LossConfigError(f"unknown off-policy correction {self.correction!r}; "
+                                  f"choose one of {sorted(CORRECTION_NAMES)}")
+        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise LossConfigError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_importance_weight <= 0 or self.dr_grpo_num_tokens < 1:
+            raise LossConfigError("LossConfig.max_importance_weight and dr_grpo_num_tokens "
+                                  "must be positive")
+        if self.max_paths_per_session < 1:
+            raise LossConfigError(f"LossConfig.max_paths_per_session must be >= 1, "
+                                  f"got {self.max_paths_per_session}")
+        if self.sequence_mask not in SEQUENCE_MASKS:
+            raise LossConfigError(f"unknown sequence mask {self.sequence_mask!r}; choose one "
+                                  f"of {list(SEQUENCE_MASKS)}")
+        gap = self.max_token_version_gap
+        if gap is not None and (type(gap) is not int or gap < 0):
+            raise LossConfigError(f"LossConfig.max_token_version_gap must be a number >= 0 "
+                                  f"(0: only tokens of the weights trained) or null (off), "
+                                  f"got {gap!r}")
+        _check_band("mis", self.mis_low, self.mis_high)
+        _check_band("sequence_mask", self.sequence_mask_low, self.sequence_mask_high)
+
+    @property
+    def paths_per_session(self) -> int | None:
+        """What `pack_step` must be given as `max_paths_per_session`."""
+        return self.max_paths_per_session if self.name == "gyre" else None
+
+
+def _check_band(prefix: str, low: float, high: float) -> None:
+    """A ratio band [low, high] must hold 1 (an on-policy token is never masked)."""
+    if not 0 < low <= 1 <= high:
+        raise LossConfigError(f"LossConfig.{prefix}_low and {prefix}_high must satisfy "
+                              f"0 < low <= 1 <= high, got low={low}, high={high}")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages: `scale` and `eps` (`group_advantages`),
+    `timeout_reward` (`session_rewards`). `filter_uniform_groups`: DAPO's dynamic
+    sampling, where the training loop drops a group whose valid sessions all got the
+    same reward (every advantage 0, no signal) and launches a replacement, at most
+    `max_extra_groups` extra groups a step (past that, such groups train as they are)."""
+
+    scale: str = "std"
+    eps: float = 1e-6
+    timeout_reward: str = "partial_credit"
+    filter_uniform_groups: bool = False
+    max_extra_groups: int = 8
+
+    def __post_init__(self):
+        if self.max_extra_groups < 0:
+            raise ValueError(f"AdvantageConfig.max_extra_groups must be >= 0, "
+                             f"got {self.max_extra_groups}")
+        if self.scale not in SCALES:
+            raise ValueError(f"AdvantageConfig.scale must be one of {SCALES}, got {self.scale!r}")
+        if self.timeout_reward not in TIMEOUT_REWARDS:
+            raise ValueError(f"AdvantageConfig.timeout_reward must be one of {TIMEOUT_REWARDS}, "
+                             f"got {self.timeout_reward!r}")
+        if self.eps < 0:
+            raise ValueError(f"AdvantageConfig.eps must be >= 0, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """The `logging` section of the run config. `dir` None: `RUN/trackers`; `run_name`
+    empty: the run directory's name; `num_sample_sessions`: rows of each step's table."""
+
+    trackers: tuple[str, ...] = ()
+    dir: Path | None = None
+    project: str = "undertow"
+    run_name: str = ""
+    wandb_mode: str = "offline"
+    num_sample_sessions: int = 8
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.trackers) - set(TRACKERS))
+        if unknown:
+            raise ValueError(f"logging.trackers: unknown {unknown}; choose from {list(TRACKERS)}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ValueError(f"logging.wandb_mode must be one of {WANDB_MODES}, "
+                             f"got {self.wandb_mode!r}")
+        if self.num_sample_sessions < 0:
+            raise ValueError(f"logging.num_sample_sessions must be >= 0, "
+                             f"got {self.num_sample_sessions}")
 
 
 @dataclass(frozen=True)

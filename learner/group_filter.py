@@ -22,12 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from undertow.learner.advantages import (
-    AdvantageConfig,
-    infra_failures,
-    is_uniform,
-    valid_sessions,
-)
+from undertow.learner.advantages import infra_failures, is_uniform, valid_sessions
+from undertow.learner.config import AdvantageConfig
 from undertow.learner.errors import RunFailedError
 from undertow.learner.run_log import RunLog
 

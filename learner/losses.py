@@ -1,4 +1,4 @@
-"""Policy losses over the terms of a packed step, chosen by name: `LossConfig`, the
+"""Policy losses over the terms of a packed step, chosen by name (`config.LossConfig`): the
 per-term f_t (`token_terms`), the step's normaliser weights (`step_weights`) and a
 micro-batch's share of the loss (`micro_batch_loss`). The objective, its corrections,
 masks and aggregations: docs/training.md, "The objective".
@@ -6,75 +6,11 @@ masks and aggregations: docs/training.md, "The objective".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from undertow.learner.config import LossConfig
 from undertow.learner.errors import LossConfigError
 from undertow.learner.packing import MicroBatch, PackedStep
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """The loss of a step; `name` picks the aggregation, `correction` the off-policy
-    correction (docs/training.md, "The objective"); "gyre" uses `max_paths_per_session`."""
-
-    name: str = "grpo"
-    correction: str = "none"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    max_importance_weight: float = 2.0
-    dr_grpo_num_tokens: int = 4096
-    max_paths_per_session: int = 2
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    mis_low: float = 0.5
-    mis_high: float = 5.0
-    sequence_mask: str = "none"
-    sequence_mask_low: float = 0.999
-    sequence_mask_high: float = 1.001
-    max_token_version_gap: int | None = None
-
-    def __post_init__(self):
-        if self.name not in LOSSES:
-            raise LossConfigError(f"unknown loss {self.name!r}; choose one of {sorted(LOSSES)}")
-        if self.correction not in CORRECTIONS:
-            raise LossConfigError(f"unknown off-policy correction {self.correction!r}; "
-                                  f"choose one of {sorted(CORRECTIONS)}")
-        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise LossConfigError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_importance_weight <= 0 or self.dr_grpo_num_tokens < 1:
-            raise LossConfigError("LossConfig.max_importance_weight and dr_grpo_num_tokens "
-                                  "must be positive")
-        if self.max_paths_per_session < 1:
-            raise LossConfigError(f"LossConfig.max_paths_per_session must be >= 1, "
-                                  f"got {self.max_paths_per_session}")
-        if self.sequence_mask not in SEQUENCE_MASKS:
-            raise LossConfigError(f"unknown sequence mask {self.sequence_mask!r}; choose one "
-                                  f"of {list(SEQUENCE_MASKS)}")
-        gap = self.max_token_version_gap
-        if gap is not None and (type(gap) is not int or gap < 0):
-            raise LossConfigError(f"LossConfig.max_token_version_gap must be a number >= 0 "
-                                  f"(0: only tokens of the weights trained) or null (off), "
-                                  f"got {gap!r}")
-        _check_band("mis", self.mis_low, self.mis_high)
-        _check_band("sequence_mask", self.sequence_mask_low, self.sequence_mask_high)
-
-    @property
-    def paths_per_session(self) -> int | None:
-        """What `pack_step` must be given as `max_paths_per_session`."""
-        return self.max_paths_per_session if self.name == "gyre" else None
-
-
-SEQUENCE_MASKS = ("none", "geometric")
-
-
-def _check_band(prefix: str, low: float, high: float) -> None:
-    """A ratio band [low, high] must hold 1 (an on-policy token is never masked)."""
-    if not 0 < low <= 1 <= high:
-        raise LossConfigError(f"LossConfig.{prefix}_low and {prefix}_high must satisfy "
-                              f"0 < low <= 1 <= high, got low={low}, high={high}")
 
 
 def _count(index: torch.Tensor, size: int) -> torch.Tensor:

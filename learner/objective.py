@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from undertow.learner.config import LossConfig
 from undertow.learner.errors import LossConfigError
-from undertow.learner.losses import LossConfig, micro_batch_loss, sequence_keep, step_weights
+from undertow.learner.losses import micro_batch_loss, sequence_keep, step_weights
 from undertow.learner.mismatch import mismatch_sums, version_gap_sums
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep

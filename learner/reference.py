@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.losses import LossConfig, token_terms
+from undertow.learner.config import LossConfig
+from undertow.learner.losses import token_terms
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import SessionKey, selected_leaves
 

@@ -5,8 +5,8 @@ e.g. oracle solutions of the bundled tasks driven through the real scaffold by a
 scripted model, so that the tokens are exactly those the scaffold's calls carried.
 Each step packs its groups with the RL packer (`packing.pack_step`, each shared
 prefix computed once) and minimises the mean negative logprob over the trainable
-tokens of the step (token mean: `losses.step_weights` of the "token_mean" loss), so
-the packed loss equals the flat per-session one as in RL. Sessions below
+tokens of the step (a token mean: no RL loss, so no `LossConfig`), so the packed loss
+equals the flat per-session one as in RL. Sessions below
 `min_reward` (when set) are left out; the result is a model directory (`--out`) that
 `undertow train` takes as `run.model_dir`.
 """
@@ -22,7 +22,6 @@ import torch
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.checkpoint import write_model_dir
 from undertow.learner.config import SFTConfig, torch_dtype
-from undertow.learner.losses import LossConfig, step_weights
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.model import PolicyModel
 from undertow.learner.packing import PackedStep, SessionKey, pack_step
@@ -35,12 +34,12 @@ def chosen_sessions(trees: list[Tree], min_reward: float | None) -> dict[Session
 
 
 def cross_entropy_backward(policy: PolicyModel, step: PackedStep) -> tuple[float, int]:
-    """Backpropagates the step's mean negative logprob; returns it and the token count."""
-    weights = step_weights(LossConfig(name="token_mean"), step)
+    """Backpropagates the step's mean negative logprob (every trainable token of the step
+    weighs the same, 1 / their number); returns it and the token count."""
     total = 0.0
     for micro_batch in step.micro_batches:
-        logprobs = policy.score(micro_batch).logprobs
-        loss = -(weights[micro_batch.term_ids].to(logprobs.dtype) * logprobs).sum()
+        logprobs = policy.score(micro_batch).logprobs   # (N,) one per term of the micro-batch
+        loss = -logprobs.sum() / step.num_terms
         loss.backward()
         total += float(loss.detach())
     return total, step.num_terms

@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from undertow.learner.attention import decoder_hidden
-from undertow.learner.config import DEVICES, MIXED_PRECISIONS, TrainConfig
+from undertow.learner.config import DEVICES, MIXED_PRECISIONS, LossConfig, TrainConfig
 from undertow.learner.errors import LearnerError
 from undertow.learner.lm_head import ScoringHead
-from undertow.learner.losses import LossConfig, step_weights
+from undertow.learner.losses import step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, merge_stats, sequence_keep_of
 from undertow.learner.packing import MicroBatch, PackedStep

@@ -12,48 +12,22 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
+from undertow.learner.config import TrackerConfig
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.trees import StoreFileDamaged, load_store_tree
 
 log = logging.getLogger(__name__)
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 STEPS_FILE = "steps.jsonl"
 GROUP_NAME = re.compile(r"^g(\d{6})-r(\d+)(?:\..+)?$")
-WANDB_MODES = ("offline", "online", "disabled")
 SESSION_COLUMNS = ("step", "group", "session", "reward", "cause", "num_calls",
                    "num_completion_tokens", "last_reply")
 MAX_REPLY_CHARS = 400
-
-
-@dataclass(frozen=True)
-class TrackerConfig:
-    """The `logging` section of the run config. `dir` None: `RUN/trackers`; `run_name`
-    empty: the run directory's name; `num_sample_sessions`: rows of each step's table."""
-
-    trackers: tuple[str, ...] = ()
-    dir: Path | None = None
-    project: str = "undertow"
-    run_name: str = ""
-    wandb_mode: str = "offline"
-    num_sample_sessions: int = 8
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.trackers) - set(TRACKERS))
-        if unknown:
-            raise ValueError(f"logging.trackers: unknown {unknown}; choose from {list(TRACKERS)}")
-        if self.wandb_mode not in WANDB_MODES:
-            raise ValueError(f"logging.wandb_mode must be one of {WANDB_MODES}, "
-                             f"got {self.wandb_mode!r}")
-        if self.num_sample_sessions < 0:
-            raise ValueError(f"logging.num_sample_sessions must be >= 0, "
-                             f"got {self.num_sample_sessions}")
 
 
 class Tracker(Protocol):

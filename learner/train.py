@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
+from undertow.learner.advantages import group_advantages, valid_sessions
 from undertow.learner.checkpoint import (
     PendingGroup,
     TrainState,
@@ -27,9 +27,8 @@ from undertow.learner.checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from undertow.learner.config import TrainConfig, torch_dtype
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError, MicroBatchTooLongError
-from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import MetricsLog
 from undertow.learner.mismatch import mismatch_metrics
 from undertow.learner.model import PolicyModel

@@ -4,7 +4,7 @@ frozen dataclass, nested dataclasses built from nested mappings, bad keys and va
 import pytest
 
 from undertow.config import build_section, read_config
-from undertow.run.rollout_source import RolloutSection
+from undertow.run.sections import RolloutSection
 from undertow.sandboxes.sandbox import SandboxConfig
 
 

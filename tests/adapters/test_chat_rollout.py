@@ -22,7 +22,8 @@ from undertow.adapters.chat_rollout import (
 from undertow.adapters.errors import RolloutError
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.summary import RolloutSummary
-from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
+from undertow.learner.advantages import group_advantages, valid_sessions
+from undertow.learner.config import AdvantageConfig
 from undertow.learner.packing import pack_step
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")  # the fixtures' loop

@@ -37,7 +37,8 @@ from undertow.adapters.command import CommandScaffold
 from undertow.adapters.gateway_client import GatewayAdmin
 from undertow.adapters.rollout import Rollout, RolloutConfig
 from undertow.gateway.engine_pool.router import RouterConfig
-from undertow.learner.advantages import AdvantageConfig, group_advantages, valid_sessions
+from undertow.learner.advantages import group_advantages, valid_sessions
+from undertow.learner.config import AdvantageConfig
 from undertow.learner.packing import pack_step
 from undertow.learner.trees import load_store_trees
 from undertow.run.embedded import serve_gateway

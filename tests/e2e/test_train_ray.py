@@ -149,9 +149,7 @@ def _single_process_parameters(run_dir: Path, model_dir: Path, trees, work_dir: 
     """The parameters after each step of a one-process `Learner` with the run's
     resolved config, trained on `trees` one group a step."""
     from undertow.config import build_section
-    from undertow.learner.advantages import AdvantageConfig
-    from undertow.learner.config import TrainConfig
-    from undertow.learner.losses import LossConfig
+    from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
     from undertow.learner.train import Learner
 
     resolved = yaml.safe_load((latest_checkpoint(run_dir) / "config.yaml").read_text())

@@ -17,7 +17,7 @@ from tests.gateway.capture import captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.test_api_scripted import script
 from tests.gateway.test_store_repair import admin, chat
-from undertow.learner.advantages import AdvantageConfig
+from undertow.learner.config import AdvantageConfig
 from undertow.learner.gateway_link import GatewayLink
 from undertow.learner.group_filter import GroupFilter, StepCounts
 from undertow.learner.run_log import RunLog

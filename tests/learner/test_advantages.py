@@ -6,13 +6,13 @@ import pytest
 
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import (
-    AdvantageConfig,
     group_advantages,
     infra_failures,
     is_uniform,
     session_rewards,
     valid_sessions,
 )
+from undertow.learner.config import AdvantageConfig
 
 
 def _group(rewards: dict[str, float], prompts: dict[str, list[int]] | None = None,

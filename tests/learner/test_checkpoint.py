@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from undertow.gateway.trees.tree import tree_to_json
-from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import (
     STARTS_FILE,
     CheckpointError,
@@ -30,8 +29,7 @@ from undertow.learner.checkpoint import (
     record_start,
     restorable_checkpoint,
 )
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.train import Learner
 
 from .conftest import build_random_tree

@@ -11,8 +11,8 @@ import torch
 from tests.learner.path_scores import assert_scores_equal_per_path
 from tests.learner.random_trees import build_random_tree
 from undertow.learner.attention import attention_blocks, split_blocks
+from undertow.learner.config import LossConfig
 from undertow.learner.lm_head import ScoringHead, chunked_scores, head_scores
-from undertow.learner.losses import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

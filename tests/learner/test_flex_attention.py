@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_mask
 
-from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.advantages import group_advantages
 from undertow.learner.attention import flex_block_mask
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import AdvantageConfig, LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

@@ -10,15 +10,9 @@ import torch
 
 from undertow.config import build_section
 from undertow.gateway.trees.tree import Tree
+from undertow.learner.config import CORRECTION_NAMES, LOSS_NAMES, LossConfig
 from undertow.learner.errors import LossConfigError
-from undertow.learner.losses import (
-    CORRECTIONS,
-    LOSSES,
-    LossConfig,
-    sequence_keep,
-    term_weights,
-    token_terms,
-)
+from undertow.learner.losses import CORRECTIONS, LOSSES, sequence_keep, term_weights, token_terms
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step
 from undertow.learner.reference import flat_loss, flat_samples
@@ -157,6 +151,12 @@ def test_unknown_names_are_rejected_with_the_choices():
     assert build_section(LossConfig, {"name": "dr_grpo"}, "loss").name == "dr_grpo"
 
 
+def test_the_config_knows_every_loss_and_correction_and_no_other():
+    # learner/config.py names them without importing torch; losses.py defines them
+    assert sorted(LOSS_NAMES) == sorted(LOSSES)
+    assert sorted(CORRECTION_NAMES) == sorted(CORRECTIONS)
+
+
 # mis's band [0.8, 1.5] masks some of the random trees' tokens (ratios e^-0.7..e^0.7).
 VARIANTS = [LossConfig(name=n, correction=c, max_importance_weight=1.5, mis_low=0.8,
                        mis_high=1.5) for n in LOSSES for c in CORRECTIONS]
@@ -166,7 +166,8 @@ VARIANTS += [LossConfig(name="grpo", correction="decoupled_ppo", kl_coef=0.1,
 
 
 def _advantages(trees):
-    from undertow.learner.advantages import AdvantageConfig, group_advantages
+    from undertow.learner.advantages import group_advantages
+    from undertow.learner.config import AdvantageConfig
 
     return {(t.group_id, s): a for t in trees
             for s, a in group_advantages(t, AdvantageConfig()).items()}

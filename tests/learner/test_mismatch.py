@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.mismatch import (
     mismatch_metrics,

@@ -18,7 +18,7 @@ import torch
 from tests.learner.chat_trees import build_chat_tree
 from tests.learner.path_scores import assert_scores_equal_per_path
 from tests.learner.random_trees import build_random_tree
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

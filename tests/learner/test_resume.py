@@ -9,15 +9,12 @@ import sys
 
 import pytest
 
-from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import STARTS_FILE
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrackerConfig, TrainConfig
 from undertow.learner.metrics_log import METRICS_FILE, read_metrics
 from undertow.learner.trackers import (
     STEPS_FILE,
     TrackedMetricsLog,
-    TrackerConfig,
     Trackers,
     open_trackers,
     truncate_steps,

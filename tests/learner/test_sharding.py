@@ -34,8 +34,8 @@ from transformers import AutoConfig
 
 from tests.learner.random_trees import build_random_tree
 from tests.learner.test_losses import _assert_gradients_close
-from undertow.learner.advantages import AdvantageConfig, group_advantages
-from undertow.learner.losses import LossConfig
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig, LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

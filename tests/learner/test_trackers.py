@@ -11,13 +11,9 @@ import pytest
 
 from undertow.gateway.front.store import TreeStore
 from undertow.gateway.trees.tree import Tree
+from undertow.learner.config import TrackerConfig
 from undertow.learner.metrics_log import read_metrics
-from undertow.learner.trackers import (
-    SESSION_COLUMNS,
-    TrackedMetricsLog,
-    TrackerConfig,
-    open_trackers,
-)
+from undertow.learner.trackers import SESSION_COLUMNS, TrackedMetricsLog, open_trackers
 
 RUN_CONFIG = {"run": {"run_dir": Path("runs/x")}, "learner": {"lr": 0.001, "group_size": 2},
               "logging": {"trackers": ["tensorboard", "wandb", "mlflow"]}}

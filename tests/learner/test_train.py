@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from undertow.cells.loop import train_alone
-from undertow.learner.advantages import AdvantageConfig, group_advantages
-from undertow.learner.config import TrainConfig
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.gateway_link import EngineWeightSink
-from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

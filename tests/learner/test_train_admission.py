@@ -8,10 +8,8 @@ import pytest
 from tests.learner.random_trees import build_random_tree
 from undertow.cells.loop import train_alone
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import TrainConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.errors import RunFailedError
-from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.train import FinishedGroup, Learner
 

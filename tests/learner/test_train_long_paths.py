@@ -18,10 +18,8 @@ from undertow.cells.elastic.learner import ElasticLearner
 from undertow.cells.elastic.step import Member
 from undertow.config import build_section, read_config
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import LONG_PATHS, TrainConfig
+from undertow.learner.config import LONG_PATHS, AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.errors import MicroBatchTooLongError
-from undertow.learner.losses import LossConfig
 from undertow.learner.packing import LONG_PATHS as PACKING_LONG_PATHS
 from undertow.learner.train import Learner
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig
 from undertow.learner.packing import pack_step
 from undertow.learner.wire import (
     decode_step,

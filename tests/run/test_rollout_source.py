@@ -11,12 +11,12 @@ from undertow.learner.train import GroupRequest
 from undertow.run.rollout_source import (
     GroupOutcome,
     RolloutContext,
-    RolloutSection,
     ThreadedGroupSource,
     background_loop,
     load_source,
     select_prompt_tasks,
 )
+from undertow.run.sections import RolloutSection
 
 
 def context_of(tmp_path, **rollout) -> RolloutContext:

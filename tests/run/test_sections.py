@@ -1,5 +1,5 @@
 """The composition root's config (`undertow/run/sections.py`): one typed `RunSections` built
-from the config tree, the checkpoint's `resolved()` form of it, and the resume path."""
+from the config tree, the checkpoint's `resolved` form of it, and the resume path."""
 
 from pathlib import Path
 
@@ -8,19 +8,16 @@ import yaml
 
 from undertow.cells.config import CellPoolConfig
 from undertow.config import read_config
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig
-from undertow.learner.trackers import TrackerConfig
-from undertow.run.rollout_source import RolloutSection
+from undertow.learner.config import AdvantageConfig, LossConfig, TrackerConfig, TrainConfig
 from undertow.run.sections import (
     CONFIGS_DIR,
+    RolloutSection,
     RunConfig,
     RunSections,
+    WarmStartSection,
     load_sections,
     section_names,
 )
-from undertow.run.warm_start import WarmStartSection
 from undertow.sandboxes.hosts import HostsConfig
 from undertow.sandboxes.sandbox import SandboxConfig
 
@@ -65,7 +62,7 @@ def test_a_missing_section_takes_its_defaults_and_no_pool_section_means_no_pool(
 
 def test_an_unknown_section_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown config section\(s\) \['lerner'\]; known: "
-                                         r"\['run', 'rollout', 'learner'"):
+                                         r"\['run', 'rollout', 'warm_start'"):
         RunSections.from_tree({"lerner": {"num_steps": 3}})
 
 
@@ -105,7 +102,7 @@ def test_a_resume_without_a_file_reads_the_latest_checkpoints_config_then_the_ov
     for name, num_steps in (("step-000001", 1), ("step-000002", 9)):
         checkpoint = run_dir / "checkpoints" / name
         checkpoint.mkdir(parents=True)
-        tree = stored.resolved()
+        tree = stored.resolved
         tree["learner"]["num_steps"] = num_steps
         (checkpoint / "config.yaml").write_text(yaml.safe_dump(tree))
     resumed = load_sections(None, ["learner.num_steps=12"], run_dir=run_dir, resume=True)
@@ -126,7 +123,7 @@ def test_resolved_is_yaml_safe_and_builds_the_same_sections(source):
     tree = yaml.safe_load(EVERY_SECTION) if source == "every" else \
         read_config(CONFIGS_DIR / source)
     sections = RunSections.from_tree(tree)
-    resolved = sections.resolved()
+    resolved = sections.resolved
     assert set(resolved) == set(section_names()) - ({"pool"} if sections.pool is None else set())
     stored = yaml.safe_load(yaml.safe_dump(resolved))   # what the checkpoint writes and reads
     assert stored == resolved

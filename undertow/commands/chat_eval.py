@@ -40,7 +40,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     import uuid
 
     from undertow.evaluation import wilson_interval
-    from undertow.run.rollout_source import RolloutSection, select_prompt_tasks
+    from undertow.run.rollout_source import select_prompt_tasks
+    from undertow.run.sections import RolloutSection
 
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")

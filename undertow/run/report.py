@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from undertow.run.rollout_source import CHAT, RolloutSection
+from undertow.run.rollout_source import CHAT
+from undertow.run.sections import RolloutSection
 
 
 def step_printer(num_steps: int) -> Callable[[dict[str, Any]], None]:

@@ -1,6 +1,7 @@
 """The rollout source of a training run: groups launched on an asyncio loop, read back as trees.
 
-`undertow/run/train.py` imports it; it imports no run module, so the run flows one way.
+`undertow/run/train.py` imports it; of the run's modules it imports only the sections, so
+the run flows one way.
 The learner (sync, main thread) asks `ThreadedGroupSource` to `launch` a group: its
 rollout runs on the loop of `background_loop` (a daemon thread running the gateway and
 the rollouts), and `wait` reads each finished group's tree from the gateway. What runs a
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from undertow.run.sections import RolloutSection
 from undertow.sandboxes.hosts import HostsConfig
-from undertow.sandboxes.sandbox import SandboxConfig
 
 if TYPE_CHECKING:
     from undertow.adapters.chat_rollout import PromptTask
@@ -38,29 +39,8 @@ GroupFuture = concurrent.futures.Future["str | GroupOutcome"]
 
 CHAT = "chat"
 CHAT_MULTITURN = "chat-multiturn"   # two calls a session (`adapters/chat_multiturn.py`)
+CHAT_SCAFFOLDS = (CHAT, CHAT_MULTITURN)   # the scaffolds that run prompt tasks
 DEFAULT_PROMPT_TASKS = "directions.yaml"   # in undertow.adapters.configs
-
-
-@dataclass(frozen=True)
-class RolloutSection:
-    """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
-    bundled set; for `chat`, `adapters/configs/directions.yaml`), group index i running
-    task i mod the number of tasks. A session that Undertow fails is run again as a
-    new session of its group, up to `max_attempts` attempts per slot. `sandbox` is each
-    session's container (`sandboxes/sandbox.py` SandboxConfig: cpus, memory, network,
-    git_history), e.g. `rollout.sandbox.memory_bytes=4294967296`."""
-
-    tasks: Path | None = None
-    num_tasks: int | None = None
-    instance_ids: tuple[str, ...] = ()
-    scaffold: str = "mini-swe-agent"
-    scaffold_options: dict = field(default_factory=dict)
-    concurrency: int = 2
-    timeout_s: float = 600.0
-    timeout_value: str = "partial_credit"
-    source: str = ""
-    max_attempts: int = 3
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,9 @@ class GroupOutcome:
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """What a rollout source is given: the gateway, the tasks, where to write."""
+    """What a rollout source is given: the gateway, the tasks, where to write.
+    `prompt_tasks`: the chat rollouts' tasks, selected once by `undertow train`
+    (`select_prompt_tasks`); None: `chat_rollouts` selects them from `rollout`."""
 
     gateway_url: str
     admin_token: str
@@ -87,6 +69,7 @@ class RolloutContext:
     rollout: RolloutSection
     docker_url: str | None
     hosts: HostsConfig | None = None   # None: the one daemon of docker_url
+    prompt_tasks: Sequence[PromptTask] | None = None
 
 
 # A rollout source's coroutine function: runs the group a request names at the gateway.
@@ -218,7 +201,7 @@ def chat_rollouts(context: RolloutContext) -> RunGroup:
     multiturn = section.scaffold == CHAT_MULTITURN
     rollout_class = ChatMultiturnRollout if multiturn else ChatRollout
     config_class = ChatMultiturnConfig if multiturn else ChatRolloutConfig
-    tasks = select_prompt_tasks(section)
+    tasks = select_prompt_tasks(section) if context.prompt_tasks is None else context.prompt_tasks
 
     async def run_group(request: GroupRequest) -> GroupOutcome:
         config = config_class(group_size=request.group_size,
@@ -295,7 +278,7 @@ def load_source(context: RolloutContext) -> RunGroup:
     (sessions in Docker sandboxes on SWE tasks), or `source: "module:factory"`, where
     `factory(context)` returns an `async run_group(request)` that runs the group and closes
     its sessions with rewards, returning its name at the gateway or a `GroupOutcome`."""
-    if not context.rollout.source and context.rollout.scaffold in (CHAT, CHAT_MULTITURN):
+    if not context.rollout.source and context.rollout.scaffold in CHAT_SCAFFOLDS:
         return chat_rollouts(context)
     if not context.rollout.source:
         return scaffold_rollouts(context)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,17 +23,18 @@ from undertow.cells.protocol import RunParts
 from undertow.run.report import print_results, step_printer
 from undertow.run.rollout_source import (
     CHAT,
+    CHAT_SCAFFOLDS,
     RolloutContext,
-    RolloutSection,
     ThreadedGroupSource,
     background_loop,
     load_source,
     select_prompt_tasks,
 )
 from undertow.run.sections import RunConfig, RunSections
-from undertow.run.warm_start import WarmStartSection
+from undertow.run.warm_start import warm_start
 
 if TYPE_CHECKING:   # the learner's modules import torch: for the annotations only
+    from undertow.adapters.chat_rollout import PromptTask
     from undertow.learner.train import Learner
 
 # Starts a pool for a learner: (loop, sections, learner, base model, served weights).
@@ -60,16 +61,22 @@ def train(sections: RunSections, resume: bool, stop: threading.Event) -> str:
     """Runs (or resumes) the training run of `sections`; returns "done"/"stopped"."""
     from undertow.learner.checkpoint import list_checkpoints
 
-    run = sections.run
+    run, rollout = sections.run, sections.rollout
     if not resume and list_checkpoints(run.run_dir):
         raise ValueError(f"{run.run_dir} already holds checkpoints; pass --resume to continue "
                          "it, or choose another run.run_dir")
-    model_dir = start_model_dir(run, sections.rollout, sections.warm_start)
+    model_dir = base_model_dir(run)
+    # A chat run's tasks, selected once: the warm start imitates them, the rollouts run them.
+    prompt_tasks = select_prompt_tasks(rollout) if rollout.scaffold in CHAT_SCAFFOLDS else None
+    if prompt_tasks and rollout.scaffold == CHAT and not rollout.source and \
+            sections.warm_start.num_steps:
+        model_dir = warm_start(prompt_tasks, model_dir, run.run_dir / "model-warm",
+                               sections.warm_start)
     if sections.pool is None:
         from undertow.learner.train import Learner
 
         learner = _learner(Learner, sections, model_dir, resume)
-        return _train(sections, learner, model_dir, stop, serve_one_cell)
+        return _train(sections, learner, model_dir, prompt_tasks, stop, serve_one_cell)
     if run.engine_urls:
         raise ValueError("run.engine_urls is set, but a pool run starts its cells' own "
                          "engines; remove one of them")
@@ -80,7 +87,7 @@ def train(sections: RunSections, resume: bool, stop: threading.Event) -> str:
     with pool_backend(sections.pool, run.run_dir, sections.learner) as backend:
         learner = _learner(ElasticLearner, sections, model_dir, resume,
                            timeout_s=sections.pool.timeout_s)
-        return _train(sections, learner, model_dir, stop,
+        return _train(sections, learner, model_dir, prompt_tasks, stop,
                       functools.partial(serve_cell_pool, backend=backend))
 
 
@@ -90,15 +97,16 @@ def _learner(learner_class: type[Learner], sections: RunSections, model_dir: Pat
     its start recorded (`Learner.begin_run`)."""
     make = learner_class.restore if resume else learner_class
     learner = make(sections.learner, sections.loss, sections.advantages, model_dir,
-                   sections.run.run_dir, sections.resolved(), **options)
+                   sections.run.run_dir, sections.resolved, **options)
     learner.begin_run()
     return learner
 
 
-def _train(sections: RunSections, learner: Learner, model_dir: Path, stop: threading.Event,
+def _train(sections: RunSections, learner: Learner, model_dir: Path,
+           prompt_tasks: Sequence[PromptTask] | None, stop: threading.Event,
            serve_pool: ServePool) -> str:
     """The run of `learner` on the pool `serve_pool` starts: the gateway and engines, the
-    rollouts, and the one loop."""
+    rollouts (a chat run's on `prompt_tasks`), and the one loop."""
     from undertow.cells.loop import RunLoop
     from undertow.learner.trackers import TrackedMetricsLog, open_trackers, truncate_steps
 
@@ -115,7 +123,8 @@ def _train(sections: RunSections, learner: Learner, model_dir: Path, stop: threa
             print(f"undertow train: gateway {parts.url}, {parts.description}, run "
                   f"{run.run_dir}, from step {learner.state.step}", flush=True)
             context = RolloutContext(parts.url, parts.admin.token, run.run_dir,
-                                     sections.rollout, run.docker_url, sections.sandbox)
+                                     sections.rollout, run.docker_url, sections.sandbox,
+                                     prompt_tasks)
             source = ThreadedGroupSource(loop, load_source(context), parts.admin,
                                          learner.state.num_resumes)
             try:
@@ -129,14 +138,3 @@ def _train(sections: RunSections, learner: Learner, model_dir: Path, stop: threa
     print(f"undertow train: {outcome} at step {learner.state.step}", flush=True)
     print_results(run.run_dir, sections.rollout)
     return outcome
-
-
-def start_model_dir(run: RunConfig, rollout: RolloutSection, warm: WarmStartSection) -> Path:
-    """The weights the run starts from: the base model, warm-started when the rollout
-    is `chat` on tasks that list `warm_start` replies (`warm_start.py`)."""
-    model_dir = base_model_dir(run)
-    if rollout.scaffold != CHAT or rollout.source or warm.num_steps == 0:
-        return model_dir
-    from undertow.run.warm_start import warm_start
-
-    return warm_start(select_prompt_tasks(rollout), model_dir, run.run_dir / "model-warm", warm)

@@ -3,7 +3,7 @@
 From random weights group sampling almost never meets a rewarded reply (30 RL steps from
 random weights learned nothing), so before the first step `undertow train` imitates every
 listed reply equally (`learner/sft.py`), on trees built as the gateway records a chat call.
-Section `warm_start` (`WarmStartSection`; `num_steps: 0` turns it off); the model is
+Section `warm_start` (`sections.WarmStartSection`; `num_steps: 0` turns it off); the model is
 written once to `RUN/model-warm` and reused on resume (docs/design.md, the start weights).
 """
 
@@ -11,30 +11,16 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from undertow.run.sections import WarmStartSection
 
 if TYPE_CHECKING:
     from undertow.adapters.chat_rollout import PromptTask
     from undertow.gateway.trees.tree import Tree
 
 WARM_START_FIELD = "warm_start"
-
-
-@dataclass(frozen=True)
-class WarmStartSection:
-    """`num_steps` optimiser steps (each on every task's replies) at `lr`."""
-
-    num_steps: int = 30
-    lr: float = 3e-3
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.num_steps < 0:
-            raise ValueError(f"warm_start.num_steps must be >= 0, got {self.num_steps}")
-        if self.lr <= 0:
-            raise ValueError(f"warm_start.lr must be positive, got {self.lr}")
 
 
 def imitation_trees(tasks: Sequence[PromptTask], model_dir: Path) -> list[Tree]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from undertow.gateway.trees.tree import Call, Tree
-from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig
 from undertow.ui.runs import Decoder, NotFoundError, RunFolder
 
 CALLS_PER_PAGE = 10

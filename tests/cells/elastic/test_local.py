@@ -40,7 +40,7 @@ from undertow.cells import (
 )
 from undertow.cells.elastic.local import CellRoles, ProcessMembers, ThreadMembers, member_name
 from undertow.cells.elastic.step import Coordinator
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

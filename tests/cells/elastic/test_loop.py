@@ -30,10 +30,8 @@ from undertow.cells.elastic.learner import ElasticLearner
 from undertow.cells.elastic.local import CellRoles, ThreadMembers
 from undertow.cells.loop import RunLoop, read_timeline
 from undertow.cells.pool import CellPool
-from undertow.learner.advantages import AdvantageConfig
 from undertow.learner.checkpoint import latest_checkpoint, load_checkpoint
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.train import FinishedGroup
 

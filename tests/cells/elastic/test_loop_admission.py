@@ -38,10 +38,8 @@ from undertow.cells.elastic.learner import ElasticLearner
 from undertow.cells.elastic.local import CellRoles, ThreadMembers
 from undertow.cells.loop import RunLoop, read_timeline
 from undertow.cells.pool import CellPool
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import TrainConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.errors import RunFailedError
-from undertow.learner.losses import LossConfig
 from undertow.learner.metrics_log import read_metrics
 from undertow.learner.train import Learner
 

@@ -24,7 +24,7 @@ from tests.processes import alive, descendants
 from undertow.cells import BatchProgress, Cell, CellPoolError, DispatchBatch, Role, make_policy
 from undertow.cells.elastic.local import CellRoles, ThreadMembers, member_name
 from undertow.cells.elastic.step import Coordinator
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

@@ -24,7 +24,7 @@ from tests.learner.random_trees import build_random_tree
 from tests.learner.test_losses import _assert_gradients_close, _gradients
 from undertow.cells.elastic.local import ProcessMembers, member_name
 from undertow.cells.elastic.step import Coordinator, weights_digest
-from undertow.learner.losses import LossConfig
+from undertow.learner.config import LossConfig
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 

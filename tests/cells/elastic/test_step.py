@@ -36,9 +36,10 @@ from undertow.cells.elastic.step import (
     MembershipError,
     weights_digest,
 )
-from undertow.learner.advantages import AdvantageConfig, group_advantages
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig, LossConfig
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.losses import LOSSES, LossConfig, chunk_weights, step_count, step_weights
+from undertow.learner.losses import LOSSES, chunk_weights, step_count, step_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, backward_step
 from undertow.learner.packing import pack_step

@@ -28,9 +28,8 @@ from tests.learner.random_trees import build_random_tree
 from undertow.cells.elastic.devices import MemberDeviceError
 from undertow.cells.elastic.local import ProcessMembers, ThreadMembers
 from undertow.cells.elastic.step import Coordinator, Member
-from undertow.learner.advantages import AdvantageConfig, group_advantages
-from undertow.learner.config import TrainConfig, torch_dtype
-from undertow.learner.losses import LossConfig
+from undertow.learner.advantages import group_advantages
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig, torch_dtype
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_step
 from undertow.learner.packing import pack_step

@@ -15,10 +15,8 @@ from typing import Any
 
 from undertow.cells.elastic.step import Coordinator
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import AdvantageConfig
-from undertow.learner.config import TrainConfig
+from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.losses import LossConfig
 from undertow.learner.train import Learner
 
 

@@ -25,8 +25,8 @@ from undertow.cells.elastic.step import (
     tensors_digest,
     use_scoring_options,
 )
-from undertow.learner.config import TrainConfig
-from undertow.learner.losses import LossConfig, chunk_weights
+from undertow.learner.config import LossConfig, TrainConfig
+from undertow.learner.losses import chunk_weights
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, merge_stats, sequence_keep_of
 from undertow.learner.sharding import (

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore  # pyright: ignore[reportPrivateImportUsage]  # public in torch's docs; re-exported without __all__
 
 from undertow.cells.errors import CellPoolError
-from undertow.learner.config import TrainConfig, torch_dtype
+from undertow.learner.config import LossConfig, TrainConfig, torch_dtype
 from undertow.learner.errors import EmptyStepError
-from undertow.learner.losses import LossConfig, chunk_weights, step_count
+from undertow.learner.losses import chunk_weights, step_count
 from undertow.learner.model import PolicyModel
 from undertow.learner.objective import backward_micro_batch, merge_stats
 from undertow.learner.packing import PackedStep

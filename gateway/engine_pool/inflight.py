@@ -32,7 +32,7 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +53,6 @@ from undertow.gateway.engines.protocol import (
     FinishReason,
     GenerateChunk,
     GenerateRequest,
-    SamplingParams,
-    TokenIdsJson,
 )
 from undertow.gateway.metrics import GatewayMetrics
 
@@ -98,17 +96,18 @@ class InFlight:
         self.background = background
         self.config = config
 
-    async def generate(self, session_id: str, input_ids: Sequence[int], params: SamplingParams,
-                       rid: str, *, input_ids_json: TokenIdsJson | None = None,
-                       live: bool = True) -> AsyncGenerator[GenerationChunk, None]:
+    async def generate(self, session_id: str, request: GenerateRequest, *, live: bool = True
+                       ) -> AsyncGenerator[GenerationChunk, None]:
         """Streams the generation's new tokens; see docs/engines.md for the contract.
-        `input_ids_json`, the JSON array of `input_ids` where the caller has it, is sent
-        as it is (a resume, whose input has grown, is serialised anew). Each chunk holds
-        what the engine sent since the previous one was taken (`PieceBuffer`); with
-        `live=False` a chunk comes only once an attempt is over, for a consumer that
-        reads the whole reply before it answers."""
+        `request` (with `input_ids`) is the first attempt's, sent as it is; a resume sends
+        one derived from it (`resumed_request`). Each chunk holds what the engine sent
+        since the previous one was taken (`PieceBuffer`); with `live=False` a chunk comes
+        only once an attempt is over, for a consumer that reads the whole reply before it
+        answers."""
+        if request.input_ids is None:
+            raise ValueError("the pool generates from input_ids: tokenize the prompt first")
         produced: list[int] = []
-        max_new = params.max_new_tokens
+        max_new = request.sampling_params.max_new_tokens
         cause: str | None = None
         cached_tokens = storage_before = 0
         staged: StagedResume | None = None  # a KV migration's staging, for the next attempt
@@ -119,13 +118,13 @@ class InFlight:
                 yield GenerationChunk([], [], [], {"type": "length", "length": max_new},
                                       cached_tokens, time.time())
                 return
-            attempt_rid = rid if num_attempt == 0 else resume_rid(rid, num_attempt)
-            attempt_params = _attempt_params(params, len(produced), num_attempt)
-            prompt_ids = [*input_ids, *produced] if produced else input_ids  # never mutated
-            attempt = await self.admission.admit(session_id, prompt_ids, attempt_rid,
+            attempt_request = (request if num_attempt == 0
+                               else resumed_request(request, produced, num_attempt))
+            prompt_ids = attempt_request.input_ids
+            assert prompt_ids is not None  # as `request`'s
+            attempt = await self.admission.admit(session_id, prompt_ids, attempt_request.rid,
                                                  admitted=num_attempt > 0, waits=bool(produced))
-            batches = self._stream_attempt(attempt, prompt_ids, attempt_params, live, staged,
-                                           None if produced else input_ids_json)
+            batches = self._stream_attempt(attempt, attempt_request, live, staged)
             resumed_by, storage = cause, 0
             try:
                 async with contextlib.aclosing(batches):
@@ -166,10 +165,8 @@ class InFlight:
                             ("prefill", num_prompt - cached)):
             self.metrics.resume_prompt_tokens.inc(num, cause=cause, source=source)
 
-    async def _stream_attempt(self, attempt: Attempt, input_ids: Sequence[int],
-                              params: SamplingParams, live: bool,
-                              staged: StagedResume | None = None,
-                              input_ids_json: TokenIdsJson | None = None
+    async def _stream_attempt(self, attempt: Attempt, request: GenerateRequest, live: bool,
+                              staged: StagedResume | None = None
                               ) -> AsyncGenerator[tuple[list[GenerateChunk], float], None]:
         """The engine's pieces for one attempt, in lists: all that came since the consumer
         last took them, and when the first of them came (`PieceBuffer.take`). A task reads
@@ -181,8 +178,7 @@ class InFlight:
         cost the engine a request and the gateway its keep-alive connection (a new TCP
         connection for the next generation), and waiting for it would delay the reply."""
         buffer = PieceBuffer(live)
-        pump = asyncio.create_task(self._pump(attempt, input_ids, params, buffer, staged,
-                                              input_ids_json),
+        pump = asyncio.create_task(self._pump(attempt, request, buffer, staged),
                                    name=f"generate-{attempt.rid}")
         finished = False
         try:
@@ -198,13 +194,9 @@ class InFlight:
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
 
-    async def _pump(self, attempt: Attempt, input_ids: Sequence[int], params: SamplingParams,
-                    buffer: PieceBuffer, staged: StagedResume | None = None,
-                    input_ids_json: TokenIdsJson | None = None) -> None:
+    async def _pump(self, attempt: Attempt, request: GenerateRequest, buffer: PieceBuffer,
+                    staged: StagedResume | None = None) -> None:
         engine = attempt.engine
-        request = GenerateRequest(input_ids=input_ids, sampling_params=params,
-                                  rid=attempt.rid, return_logprob=True,
-                                  input_ids_json=input_ids_json)
         finished = False  # the engine sent its finishing piece: nothing is left to abort
         try:
             async for piece in resume_stream(engine, request, staged):
@@ -340,19 +332,23 @@ def resume_seed(seed: int, num_attempt: int) -> int:
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
-def _attempt_params(params: SamplingParams, num_produced: int,
-                    num_attempt: int) -> SamplingParams:
-    """The generation's sampling parameters for attempt `num_attempt` after `num_produced`
-    tokens: the first attempt's are the generation's own; a resume's `max_new_tokens` is
-    reduced by what was produced, and its seed is its own (`resume_seed`; without a seed
-    the driver draws a fresh one)."""
-    if num_attempt == 0:
-        return params
-    max_new = params.max_new_tokens
-    seed = params.sampling_seed
-    return params.evolve(
-        max_new_tokens=None if max_new is None else max(max_new - num_produced, 0),
-        sampling_seed=None if seed is None else resume_seed(seed, num_attempt))
+def resumed_request(request: GenerateRequest, produced: list[int],
+                    num_attempt: int) -> GenerateRequest:
+    """The engine request of resume `num_attempt` (>= 1) of the generation whose first
+    attempt sent `request`, after it `produced` these tokens: its input is the prompt and
+    them (serialised anew where they are some: the caller's JSON array is of the prompt
+    alone), its ID and seed its own (`resume_rid`, `resume_seed`; without a seed the driver
+    draws a fresh one), and its `max_new_tokens` reduced by what was produced."""
+    assert request.input_ids is not None  # `InFlight.generate` checks it
+    params = request.sampling_params
+    max_new, seed = params.max_new_tokens, params.sampling_seed
+    return GenerateRequest(
+        input_ids=[*request.input_ids, *produced] if produced else request.input_ids,
+        sampling_params=params.evolve(
+            max_new_tokens=None if max_new is None else max(max_new - len(produced), 0),
+            sampling_seed=None if seed is None else resume_seed(seed, num_attempt)),
+        rid=resume_rid(request.rid, num_attempt), return_logprob=request.return_logprob,
+        input_ids_json=None if produced else request.input_ids_json)
 
 
 def _logprobs(piece: GenerateChunk) -> list[float]:

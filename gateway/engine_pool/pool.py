@@ -27,7 +27,7 @@ from undertow.gateway.engine_pool.inflight import (
 from undertow.gateway.engine_pool.migration import MigrationConfig
 from undertow.gateway.engine_pool.router import EngineState, Router, RouterConfig
 from undertow.gateway.engine_pool.weight_updates import PAUSE_MODES, WeightUpdates
-from undertow.gateway.engines.protocol import EngineDriver, SamplingParams, TokenIdsJson
+from undertow.gateway.engines.protocol import EngineDriver, GenerateRequest
 from undertow.gateway.engines.sglang import SGLangDriver
 from undertow.gateway.errors import PoolBusy, PoolError, PoolUnavailable, UnknownEngine
 from undertow.gateway.metrics import GatewayMetrics
@@ -121,14 +121,13 @@ class EnginePool:
         self.router.unpin(session_id)
         self.admission.forget_session(session_id)
 
-    def generate(self, session_id: str, input_ids: Sequence[int], params: SamplingParams,
-                 rid: str, *, input_ids_json: TokenIdsJson | None = None, live: bool = True
+    def generate(self, session_id: str, request: GenerateRequest, *, live: bool = True
                  ) -> AsyncGenerator[GenerationChunk, None]:
-        """Streams the generation's new tokens; see docs/engines.md for the contract
-        (`InFlight.generate` runs it). `live=False`: chunks only as attempts end, for a
-        consumer that needs the whole reply before it answers."""
-        return self.inflight.generate(session_id, input_ids, params, rid,
-                                      input_ids_json=input_ids_json, live=live)
+        """Streams the new tokens of `request`'s generation (built whole by the caller, with
+        `input_ids`, and sent as it is; a resume derives its own); see docs/engines.md for
+        the contract (`InFlight.generate` runs it). `live=False`: chunks only as attempts
+        end, for a consumer that needs the whole reply before it answers."""
+        return self.inflight.generate(session_id, request, live=live)
 
     # -- engine lifecycle ---------------------------------------------------------------
 

@@ -132,9 +132,10 @@ def random_seed() -> int:
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample a completion, with SGLang's names and defaults: the one value a call's
-    sampling takes from the API (`api/openai_chat.parse_sampling`) through the call runner
-    and the pool's attempts to the engine driver, which alone writes it in its engine's
-    form (`sglang.sglang_sampling_params`; vLLM's names in `vllm.py`).
+    sampling takes from the API (built once, `api/output_options.OutputConstraint`) through
+    the call runner, each choice's engine request (`sampler.choice_request`) and the pool's
+    attempts to the engine driver, which alone writes it in its engine's form
+    (`sglang.sglang_sampling_params`; vLLM's names in `vllm.py`).
 
     `temperature == 0` is greedy. `top_k == -1` and `top_p == 1` disable those filters.
     `max_new_tokens=None` fills the context (as in SGLang; the gateway's call runner sets
@@ -174,12 +175,12 @@ class SamplingParams:
         return not (self.json_schema is None and self.regex is None and self.ebnf is None
                     and self.structural_tag is None)
 
-    def for_choice(self, index: int, max_new_tokens: int) -> SamplingParams:
+    def for_choice(self, index: int, max_new_tokens: int, **changes: object) -> SamplingParams:
         """These parameters for choice `index` of a call, bounded to `max_new_tokens`, with
-        its seed picked so that it can be recorded and replayed: the call's seed plus
-        `index`, or a fresh one when the call gave none."""
+        its seed picked so that it can be recorded and replayed (the call's seed plus
+        `index`, or a fresh one when the call gave none), and `changes` (as `evolve`)."""
         seed = random_seed() if self.sampling_seed is None else self.sampling_seed + index
-        return self.evolve(max_new_tokens=max_new_tokens, sampling_seed=seed)
+        return self.evolve(max_new_tokens=max_new_tokens, sampling_seed=seed, **changes)
 
     def evolve(self, **changes: object) -> SamplingParams:
         """A copy with `changes` (field names), as `dataclasses.replace` gives, at a sixth of

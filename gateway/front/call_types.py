@@ -19,7 +19,10 @@ from undertow.gateway.front.toolparsers import Event
 @dataclass(frozen=True)
 class CallRequest:
     """A call in internal form: chat `messages` (OpenAI-style dicts, with
-    `reasoning_content`) and `tools`, or raw `prompt_ids` (text completions)."""
+    `reasoning_content`) and `tools`, or raw `prompt_ids` (text completions). Built once,
+    whole, by its API module; `parses_tools` is worked out then: tool calls are parsed out
+    of the output when they are asked for (`parse_tools`: `tool_choice` is not none) and
+    tools are given."""
 
     api: str
     model: str
@@ -33,11 +36,10 @@ class CallRequest:
     is_retry: bool = False
     template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort
     tool_parser: str | None = None  # instead of the gateway's (forced tool calls)
+    parses_tools: bool = field(init=False)
 
-    @property
-    def parses_tools(self) -> bool:
-        """Whether tool calls are parsed out of the output (asked for, and tools given)."""
-        return self.parse_tools and bool(self.tools)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parses_tools", self.parse_tools and bool(self.tools))
 
 
 @dataclass(frozen=True)

@@ -178,9 +178,9 @@ class CallRunner:
         started_s, call_id = time.time(), new_call_id()
         replay: list[Delta | Outcome] = []
         results: list[Sampled] = []
-        items = self.sampler.sample_all(session.session_id, request, prompt, max_new_tokens,
-                                        call_id, live)
-        with _in_flight(session, request, prompt, call_id, started_s):
+        with _in_flight(session, prompt, call_id, started_s):
+            items = self.sampler.sample_all(session.session_id, request, prompt,
+                                            max_new_tokens, call_id, live)
             async with contextlib.aclosing(items):
                 try:
                     async for item in items:
@@ -224,11 +224,12 @@ class CallRunner:
 
 
 @contextlib.contextmanager
-def _in_flight(session: Session, request: CallRequest, prompt: Prompt, call_id: str,
-               started_s: float) -> Iterator[None]:
-    """A chat call counts among its session's `calls_in_flight` (which later calls are
-    labelled against, `tokentruth.py`) from its start until it is recorded or abandoned."""
-    if request.messages is None:
+def _in_flight(session: Session, prompt: Prompt, call_id: str, started_s: float
+               ) -> Iterator[None]:
+    """A chat call (a prompt with messages) counts among its session's `calls_in_flight`
+    (which later calls are labelled against, `tokentruth.py`) from its start until it is
+    recorded or abandoned."""
+    if prompt.messages is None:
         yield
         return
     call = InFlightCall(call_id, prompt.message_keys, prompt.tools_key, prompt.messages,

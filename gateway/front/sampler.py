@@ -12,11 +12,13 @@ import time
 from collections.abc import AsyncGenerator
 
 from undertow.gateway.engine_pool.pool import EnginePool
+from undertow.gateway.engines.protocol import GenerateRequest
 from undertow.gateway.front.call_types import CallRequest, Delta, Sampled
 from undertow.gateway.front.tokentruth import Prompt
 from undertow.gateway.front.toolparsers import (
     Content,
     Event,
+    ToolParser,
     Unparsed,
     create_parser,
     reasoning_first,
@@ -95,18 +97,16 @@ class ChoiceSampler:
         its `Sampled` (for the record). Each chunk of the pool's generation is detokenized,
         held back where it could start a stop string (`StopTrimmer`) and fed to the
         tool-call parser. The deltas hold every sampled token once, in order; `Sampled`
-        holds them all with their logprobs, weight versions and the engine request's seed
-        (`SamplingParams.for_choice`), and the text less any stop string. Closing the
-        iteration closes the pool's generation (the engine request is aborted)."""
+        holds them all with their logprobs, weight versions and the engine request's
+        sampling parameters (`choice_request`), and the text less any stop string. Closing
+        the iteration closes the pool's generation (the engine request is aborted)."""
         parser = self._parser(request, prompt) if request.messages is not None else None
         detokenizer = Detokenizer(self.renderer, not (parser and parser.keeps_special_tokens))
         stops = StopTrimmer(request.sampling.stop)
         token_ids, logprobs, versions, all_events = [], [], [], []
         finish_reason, cached, first_token_s, storage = None, 0, None, 0
-        sampling = reasoning_first(request.sampling, parser) if parser else request.sampling
-        params = sampling.for_choice(index, max_new_tokens)
-        chunks = self.pool.generate(session_id, prompt.token_ids, params, call_id,
-                                    input_ids_json=prompt.token_ids_json, live=live)
+        engine_request = choice_request(request, prompt, parser, index, call_id, max_new_tokens)
+        chunks = self.pool.generate(session_id, engine_request, live=live)
         async with contextlib.aclosing(chunks):  # closing this closes the generation
             async for chunk in chunks:
                 first_token_s = first_token_s or chunk.received_s or time.time()
@@ -130,7 +130,8 @@ class ChoiceSampler:
         yield Delta(index, call_id, events, [], [])
         yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
                       finish_reason or {"type": "stop", "matched": None}, cached,
-                      first_token_s, params, self.pool.fleet.honours_seeds, storage)
+                      first_token_s, engine_request.sampling_params,
+                      self.pool.fleet.honours_seeds, storage)
 
     def _parser(self, request: CallRequest, prompt: Prompt):
         """A tool-call parser for one choice, told the tools and the prompt's last text."""
@@ -138,6 +139,22 @@ class ChoiceSampler:
         return create_parser(request.tool_parser or self.tool_parser,
                              parse_tools=request.parses_tools, tools=request.tools,
                              prompt_tail=tail)
+
+
+def choice_request(request: CallRequest, prompt: Prompt, parser: ToolParser | None, index: int,
+                   call_id: str, max_new_tokens: int) -> GenerateRequest:
+    """The engine request of choice `index`, whole, the one place it is built: the call's
+    sampling parameters with the choice's seed and bound (`SamplingParams.for_choice`) and a
+    forced call's structural tag letting the model close a reasoning block the prompt opened
+    (`reasoning_first`), on the prompt's IDs (their JSON array as it is), with logprobs. The
+    pool sends it as it is; only a resumed attempt derives its own (`inflight.py`)."""
+    sampling = request.sampling
+    tag = reasoning_first(sampling.structural_tag, parser) if parser else sampling.structural_tag
+    return GenerateRequest(input_ids=prompt.token_ids,
+                           sampling_params=sampling.for_choice(index, max_new_tokens,
+                                                               structural_tag=tag),
+                           rid=call_id, return_logprob=True,
+                           input_ids_json=prompt.token_ids_json)
 
 
 class StopTrimmer:

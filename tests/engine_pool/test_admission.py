@@ -26,7 +26,7 @@ from tests.gateway.scripted_engine import ScriptedEngine
 from tests.gateway.test_disconnects import until
 from undertow.gateway.engine_pool.pool import EnginePool, PoolConfig, PoolUnavailable
 from undertow.gateway.engine_pool.router import RouterConfig
-from undertow.gateway.engines.protocol import SamplingParams
+from undertow.gateway.engines.protocol import GenerateRequest, SamplingParams
 from undertow.gateway.front.app import METRICS_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -232,7 +232,9 @@ async def one_slot_pool(*urls: str, wait_s: float = 60.0):
 
 def generation(pool: EnginePool, name: str) -> asyncio.Task:
     async def run() -> list[int]:
-        stream = pool.generate(name, [5, 6, 7], SamplingParams(max_new_tokens=4), f"r-{name}")
+        stream = pool.generate(name, GenerateRequest(input_ids=[5, 6, 7], rid=f"r-{name}",
+                                                     sampling_params=SamplingParams(
+                                                         max_new_tokens=4)))
         return [t async for chunk in stream for t in chunk.token_ids]
     return asyncio.create_task(run())
 

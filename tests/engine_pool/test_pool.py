@@ -48,6 +48,13 @@ def greedy(max_new_tokens: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
 
 
+def generate(pool: EnginePool, session_id: str, input_ids: list[int], params: SamplingParams,
+             rid: str, *, live: bool = True):
+    """`pool.generate` of an engine request as the gateway builds it (with logprobs)."""
+    return pool.generate(session_id, GenerateRequest(input_ids=input_ids, sampling_params=params,
+                                                     rid=rid, return_logprob=True), live=live)
+
+
 @dataclass
 class EngineProcess:
     """A built-in engine server started for a test; `kill()` is SIGKILL."""
@@ -150,11 +157,11 @@ def check_chunks(chunks, num_tokens):
 async def test_sessions_stick_and_new_sessions_spread(engines):
     urls = [e.url for e in engines(2)]
     async with running_pool(urls) as pool:
-        first = await collect(pool.generate("s1", PROMPT, greedy(4), "r1"))
+        first = await collect(generate(pool, "s1", PROMPT, greedy(4), "r1"))
         home = pool.router.pinned("s1")
-        await collect(pool.generate("s1", PROMPT + tokens_of(first) + [9],
+        await collect(generate(pool, "s1", PROMPT + tokens_of(first) + [9],
                                     greedy(4), "r2"))
-        await collect(pool.generate("s2", [8, 8, 8], greedy(4), "r3"))
+        await collect(generate(pool, "s2", [8, 8, 8], greedy(4), "r3"))
         assert pool.router.pinned("s1") == home
         assert pool.router.pinned("s2") not in (None, home)
         counts = {e.engine_id: pool.metrics.engine_generations.value(engine=e.engine_id)
@@ -169,16 +176,16 @@ async def test_admission_without_a_wait_refuses_past_the_limit(engines):
     async with running_pool(urls, router={"max_in_flight_per_engine": 1, "retry_after_s": 2.5,
                                           "admission_wait_s": 0}) as pool:
         params = greedy(30)
-        streams = [pool.generate(f"s{n}", PROMPT, params, f"r{n}") for n in range(2)]
+        streams = [generate(pool, f"s{n}", PROMPT, params, f"r{n}") for n in range(2)]
         firsts = [await anext(stream) for stream in streams]
         with pytest.raises(PoolBusy) as refused:
-            await anext(pool.generate("s9", PROMPT, params, "r9"))
+            await anext(generate(pool, "s9", PROMPT, params, "r9"))
         assert refused.value.retry_after_s == 2.5
         assert pool.metrics.admission_refusals.value() == 1
         rests = [await collect(stream) for stream in streams]
         for first, rest in zip(firsts, rests, strict=True):
             check_chunks([first, *rest], 30)
-        assert len(tokens_of(await collect(pool.generate("s9", PROMPT, params, "r9b")))) == 30
+        assert len(tokens_of(await collect(generate(pool, "s9", PROMPT, params, "r9b")))) == 30
 
 
 async def test_engine_killed_mid_stream_resumes_exactly_elsewhere(engines):
@@ -187,7 +194,7 @@ async def test_engine_killed_mid_stream_resumes_exactly_elsewhere(engines):
         victim_id, survivor_id = (e.engine_id for e in pool.engines)
         expected = await direct_greedy(pool, survivor_id, PROMPT, 60, "reference")
         pool.router.assign("s1", victim_id, PROMPT)
-        stream = pool.generate("s1", PROMPT, greedy(60), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(60), "r1")
         chunks = [await anext(stream)]
         while len(tokens_of(chunks)) < 3:
             chunks.append(await anext(stream))
@@ -208,21 +215,21 @@ async def test_dead_engine_returns_with_the_pools_weights(engines, other_model_d
         await pool.update_weights(str(other_model_dir), 4)
         engine.kill()
         with pytest.raises(PoolUnavailable):
-            await collect(pool.generate("s1", PROMPT, greedy(2), "r1"))
+            await collect(generate(pool, "s1", PROMPT, greedy(2), "r1"))
         assert pool.engines[0].state is EngineState.DEAD
         engines(1, port=port)  # restarted from the original weights, version 0
         for _ in range(300):
             if pool.engines[0].state is EngineState.HEALTHY:
                 break
             await asyncio.sleep(0.1)
-        chunks = await collect(pool.generate("s1", PROMPT, greedy(2), "r2"))
+        chunks = await collect(generate(pool, "s1", PROMPT, greedy(2), "r2"))
         assert versions_of(chunks) == [4, 4]
 
 
 async def test_drain_pause_past_its_timeout_aborts_and_resumes(engines):
     (engine,) = engines(1)
     async with running_pool([engine.url], drain_timeout_s=0.05) as pool:
-        stream = pool.generate("s1", PROMPT, greedy(60), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(60), "r1")
         chunks = [await anext(stream)]
         await pool.pause("drain")
         assert not pool.engines[0].attempts
@@ -236,7 +243,7 @@ async def test_abort_resume_update_keeps_one_stream_with_versions(engines, other
     (engine,) = engines(1)
     async with running_pool([engine.url]) as pool:
         (engine_id,) = (e.engine_id for e in pool.engines)
-        stream = pool.generate("s1", PROMPT, greedy(60), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(60), "r1")
         chunks = [await anext(stream)]
         while len(tokens_of(chunks)) < 3:
             chunks.append(await anext(stream))
@@ -259,13 +266,13 @@ async def test_abort_resume_update_keeps_one_stream_with_versions(engines, other
 async def test_drain_pause_lets_in_flight_finish_on_old_weights(engines, other_model_dir):
     (engine,) = engines(1)
     async with running_pool([engine.url]) as pool:
-        stream = pool.generate("s1", PROMPT, greedy(40), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(40), "r1")
         chunks = [await anext(stream)]
         update = asyncio.create_task(pool.update_weights(str(other_model_dir), 7, mode="drain"))
         while not pool.paused:
             await asyncio.sleep(0.01)
         waiting = asyncio.create_task(
-            collect(pool.generate("s2", PROMPT, greedy(5), "r2")))
+            collect(generate(pool, "s2", PROMPT, greedy(5), "r2")))
         chunks += await collect(stream)
         await update
         later = await waiting
@@ -282,7 +289,7 @@ async def test_draining_an_engine_moves_its_sessions(engines):
         params = greedy(30)
         for session in ("s1", "s2"):
             pool.router.assign(session, first, PROMPT)
-        streams = [pool.generate(session, PROMPT, params, f"r-{session}")
+        streams = [generate(pool, session, PROMPT, params, f"r-{session}")
                    for session in ("s1", "s2")]
         heads = [await anext(stream) for stream in streams]
         await pool.drain_engine(first)
@@ -293,7 +300,7 @@ async def test_draining_an_engine_moves_its_sessions(engines):
         assert pool.metrics.engine_generations.value(engine=second) == 0
         assert pool.metrics.resumes.value(cause="migrate") == 0
         for session in ("s1", "s2"):
-            await collect(pool.generate(session, PROMPT, greedy(2),
+            await collect(generate(pool, session, PROMPT, greedy(2),
                                         f"next-{session}"))
             assert pool.router.pinned(session) == second
         assert pool.metrics.engine_generations.value(engine=first) == 2
@@ -305,7 +312,7 @@ async def test_drain_with_migrate_resumes_in_flight_exactly(engines):
         first, second = (e.engine_id for e in pool.engines)
         expected = await direct_greedy(pool, second, PROMPT, 50, "reference")
         pool.router.assign("s1", first, PROMPT)
-        stream = pool.generate("s1", PROMPT, greedy(50), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(50), "r1")
         chunks = [await anext(stream)]
         await pool.drain_engine(first, migrate=True)
         chunks += await collect(stream)
@@ -319,16 +326,16 @@ async def test_engines_added_and_removed_at_run_time(engines, tiny_model_dir):
     (one,) = engines(1)
     async with running_pool([one.url]) as pool:
         (first,) = (e.engine_id for e in pool.engines)
-        await collect(pool.generate("s1", PROMPT, greedy(2), "r1"))
+        await collect(generate(pool, "s1", PROMPT, greedy(2), "r1"))
         (two,) = engines(1)
         await pool.update_weights(str(tiny_model_dir), 2)
         added = await pool.add_engine(two.url)
         assert added.weight_version == "2"
-        await collect(pool.generate("s2", [1, 2, 3], greedy(2), "r2"))
+        await collect(generate(pool, "s2", [1, 2, 3], greedy(2), "r2"))
         assert pool.router.pinned("s2") == added.engine_id
         await pool.remove_engine(first)
         assert [e.engine_id for e in pool.engines] == [added.engine_id]
-        await collect(pool.generate("s1", PROMPT, greedy(2), "r3"))
+        await collect(generate(pool, "s1", PROMPT, greedy(2), "r3"))
         assert pool.router.pinned("s1") == added.engine_id
         with pytest.raises(UnknownEngine):
             await pool.drain_engine(first)
@@ -346,14 +353,14 @@ async def test_weights_pushed_with_no_live_engine_go_to_engines_added_later(engi
         (engine,) = engines(1)  # started from the original weights, version 0
         added = await pool.add_engine(engine.url)
         assert added.weight_version == "3"
-        chunks = await collect(pool.generate("s1", PROMPT, greedy(2), "r"))
+        chunks = await collect(generate(pool, "s1", PROMPT, greedy(2), "r"))
         assert versions_of(chunks) == [3, 3]
 
 
 async def test_consumer_leaving_mid_stream_aborts_on_the_engine(engines):
     (engine,) = engines(1)
     async with running_pool([engine.url]) as pool:
-        stream = pool.generate("s1", PROMPT, greedy(400), "r1")
+        stream = generate(pool, "s1", PROMPT, greedy(400), "r1")
         await anext(stream)
         await stream.aclose()
         assert not pool.engines[0].attempts
@@ -392,8 +399,8 @@ async def test_finished_generation_is_not_aborted():
     try:
         async with running_pool([f"http://127.0.0.1:{runner.addresses[0][1]}"]) as pool:
             for n in range(num_calls):
-                chunks = await collect(pool.generate(
-                    f"s{n}", PROMPT, SamplingParams(max_new_tokens=8), f"r{n}"))
+                chunks = await collect(generate(
+                    pool, f"s{n}", PROMPT, SamplingParams(max_new_tokens=8), f"r{n}"))
                 assert tokens_of(chunks) == [11, 12, 13]
                 assert chunks[-1].finish_reason["type"] == "stop"
                 assert not pool.engines[0].attempts
@@ -424,10 +431,10 @@ async def test_chunks_hold_what_came_since_the_consumer_last_took_them():
     script = list(range(100, 140))
     engine = ScriptedEngine(default=script, stop_token_ids=(139,))
     async with scripted_pool(engine) as pool:
-        every = await collect(pool.generate("s0", PROMPT, SamplingParams(max_new_tokens=64), "r0"))
-        whole = await collect(pool.generate("s1", PROMPT, SamplingParams(max_new_tokens=64), "r1",
-                                            live=False))
-        late = pool.generate("s2", PROMPT, SamplingParams(max_new_tokens=64), "r2")
+        params = SamplingParams(max_new_tokens=64)
+        every = await collect(generate(pool, "s0", PROMPT, params, "r0"))
+        whole = await collect(generate(pool, "s1", PROMPT, params, "r1", live=False))
+        late = generate(pool, "s2", PROMPT, params, "r2")
         first = await anext(late)
         while engine.streaming:  # the engine writes the rest before the consumer reads on
             await asyncio.sleep(0.01)
@@ -457,14 +464,14 @@ async def test_failed_weight_update_drains_the_engine(engines, tmp_path):
         assert result["pool_weights"] is None
         assert pool.engine(engine_id).state is EngineState.DRAINING
         assert (await pool.add_engine(engine.url)).state is EngineState.HEALTHY
-        chunks = await collect(pool.generate("s1", PROMPT, greedy(2), "r"))
+        chunks = await collect(generate(pool, "s1", PROMPT, greedy(2), "r"))
         assert versions_of(chunks) == [0, 0]
 
 
 async def test_no_engine_means_unavailable():
     async with running_pool([]) as pool:
         with pytest.raises(PoolUnavailable):
-            await collect(pool.generate("s1", PROMPT, SamplingParams(max_new_tokens=2), "r1"))
+            await collect(generate(pool, "s1", PROMPT, SamplingParams(max_new_tokens=2), "r1"))
 
 
 async def test_a_config_replaced_on_a_running_pool_reaches_its_parts():
@@ -524,7 +531,7 @@ async def test_operator_routes_and_metrics(engines, other_model_dir):
             added = (await reply.json())["id"]
         async with http.post("/admin/engines", json={"url": "not a url"}) as reply:
             assert reply.status == 400
-        await collect(pool.generate("s1", PROMPT, greedy(3), "r1"))
+        await collect(generate(pool, "s1", PROMPT, greedy(3), "r1"))
         async with http.get("/admin/engines") as reply:
             listed = await reply.json()
         assert [e["state"] for e in listed["engines"]] == ["healthy", "healthy"]
@@ -537,7 +544,7 @@ async def test_operator_routes_and_metrics(engines, other_model_dir):
         async with http.post("/admin/update_weights", json={
                 "model_path": str(other_model_dir), "weight_version": 3}) as reply:
             assert reply.status == 200 and (await reply.json())["failed"] == {}
-        chunks = await collect(pool.generate("s2", PROMPT, greedy(3), "r2"))
+        chunks = await collect(generate(pool, "s2", PROMPT, greedy(3), "r2"))
         assert versions_of(chunks) == [3, 3, 3]
         async with http.post(f"/admin/engines/{added}/drain", json={}) as reply:
             assert (await reply.json())["state"] == "draining"

@@ -23,7 +23,6 @@ from transformers import PreTrainedTokenizerFast
 from tests.gateway.capture import calls_of, captured
 from tests.gateway.conftest import ADMIN_TOKEN, start_gateway
 from tests.gateway.templates import FAMILIES, family_model_dir
-from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.front.app import STORE_KEY
 from undertow.gateway.front.toolparsers import (
     PARSERS,
@@ -126,15 +125,14 @@ def test_a_completion_that_begins_inside_a_think_block_closes_it_then_calls():
     the block, then writes the call, which the parser (told the prompt's tail) reads."""
     family = FAMILIES["glm47"]
     parser = create_parser("glm45", tools=TOOLS, prompt_tail="<|assistant|><think>")
-    sampling = SamplingParams(structural_tag=forced_structural_tag(PARSERS["glm45"], TOOLS,
-                                                                   None))
-    grammar = xgrammar.Grammar.from_structural_tag(
-        reasoning_first(sampling, parser).structural_tag)
+    forced = forced_structural_tag(PARSERS["glm45"], TOOLS, None)
+    grammar = xgrammar.Grammar.from_structural_tag(reasoning_first(forced, parser))
     completion = family.completion(0, True).removesuffix("<|observation|>")
     assert xgrammar.testing._is_grammar_accept_string(grammar, completion.replace(
         "Running it.", ""))
     assert not xgrammar.testing._is_grammar_accept_string(grammar, native_call(family))
-    assert reasoning_first(sampling, create_parser("glm45", tools=TOOLS)) is sampling
+    assert reasoning_first(forced, create_parser("glm45", tools=TOOLS)) == forced
+    assert reasoning_first(None, parser) is None
     events = parser.feed(completion.replace("Running it.", "")) + parser.finish()
     assert events[-1] == ToolCall("bash", {"cmd": "ls 0"})
 

@@ -203,9 +203,9 @@ class WatchedPool:
         self.pool = pool
         self.given: list[tuple[list[int], list[int]]] = []
 
-    async def generate(self, session_id, input_ids, *args, **kwargs):
-        self.given.append((input_ids, list(input_ids)))
-        async for chunk in self.pool.generate(session_id, input_ids, *args, **kwargs):
+    async def generate(self, session_id, request, **kwargs):
+        self.given.append((request.input_ids, list(request.input_ids)))
+        async for chunk in self.pool.generate(session_id, request, **kwargs):
             yield chunk
 
     def __getattr__(self, name):

@@ -20,20 +20,22 @@ from undertow.gateway.front.api.anthropic_options import (
     thinking_omitted,
 )
 from undertow.gateway.front.api.common import (
-    mark_retry,
+    fingerprint,
+    is_retry,
     read_json,
     reply_to_call,
     session_of,
     sse,
 )
 from undertow.gateway.front.api.errors import anthropic_error
-from undertow.gateway.front.api.openai_chat import parse_sampling
+from undertow.gateway.front.api.openai_chat import sampling_fields
 from undertow.gateway.front.api.output_options import (
+    OutputConstraint,
     check_strict,
     check_value,
-    force_tools,
+    forced_tag,
     json_output,
-    single_call,
+    single_call_stop,
 )
 from undertow.gateway.front.api.sealed_reasoning import MARKER, seal, unseal
 from undertow.gateway.front.calls import CallRequest, CallRunner, Choice, Delta, Outcome
@@ -161,8 +163,8 @@ def to_chat_tools(tools: Any) -> list[dict] | None:
             for t in tools]
 
 
-def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
-                      ) -> CallRequest:
+def output_constraint(body: dict[str, Any], tools: list[dict] | None, tool_parser: str
+                      ) -> OutputConstraint:
     """`tool_choice` (auto, none, any, tool) and `output_config.format` or
     `output_format` (see `output_options`)."""
     choice = body.get("tool_choice") or {}
@@ -171,23 +173,26 @@ def apply_tool_choice(call: CallRequest, body: dict[str, Any], tool_parser: str
         raise BadRequest("tool_choice.type must be 'auto', 'none', 'any' or 'tool'",
                          param="tool_choice")
     parallel = not choice.get("disable_parallel_tool_use", False)
+    tag = None
     if kind in ("any", "tool"):
         name = choice.get("name") if kind == "tool" else None
         if kind == "tool" and not isinstance(name, str):
             raise BadRequest("tool_choice.name: Field required", param="tool_choice")
-        call = force_tools(call, name, parallel, tool_parser)
-    schema = output_schema(body)
-    if schema is not None:
-        call = json_output(call, schema[1], schema[0])
-    if not parallel and kind == "auto":
-        call = single_call(call, tool_parser)
-    check_strict(call, [f"tools.{index}.strict" for index, tool in enumerate(
-        body.get("tools") or ()) if tool.get("strict")])
-    return call
+        tag = forced_tag(tools, name, parallel, tool_parser)
+    param_schema = output_schema(body)
+    schema = json_output(param_schema[1], param_schema[0], tag) if param_schema else None
+    constrained = tag is not None or schema is not None
+    stop = (single_call_stop(tools, tool_parser, constrained)
+            if not parallel and kind == "auto" else ())
+    check_strict([f"tools.{index}.strict" for index, tool in enumerate(body.get("tools") or ())
+                  if tool.get("strict")], kind != "none" and not constrained)
+    return OutputConstraint(tag, schema, stop)
 
 
-def parse_request(body: dict[str, Any], count_only: bool = False,
-                  tool_parser: str = "hermes") -> CallRequest:
+def parse_request(body: dict[str, Any], count_only: bool = False, tool_parser: str = "hermes",
+                  *, fingerprint: str = "", is_retry: bool = False) -> CallRequest:
+    """The call a Messages request asks for, built once everything that shapes it is known;
+    `fingerprint` and `is_retry` as `common.fingerprint` and `common.is_retry` give them."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"{unknown[0]}: Extra inputs are not permitted",
@@ -204,12 +209,16 @@ def parse_request(body: dict[str, Any], count_only: bool = False,
     if not count_only and not isinstance(body.get("max_tokens"), int):
         raise BadRequest("max_tokens: Field required", param="max_tokens")
     choice = body.get("tool_choice") or {}
-    call = CallRequest(api="messages", model=body["model"],
-                       sampling=parse_sampling(body, ("max_tokens",)),
-                       messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
+    sampling = sampling_fields(body, ("max_tokens",))
+    messages = to_chat_messages(body)
+    tools = to_chat_tools(body.get("tools"))
+    template = template_kwargs_of(body)
+    output = output_constraint(body, tools, tool_parser)
+    return CallRequest(api="messages", model=body["model"],
+                       sampling=output.sampling_params(sampling), messages=messages,
+                       tools=tools,
                        parse_tools=not isinstance(choice, dict) or choice.get("type") != "none",
-                       template_kwargs=template_kwargs_of(body))
-    return apply_tool_choice(call, body, tool_parser)
+                       fingerprint=fingerprint, is_retry=is_retry, template_kwargs=template)
 
 
 def _tool_use_id(call_id: str, index: int) -> str:
@@ -344,7 +353,8 @@ def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegist
     async def messages(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body, tool_parser=runner.tool_parser), request, raw)
+        call = parse_request(body, tool_parser=runner.tool_parser,
+                             fingerprint=fingerprint(raw), is_retry=is_retry(request))
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: message_body(call, body, outcome),

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
@@ -83,13 +82,8 @@ def fingerprint(raw: bytes, digest: str | None = None) -> str:
     return f"{len(raw):x}-{digest or xxhash.xxh3_128_hexdigest(raw)}"
 
 
-def mark_retry(call: CallRequest, request: web.Request, raw: bytes,
-               digest: str | None = None) -> CallRequest:
-    """The call with its fingerprint and whether the SDK says it is a retry."""
-    return replace(call, fingerprint=fingerprint(raw, digest), is_retry=is_retry(request))
-
-
 def is_retry(request: web.Request) -> bool:
+    """Whether the SDK says the request is a retry (a retry-count header above 0)."""
     for name in RETRY_HEADERS:
         with contextlib.suppress(ValueError):
             if int(request.headers.get(name, "0")) > 0:

@@ -17,8 +17,9 @@ from aiohttp import web
 
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.front.api.common import (
+    fingerprint,
+    is_retry,
     json_object,
-    mark_retry,
     read_body,
     reply_to_call,
     session_of,
@@ -26,11 +27,12 @@ from undertow.gateway.front.api.common import (
 )
 from undertow.gateway.front.api.errors import openai_error
 from undertow.gateway.front.api.output_options import (
+    OutputConstraint,
     check_strict,
     check_value,
-    force_tools,
+    forced_tag,
     output_format,
-    single_call,
+    single_call_stop,
     stream_options,
     template_kwargs,
     template_variable,
@@ -42,7 +44,6 @@ from undertow.gateway.front.calls import (
     Choice,
     Delta,
     Outcome,
-    SamplingParams,
 )
 from undertow.gateway.front.config import GatewayConfig
 from undertow.gateway.front.sessions import SessionRegistry
@@ -59,9 +60,10 @@ ACCEPTED = {"model", "messages", "tools", "tool_choice", "n", "stop", "logprobs"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> SamplingParams:
-    """Sampling parameters shared by the OpenAI-style APIs, validated: the call's one typed
-    value of them, carried as it is to the engine driver."""
+def sampling_fields(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> dict[str, Any]:
+    """The sampling fields shared by the OpenAI-style APIs, validated, by `SamplingParams`'
+    names: with what the output options add (`OutputConstraint.sampling_params`), the
+    call's one `SamplingParams`, built once and carried as it is to the engine driver."""
     for name in ("frequency_penalty", "presence_penalty"):
         if body.get(name):
             raise UnsupportedParameter(f"{name} is not supported by this gateway; omit it",
@@ -90,7 +92,7 @@ def parse_sampling(body: dict[str, Any], max_tokens_fields: tuple[str, ...]) -> 
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"seed must be an integer, got {seed!r}", param="seed")
-    return SamplingParams(max_new_tokens=max_tokens, stop=stop, sampling_seed=seed, **values)
+    return {"max_new_tokens": max_tokens, "stop": stop, "sampling_seed": seed, **values}
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -187,11 +189,13 @@ def check_request_options(body: dict[str, Any]) -> None:
 
 
 def parse_request(body: dict[str, Any], max_n: int, known: KnownMessages | None = None,
-                  tool_parser: str = "hermes",
-                  reads: Callable[[str], bool] = reads_nothing) -> CallRequest:
-    """The call a chat request asks for; `tool_parser` is the gateway's (its format's
-    end of a call stops a request that allows one call at most); `reads` says which
-    optional arguments the model's template takes (`Renderer.reads`)."""
+                  tool_parser: str = "hermes", reads: Callable[[str], bool] = reads_nothing,
+                  *, fingerprint: str = "", is_retry: bool = False) -> CallRequest:
+    """The call a chat request asks for, built once everything that shapes it is known;
+    `tool_parser` is the gateway's (its format's end of a call stops a request that allows
+    one call at most); `reads` says which optional arguments the model's template takes
+    (`Renderer.reads`); `fingerprint` and `is_retry` as `common.fingerprint` and
+    `common.is_retry` give them."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
@@ -206,23 +210,25 @@ def parse_request(body: dict[str, Any], max_n: int, known: KnownMessages | None 
         raise UnsupportedParameter("top_logprobs is not supported; use logprobs=true",
                                    param="top_logprobs")
     kwargs = template_kwargs(body.get("chat_template_kwargs"), body.get("reasoning_effort"))
-    call = CallRequest(api="chat", model=body["model"],
-                       sampling=parse_sampling(body, ("max_completion_tokens", "max_tokens")),
-                       messages=parse_messages(body.get("messages"), known),
-                       tools=parse_tools(body.get("tools")),
-                       parse_tools=body.get("tool_choice") != "none", n=n,
-                       template_kwargs=template_variable(kwargs, reads, "verbosity",
-                                                         body.get("verbosity"), "verbosity"))
-    return apply_output_options(call, body, tool_parser)
+    sampling = sampling_fields(body, ("max_completion_tokens", "max_tokens"))
+    messages = parse_messages(body.get("messages"), known)
+    tools = parse_tools(body.get("tools"))
+    template = template_variable(kwargs, reads, "verbosity", body.get("verbosity"), "verbosity")
+    parse = body.get("tool_choice") != "none"
+    output = output_constraint(body, tools, parse and bool(tools), tool_parser)
+    return CallRequest(api="chat", model=body["model"], sampling=output.sampling_params(sampling),
+                       messages=messages, tools=tools, parse_tools=parse, n=n,
+                       fingerprint=fingerprint, is_retry=is_retry, template_kwargs=template)
 
 
-def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: str
-                         ) -> CallRequest:
+def output_constraint(body: dict[str, Any], tools: list[dict] | None, parses_tools: bool,
+                      tool_parser: str) -> OutputConstraint:
     """`tool_choice`, `parallel_tool_calls` and `response_format` (see `output_options`)."""
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise BadRequest("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    tag = None
     if choice == "required" or isinstance(choice, dict):
         function = (choice.get("function") or {}) if isinstance(choice, dict) else {}
         if isinstance(choice, dict) and (choice.get("type") != "function"
@@ -230,17 +236,17 @@ def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: s
             raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
                              "{'type': 'function', 'function': {'name': ...}}",
                              param="tool_choice")
-        call = force_tools(call, function.get("name"), parallel is not False, tool_parser)
+        tag = forced_tag(tools, function.get("name"), parallel is not False, tool_parser)
     elif choice not in (None, "auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
                          "or a named function", param="tool_choice")
-    call = output_format(call, body.get("response_format"), "response_format")
-    if parallel is False and call.tool_parser is None and call.parse_tools:
-        call = single_call(call, tool_parser)
-    check_strict(call, [f"tools[{index}].function.strict"
-                        for index, tool in enumerate(call.tools or ())
-                        if tool["function"].get("strict")])
-    return call
+    schema = output_format(body.get("response_format"), "response_format", tag)
+    constrained = tag is not None or schema is not None
+    stop = (single_call_stop(tools, tool_parser, constrained)
+            if parallel is False and parses_tools else ())
+    check_strict([f"tools[{index}].function.strict" for index, tool in enumerate(tools or ())
+                  if tool["function"].get("strict")], parses_tools and not constrained)
+    return OutputConstraint(tag, schema, stop)
 
 
 def finish_reason(choice: Choice) -> str:
@@ -355,10 +361,12 @@ def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegist
         body, known_body = parse_resent(raw, known.body if known else None,
                                         whole=json_object)
         call = parse_request(body, config.max_n, known, runner.tool_parser,
-                             runner.renderer.reads)
+                             runner.renderer.reads,
+                             fingerprint=fingerprint(raw, known_body.digest if known_body
+                                                     else None),
+                             is_retry=is_retry(request))
         session.known_messages["chat"] = KnownMessages(body["messages"], call.messages or [],
                                                        known_body)
-        call = mark_retry(call, request, raw, known_body.digest if known_body else None)
         want_logprobs = bool(body.get("logprobs"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await reply_to_call(

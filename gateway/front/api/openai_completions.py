@@ -7,21 +7,22 @@ there is no message-level token truth here, since there are no messages.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
+from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.front.api.common import (
-    mark_retry,
+    fingerprint,
+    is_retry,
     read_json,
     reply_to_call,
     session_of,
     sse,
 )
 from undertow.gateway.front.api.errors import openai_error
-from undertow.gateway.front.api.openai_chat import parse_sampling, usage
+from undertow.gateway.front.api.openai_chat import sampling_fields, usage
 from undertow.gateway.front.api.output_options import stream_options
 from undertow.gateway.front.calls import CallRequest, CallRunner, Delta, Outcome
 from undertow.gateway.front.config import GatewayConfig
@@ -47,7 +48,10 @@ def _prompt_ids(runner: CallRunner, prompt: Any) -> list[int]:
                      param="prompt")
 
 
-def parse_request(runner: CallRunner, body: dict[str, Any], max_n: int) -> CallRequest:
+def parse_request(runner: CallRunner, body: dict[str, Any], max_n: int, *,
+                  fingerprint: str = "", is_retry: bool = False) -> CallRequest:
+    """The call a completions request asks for, built once; `fingerprint` and `is_retry`
+    as `common.fingerprint` and `common.is_retry` give them."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unrecognized request argument supplied: {unknown[0]}",
@@ -63,12 +67,13 @@ def parse_request(runner: CallRunner, body: dict[str, Any], max_n: int) -> CallR
     n = body.get("n") or 1
     if not isinstance(n, int) or not 1 <= n <= max_n:
         raise BadRequest(f"n must be an integer in 1..{max_n}", param="n")
-    sampling = parse_sampling(body, ("max_tokens",))
-    if sampling.max_new_tokens is None:
-        # The legacy API's default is 16 tokens.
-        sampling = replace(sampling, max_new_tokens=16)
-    return CallRequest(api="completions", model=body["model"], sampling=sampling,
-                       prompt_ids=_prompt_ids(runner, body.get("prompt")), n=n)
+    sampling = sampling_fields(body, ("max_tokens",))
+    if sampling["max_new_tokens"] is None:
+        sampling["max_new_tokens"] = 16  # the legacy API's default
+    return CallRequest(api="completions", model=body["model"],
+                       sampling=SamplingParams(**sampling),
+                       prompt_ids=_prompt_ids(runner, body.get("prompt")), n=n,
+                       fingerprint=fingerprint, is_retry=is_retry)
 
 
 def _finish(choice) -> str:
@@ -96,7 +101,8 @@ def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegist
     async def completions(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(runner, body, config.max_n), request, raw)
+        call = parse_request(runner, body, config.max_n, fingerprint=fingerprint(raw),
+                             is_retry=is_retry(request))
         want_logprobs = body.get("logprobs") is not None
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return await reply_to_call(

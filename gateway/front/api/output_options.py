@@ -1,18 +1,19 @@
 """What a request asks of the output and of the template, read from each API's own fields
-into a `CallRequest`: forced tool use and JSON output (both by the engine's constrained
-decoding), one tool call at most, template arguments; a value the gateway cannot honour is a
-400 naming it. Each field: docs/api.md, "Request fields".
+before its `CallRequest` is built: forced tool use and JSON output (both by the engine's
+constrained decoding) and one tool call at most, gathered in an `OutputConstraint` that
+builds the call's `SamplingParams`; template arguments. A value the gateway cannot honour is
+a 400 naming it. Each field: docs/api.md, "Request fields".
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
+from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.errors import BadRequest, UnsupportedParameter
-from undertow.gateway.front.calls import CallRequest
 from undertow.gateway.front.toolparsers import PARSERS, forced_structural_tag
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -87,26 +88,43 @@ def tool_names(tools: list[dict] | None) -> list[str]:
     return [tool["function"].get("name") for tool in tools or ()]
 
 
-def force_tools(call: CallRequest, name: str | None, parallel: bool, tool_parser: str,
-                param: str = "tool_choice") -> CallRequest:
-    """The call with its tool use forced, in `tool_parser`'s format: to any of its tools,
-    or only to `name`."""
-    if not call.tools:
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What a request's output options ask of its sampling, worked out before its
+    `SamplingParams` are built (`sampling_params`, once): a forced call's structural tag
+    or a JSON schema (at most one: both are the engine's constrained decoding), and the
+    stop string that ends free tool use at its first call (`single_call_stop`)."""
+
+    structural_tag: str | None = None
+    json_schema: str | None = None
+    stop: tuple[str, ...] = ()
+
+    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
+        """The call's sampling parameters: the request's sampling `fields` (validated,
+        by `SamplingParams`' names) under this constraint."""
+        return SamplingParams(**{**fields, "stop": fields.get("stop", ()) + self.stop},
+                              structural_tag=self.structural_tag, json_schema=self.json_schema)
+
+
+def forced_tag(tools: list[dict] | None, name: str | None, parallel: bool, tool_parser: str,
+               param: str = "tool_choice") -> str:
+    """The structural tag of a call whose tool use is forced, in `tool_parser`'s format:
+    to any of its `tools`, or only to `name`."""
+    if not tools:
         raise BadRequest(f"{param} forces a tool call but the request has no tools",
                          param=param)
-    if name is not None and name not in tool_names(call.tools):
+    if name is not None and name not in tool_names(tools):
         raise BadRequest(f"{param} names the function {name!r}, which is not among the "
-                         f"tools {tool_names(call.tools)}", param=param)
-    tag = forced_structural_tag(PARSERS[tool_parser], call.tools, name, parallel)
-    return replace(call, sampling=replace(call.sampling, structural_tag=tag))
+                         f"tools {tool_names(tools)}", param=param)
+    return forced_structural_tag(PARSERS[tool_parser], tools, name, parallel)
 
 
-def check_strict(call: CallRequest, strict_params: list[str]) -> None:
+def check_strict(strict_params: list[str], free: bool) -> None:
     """Tools marked `strict` (arguments that must follow their schema): honoured when the
     call is forced, since the call list is then sampled under the tools' schemas, and moot
-    when no call can be made (`tool_choice` none, or JSON output); free tool use cannot
-    promise it, so a strict tool is then a 400 naming it."""
-    free = call.parse_tools and not call.sampling.constrained
+    when no call can be made (`tool_choice` none, or JSON output); free tool use (`free`:
+    tool calls parsed, the output not constrained) cannot promise it, so a strict tool is
+    then a 400 naming it."""
     if strict_params and free:
         raise UnsupportedParameter(
             f"{strict_params[0]}: strict arguments are honoured only for a forced call "
@@ -114,38 +132,39 @@ def check_strict(call: CallRequest, strict_params: list[str]) -> None:
             "strict to false or force the call", param=strict_params[0])
 
 
-def single_call(call: CallRequest, tool_parser: str) -> CallRequest:
-    """The call, stopped at the end of its first tool call (free tool use)."""
+def single_call_stop(tools: list[dict] | None, tool_parser: str, constrained: bool
+                     ) -> tuple[str, ...]:
+    """The stop at the end of the first tool call (free tool use); none when there are no
+    calls to limit (JSON output leaves no room for a call)."""
     stop = PARSERS[tool_parser].single_call_stop
-    if not call.tools or not stop or call.sampling.constrained:
-        return call  # no calls to limit (JSON output leaves no room for a call)
-    return replace(call, sampling=replace(call.sampling, stop=call.sampling.stop + (stop,)))
+    return () if not tools or not stop or constrained else (stop,)
 
 
-def json_output(call: CallRequest, schema: Any, param: str) -> CallRequest:
-    """The call with its output constrained to JSON matching `schema`."""
+def json_output(schema: Any, param: str, structural_tag: str | None = None) -> str:
+    """The JSON schema (as JSON text) that the output must match: never with a forced call
+    (`structural_tag`)."""
     if not isinstance(schema, dict):
         raise BadRequest(f"{param}: the JSON schema must be an object", param=param)
-    if call.sampling.structural_tag is not None:
+    if structural_tag is not None:
         raise BadRequest(f"{param}: a JSON output format cannot be combined with a forced "
                          "tool call", param=param)
-    sampling = replace(call.sampling, json_schema=json.dumps(schema))
-    return replace(call, sampling=sampling)
+    return json.dumps(schema)
 
 
-def output_format(call: CallRequest, fmt: Any, param: str) -> CallRequest:
-    """OpenAI's `response_format` (chat) or `text.format` (Responses): text, json_object,
-    or json_schema (its schema under `json_schema.schema` in chat, `schema` in Responses)."""
+def output_format(fmt: Any, param: str, structural_tag: str | None = None) -> str | None:
+    """OpenAI's `response_format` (chat) or `text.format` (Responses): text (None),
+    json_object, or json_schema (its schema under `json_schema.schema` in chat, `schema` in
+    Responses), as `json_output`'s JSON schema."""
     if fmt is None:
-        return call
+        return None
     kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
     if kind == "text":
-        return call
+        return None
     if kind == "json_object":
-        return json_output(call, {"type": "object"}, param)
+        return json_output({"type": "object"}, param, structural_tag)
     if kind == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema") if "json_schema" in fmt else (
             fmt.get("schema"))
-        return json_output(call, schema or {"type": "object"}, param)
+        return json_output(schema or {"type": "object"}, param, structural_tag)
     raise UnsupportedParameter(f"{param} type {kind!r} is not supported (text, json_object, "
                                "json_schema)", param=param)

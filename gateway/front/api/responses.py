@@ -13,21 +13,23 @@ from aiohttp import web
 
 from undertow.gateway.errors import BadRequest, GatewayError, UnsupportedParameter
 from undertow.gateway.front.api.common import (
-    mark_retry,
+    fingerprint,
+    is_retry,
     read_json,
     reply_to_call,
     session_of,
     sse,
 )
 from undertow.gateway.front.api.errors import openai_error
-from undertow.gateway.front.api.openai_chat import parse_sampling, reads_nothing
+from undertow.gateway.front.api.openai_chat import reads_nothing, sampling_fields
 from undertow.gateway.front.api.output_options import (
+    OutputConstraint,
     check_strict,
     check_value,
-    force_tools,
+    forced_tag,
     known_keys,
     output_format,
-    single_call,
+    single_call_stop,
     stream_options,
     template_kwargs,
     template_variable,
@@ -159,9 +161,12 @@ def check_request_options(body: dict[str, Any]) -> None:
 
 
 def parse_request(body: dict[str, Any], tool_parser: str = "hermes",
-                  reads: Callable[[str], bool] = reads_nothing) -> CallRequest:
-    """The call a Responses request asks for; `reads` says which optional arguments
-    the model's template takes (`Renderer.reads`)."""
+                  reads: Callable[[str], bool] = reads_nothing, *, fingerprint: str = "",
+                  is_retry: bool = False) -> CallRequest:
+    """The call a Responses request asks for, built once everything that shapes it is
+    known; `reads` says which optional arguments the model's template takes
+    (`Renderer.reads`); `fingerprint` and `is_retry` as `common.fingerprint` and
+    `common.is_retry` give them."""
     unknown = sorted(set(body) - ACCEPTED)
     if unknown:
         raise UnsupportedParameter(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
@@ -176,37 +181,43 @@ def parse_request(body: dict[str, Any], tool_parser: str = "hermes",
                     f"reasoning.{name}", "the summary is the reasoning itself")
     text = known_keys(body.get("text"), {"format", "verbosity"}, "text")
     kwargs = template_kwargs(None, reasoning.get("effort"), effort_param="reasoning.effort")
-    call = CallRequest(api="responses", model=body["model"],
-                       sampling=parse_sampling(body, ("max_output_tokens",)),
-                       messages=to_chat_messages(body), tools=to_chat_tools(body.get("tools")),
-                       parse_tools=body.get("tool_choice") != "none",
-                       template_kwargs=template_variable(kwargs, reads, "verbosity",
-                                                         text.get("verbosity"),
-                                                         "text.verbosity"))
-    return apply_output_options(call, body, tool_parser)
+    sampling = sampling_fields(body, ("max_output_tokens",))
+    messages = to_chat_messages(body)
+    tools = to_chat_tools(body.get("tools"))
+    template = template_variable(kwargs, reads, "verbosity", text.get("verbosity"),
+                                 "text.verbosity")
+    parse = body.get("tool_choice") != "none"
+    output = output_constraint(body, tools, parse and bool(tools), tool_parser)
+    return CallRequest(api="responses", model=body["model"],
+                       sampling=output.sampling_params(sampling), messages=messages,
+                       tools=tools, parse_tools=parse, fingerprint=fingerprint,
+                       is_retry=is_retry, template_kwargs=template)
 
 
-def apply_output_options(call: CallRequest, body: dict[str, Any], tool_parser: str
-                         ) -> CallRequest:
+def output_constraint(body: dict[str, Any], tools: list[dict] | None, parses_tools: bool,
+                      tool_parser: str) -> OutputConstraint:
     """`tool_choice`, `parallel_tool_calls` and `text.format` (see `output_options`)."""
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
+    tag = None
     if choice == "required" or isinstance(choice, dict):
         if isinstance(choice, dict) and (choice.get("type") != "function"
                                          or not isinstance(choice.get("name"), str)):
             raise UnsupportedParameter("tool_choice must be 'none', 'auto', 'required' or "
                                        "{'type': 'function', 'name': ...}", param="tool_choice")
-        call = force_tools(call, choice.get("name") if isinstance(choice, dict) else None,
-                           parallel is not False, tool_parser)
+        tag = forced_tag(tools, choice.get("name") if isinstance(choice, dict) else None,
+                         parallel is not False, tool_parser)
     elif choice not in (None, "auto", "none"):
         raise BadRequest(f"tool_choice {choice!r} is not one of 'none', 'auto', 'required' "
                          "or a named function", param="tool_choice")
-    call = output_format(call, (body.get("text") or {}).get("format"), "text.format")
-    if parallel is False and call.tool_parser is None and call.parse_tools:
-        call = single_call(call, tool_parser)
-    check_strict(call, [f"tools[{index}].strict" for index, tool in enumerate(
-        body.get("tools") or ()) if tool.get("type") == "function" and tool.get("strict")])
-    return call
+    schema = output_format((body.get("text") or {}).get("format"), "text.format", tag)
+    constrained = tag is not None or schema is not None
+    stop = (single_call_stop(tools, tool_parser, constrained)
+            if parallel is False and parses_tools else ())
+    check_strict([f"tools[{index}].strict" for index, tool in enumerate(body.get("tools") or ())
+                  if tool.get("type") == "function" and tool.get("strict")],
+                 parses_tools and not constrained)
+    return OutputConstraint(tag, schema, stop)
 
 
 def _ids(call_id: str) -> str:
@@ -388,8 +399,8 @@ def add_routes(app: web.Application, runner: CallRunner, sessions: SessionRegist
     async def create_response(request: web.Request) -> web.StreamResponse:
         session = session_of(request, sessions)
         body, raw = await read_json(request, config.max_body_bytes)
-        call = mark_retry(parse_request(body, runner.tool_parser, runner.renderer.reads),
-                          request, raw)
+        call = parse_request(body, runner.tool_parser, runner.renderer.reads,
+                             fingerprint=fingerprint(raw), is_retry=is_retry(request))
         return await reply_to_call(
             request, runner, session, call, bool(body.get("stream")), config.keepalive_s,
             lambda outcome: response_body(call, body, outcome, outcome.choices[0].call_id),

@@ -13,7 +13,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from undertow.gateway.engines.protocol import SamplingParams
 from undertow.gateway.front.toolparsers.base import Event, ToolCall, ToolParser, Unparsed
 
 FORCED_TITLE = "undertow forced tool calls"
@@ -29,20 +28,20 @@ def forced_structural_tag(parser: type[ToolParser], tools: Sequence[dict], name:
                        "format": parser.forced_format(chosen, parallel)}, ensure_ascii=False)
 
 
-def reasoning_first(sampling: SamplingParams, parser: ToolParser) -> SamplingParams:
-    """`sampling`, its forced calls preceded by the end of the reasoning block when the
-    completion begins inside one (`parser.open_reasoning_end`, from the prompt's tail: a
-    template that opens it at the end of the generation prompt, as DeepSeek-R1's and
-    GLM-4.7's do): the model reasons freely, closes the block, then writes the calls, as
-    SGLang's reasoner grammar leaves the reasoning unconstrained."""
+def reasoning_first(structural_tag: str | None, parser: ToolParser) -> str | None:
+    """`structural_tag` (a forced call's, or None), its calls preceded by the end of the
+    reasoning block when the completion begins inside one (`parser.open_reasoning_end`,
+    from the prompt's tail: a template that opens it at the end of the generation prompt,
+    as DeepSeek-R1's and GLM-4.7's do): the model reasons freely, closes the block, then
+    writes the calls, as SGLang's reasoner grammar leaves the reasoning unconstrained."""
     end = parser.open_reasoning_end
-    if sampling.structural_tag is None or not end:
-        return sampling
-    tag = json.loads(sampling.structural_tag)
+    if structural_tag is None or not end:
+        return structural_tag
+    tag = json.loads(structural_tag)
     reasoning = {"type": "tag", "begin": "", "content": {"type": "any_text"},
                  "end": [end + separator for separator in SEPARATORS]}
     tag["format"] = {"type": "sequence", "elements": [reasoning, tag["format"]]}
-    return sampling.evolve(structural_tag=json.dumps(tag, ensure_ascii=False))
+    return json.dumps(tag, ensure_ascii=False)
 
 
 def is_forced(sampling: dict) -> bool:

@@ -21,7 +21,7 @@ class CallRequest:
     """A call in internal form: chat `messages` (OpenAI-style dicts, with
     `reasoning_content`) and `tools`, or raw `prompt_ids` (text completions). Built once,
     whole, by its API module; `parses_tools` is worked out then: tool calls are parsed out
-    of the output when they are asked for (`parse_tools`: `tool_choice` is not none) and
+    of the output when they are asked for (`parse_tools`: the tool choice is not none) and
     tools are given."""
 
     api: str

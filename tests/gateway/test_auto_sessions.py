@@ -181,9 +181,12 @@ async def test_idle_sessions_expire_without_reward_and_stay_closed_after_restart
             model="undertow", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
         [busy_session] = [s for s in gateway.app[SESSIONS_KEY].sessions(GROUP)
                           if s is not idle_session]
-        # the busy session's call came later: at this instant only the idle one is past
-        # its idle time
-        expired = await auto.expire_idle(idle_session.last_used_s + config.idle_close_s)
+        # the busy session's call came later: halfway between the two calls, plus the idle
+        # time, only the idle one is past it (not exactly at its boundary, where the sum
+        # `last + idle - last` may round below `idle`)
+        assert busy_session.last_used_s > idle_session.last_used_s
+        halfway_s = (idle_session.last_used_s + busy_session.last_used_s) / 2
+        expired = await auto.expire_idle(halfway_s + config.idle_close_s)
         assert expired == [idle_session.session_id]
         with pytest.raises(openai.AuthenticationError) as refused:
             await idle.chat.completions.create(

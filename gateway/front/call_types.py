@@ -35,7 +35,6 @@ class CallRequest:
     fingerprint: str = ""
     is_retry: bool = False
     template_kwargs: dict | None = None  # chat_template_kwargs, reasoning_effort
-    tool_parser: str | None = None  # instead of the gateway's (forced tool calls)
     parses_tools: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -126,7 +126,7 @@ class ChoiceSampler:
         events += parser.finish() if parser else []
         all_events += events
         self.metrics.unparsed_tool_calls.inc(sum(isinstance(e, Unparsed) for e in all_events),
-                                             parser=request.tool_parser or self.tool_parser)
+                                             parser=self.tool_parser)
         yield Delta(index, call_id, events, [], [])
         yield Sampled(index, call_id, token_ids, all_events, logprobs, versions, stops.text,
                       finish_reason or {"type": "stop", "matched": None}, cached,
@@ -136,7 +136,7 @@ class ChoiceSampler:
     def _parser(self, request: CallRequest, prompt: Prompt):
         """A tool-call parser for one choice, told the tools and the prompt's last text."""
         tail = self.renderer.decode(prompt.token_ids[-8:], skip_special_tokens=False)
-        return create_parser(request.tool_parser or self.tool_parser,
+        return create_parser(self.tool_parser,
                              parse_tools=request.parses_tools, tools=request.tools,
                              prompt_tail=tail)
 

@@ -291,9 +291,11 @@ def check_out(commit: str) -> tuple[Path, Path]:
 
 
 def _package_root(checkout: Path, root: Path) -> Path:
-    """`root`, holding an `undertow/` of links to `checkout`'s packages (made once)."""
+    """`root`, holding an `undertow/` of links to `checkout`'s packages (made once; a
+    folder left part-made by a run cut short is made again)."""
     package = root / "undertow"
-    if not package.exists():
+    if not (package / "gateway").exists():
+        shutil.rmtree(package, ignore_errors=True)
         package.mkdir(parents=True)
         for entry in (checkout / "undertow").iterdir():
             (package / entry.name).symlink_to(entry)

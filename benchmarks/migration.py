@@ -90,7 +90,8 @@ async def one_run(pool: EnginePool, urls: list[str], input_ids: list[int], name:
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=MAX_NEW_TOKENS)
     arrivals: list[float] = []
     drain, attempt, drain_s = None, None, 0.0
-    stream = pool.generate(name, input_ids, params, name)
+    stream = pool.generate(name, GenerateRequest(input_ids=input_ids, sampling_params=params,
+                                                 rid=name, return_logprob=True))
     async with contextlib.aclosing(stream):
         async for chunk in stream:
             now = time.perf_counter()

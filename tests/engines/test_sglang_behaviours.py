@@ -105,7 +105,9 @@ async def test_2_a_resumed_generation_draws_a_fresh_sample():
             input_ids=PROMPT, sampling_params=params))
         chunks: list = []
         task = asyncio.create_task(consume(
-            pool.generate("s", list(PROMPT), params, "call-00000000000000a2"), chunks))
+            pool.generate("s", GenerateRequest(
+                input_ids=PROMPT, sampling_params=params, rid="call-00000000000000a2",
+                return_logprob=True)), chunks))
         await until(lambda: len(chunks) >= 5)
         await pool.pause("abort_resume")
         await pool.resume()
@@ -127,7 +129,9 @@ async def test_3_a_late_abort_of_an_interrupted_attempt_spares_its_resume():
                 pool_on(driver.url) as pool):
         chunks: list = []
         task = asyncio.create_task(consume(
-            pool.generate("s", list(PROMPT), params, "call-00000000000000a3"), chunks))
+            pool.generate("s", GenerateRequest(
+                input_ids=PROMPT, sampling_params=params, rid="call-00000000000000a3",
+                return_logprob=True)), chunks))
         await until(lambda: len(chunks) >= 3)
         await pool.pause("abort_resume")
         await pool.resume()

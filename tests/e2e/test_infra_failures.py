@@ -115,15 +115,17 @@ async def until(condition: Callable[[], bool], running: asyncio.Future, what: st
 
 async def tripped_rollout(admin: GatewayAdmin, control: Path, out_dir: Path,
                           fault: Callable[[], Awaitable[None]],
-                          undo: Callable[[], Awaitable[None]]) -> Rollout:
-    """A group of two sessions of the first bundled task; the one that trips meets
-    `fault` at its call of turn TRIP_TURN, and `undo` runs once that call has failed."""
+                          undo: Callable[[], Awaitable[None]], concurrency: int = 2
+                          ) -> Rollout:
+    """A group of two sessions of the first bundled task, `concurrency` at a time; the one
+    that trips meets `fault` at its call of turn TRIP_TURN, and `undo` runs once that call
+    has failed."""
     control.mkdir()
     task = sorted(load_tasks(REPO / "sandboxes" / "tasks" / "bundled"),
                   key=lambda t: t.instance_id)[0]
     scaffold = CommandScaffold(f"{sys.executable} {SCAFFOLD} {{base_url}} {{api_key}} "
                                f"{control} {NUM_TURNS} {TRIP_TURN}")
-    config = RolloutConfig(group_size=2, concurrency=2, timeout_s=WAIT_S, out_dir=out_dir,
+    config = RolloutConfig(group_size=2, concurrency=concurrency, timeout_s=WAIT_S, out_dir=out_dir,
                            progress_interval_s=0, max_attempts=2)
     with connect(os.environ.get("DOCKER_HOST")) as connection:
         rollout = Rollout([task], scaffold, admin, connection, config)
@@ -219,13 +221,28 @@ async def test_a_429_fails_its_session_for_a_rerun(tiny_model_dir, engine, tmp_p
             hog.extend((stream, client))
 
         async def free_the_engine() -> None:
-            """The long call's client leaves: the gateway aborts its generation."""
+            """The long call's client leaves: the gateway aborts its generation, which
+            frees the engine's place once the abort is through, as a short call of the
+            hog's session that gets in shows."""
             stream, client = hog
             await stream.close()
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                try:
+                    await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "done"}],
+                        max_tokens=1)
+                    break
+                except openai.RateLimitError:
+                    assert time.monotonic() < deadline, "the engine never came free"
+                    await asyncio.sleep(0.1)
             await client.close()
 
+        # One session at a time: with one place and no wait, the group's two sessions
+        # would also refuse each other now and then (a 429 of no fault's), and a re-run
+        # refused again is not re-run twice.
         rollout = await tripped_rollout(admin, tmp_path / "control", tmp_path,
-                                        take_the_engine, free_the_engine)
+                                        take_the_engine, free_the_engine, concurrency=1)
     assert_failed_kept_rerun_and_untrained(rollout, store_dir, "429 Busy")
 
 

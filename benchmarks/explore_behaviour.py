@@ -116,14 +116,18 @@ def behaviour_of(sessions: dict, summary: dict, files: dict[str, str]) -> dict:
 
 
 def behaviour(tasks_dir: Path, rollout_out: Path, model_dir: Path) -> dict:
-    """The figures of the latest rollout under `rollout_out` (`undertow rollout --out`)."""
+    """The figures of every rollout under `rollout_out` (`undertow rollout --out`), pooled:
+    a held-out point may be made of more than one."""
     from transformers import AutoTokenizer
 
-    run = sorted(rollout_out.glob("*/summary.json"))[-1].parent
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sessions = session_commands(run / "gateway" / "store", tokenizer.decode)
-    summary = json.loads((run / "summary.json").read_text())
-    return behaviour_of(sessions, summary, fix_files(tasks_dir))
+    sessions: dict = {}
+    records: list = []
+    for summary_path in sorted(rollout_out.glob("*/summary.json")):
+        sessions.update(session_commands(summary_path.parent / "gateway" / "store",
+                                         tokenizer.decode))
+        records += json.loads(summary_path.read_text())["sessions"]
+    return behaviour_of(sessions, {"sessions": records}, fix_files(tasks_dir))
 
 
 def main() -> None:

@@ -238,26 +238,34 @@ def sft_model(work: Path, args, record: dict, base: Path) -> Path:
 
 
 def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -> dict:
-    """The held-out rollout of `model` (stage 3/5) on `split`, pooled pass rate and
-    Wilson interval. Left out, and counted: sessions Undertow failed
+    """The held-out rollouts of `model` (stage 3/5) on `split`, at least `--eval-sessions`
+    sessions in all, pooled pass rate and Wilson interval. Left out, and counted: sessions Undertow failed
     (`evaluation.outcomes`), and those that timed out before the scaffold made its first
     model call (mini-swe-agent still starting on a machine loaded by other work: the
     policy was never asked)."""
     heldout = work / "tasks" / split
     num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
-    num_tasks = min(num_heldout, args.eval_sessions)
-    group_size = math.ceil(args.eval_sessions / num_tasks)
     out = work / "eval" / (name if split == "heldout" else f"{name}-{split}")
+    # A point is every rollout under `out`, pooled: an earlier, smaller point (a probe)
+    # counts, and only the sessions it lacks are run.
+    num_missing = args.eval_sessions - sum(len(summary["sessions"])
+                                           for summary in _summaries(out))
+    num_tasks = min(num_heldout, max(num_missing, 1))
     argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
-            str(model), "--out", str(out), f"num_tasks={num_tasks}", f"group_size={group_size}",
+            str(model), "--out", str(out), f"num_tasks={num_tasks}",
+            f"group_size={math.ceil(max(num_missing, 1) / num_tasks)}",
             f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
             "progress_interval_s=60",
             f"scaffold_options={json.dumps(scaffold_options(args))}"]
     row: dict = {}
     load = os.getloadavg()[0]
-    _timed(row, "rollout", argv, work / f"eval-{out.name}.log",
-           any(out.glob("*/summary.json")), num_threads=args.threads)
-    summary = json.loads(sorted(out.glob("*/summary.json"))[-1].read_text())
+    earlier = len(_summaries(out))
+    log = work / (f"eval-{out.name}.log" if not earlier else f"eval-{out.name}-{earlier + 1}.log")
+    _timed(row, "rollout", argv, log, num_missing <= 0, num_threads=args.threads)
+    summaries = _summaries(out)
+    summary = {"sessions": [s for one in summaries for s in one["sessions"]],
+               "duration_s": sum(one["duration_s"] for one in summaries),
+               "num_completion_tokens": sum(one["num_completion_tokens"] for one in summaries)}
     sessions = summary["sessions"]
     unanswered = [s for s in sessions if s["cause"] == "timeout" and not s["num_calls"]]
     per_task, num_failed = outcomes({"sessions": [s for s in sessions
@@ -270,13 +278,18 @@ def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -
             "num_resolved": sum(results), "pass_rate": sum(results) / max(len(results), 1),
             "interval": wilson_interval(sum(results), len(results)),
             "num_tasks_resolved": sum(any(s) for s in per_task.values()),
-            "rollout_s": summary["duration_s"],
+            "rollout_s": summary["duration_s"], "num_rollouts": len(summaries),
             "session_s_mean": sum(s["duration_s"] for s in sessions) / len(sessions),
             "completion_tokens_mean": summary["num_completion_tokens"] / len(sessions),
             "completion_tokens_per_s": summary["num_completion_tokens"] / summary["duration_s"],
             "causes": _count(s["cause"] for s in sessions),
             "exit_statuses": _count(s.get("details", {}).get("exit_status", "")
                                     for s in sessions)}
+
+
+def _summaries(out: Path) -> list[dict]:
+    """The summary.json of every rollout under `out`, oldest first."""
+    return [json.loads(path.read_text()) for path in sorted(out.glob("*/summary.json"))]
 
 
 def _count(values) -> dict:

@@ -124,20 +124,24 @@ def test_a_skipped_stage_keeps_the_command_and_timing_of_the_run_that_did_it(tmp
 def test_held_out_sessions_the_policy_never_answered_are_left_out(tmp_path):
     (tmp_path / "tasks" / "heldout").mkdir(parents=True)
     (tmp_path / "tasks" / "heldout" / "tasks.jsonl").write_text('{"a": 1}\n' * 75)
-    out = tmp_path / "eval" / "start" / "rollout-1"
-    out.mkdir(parents=True)
     sessions = [{"instance_id": task, "cause": cause, "num_calls": calls, "resolved": resolved,
                  "duration_s": 10.0, "details": {}}
                 for task, cause, calls, resolved in (
                     ("a", "exited", 1, True), ("a", "exited", 1, False),
                     ("b", "timeout", 0, False), ("b", "timeout", 1, False),
                     ("c", "error:sandbox", 0, False))]
-    (out / "summary.json").write_text(json.dumps({
-        "sessions": sessions, "duration_s": 50.0, "num_completion_tokens": 150}))
-    row = evaluate(tmp_path, "start", tmp_path / "model", parse_args([]))
+    # Two rollouts make the point (a probe's 3 sessions, then the 2 it lacked), pooled;
+    # with every session there, no rollout runs.
+    for name, part in (("rollout-1", sessions[:3]), ("rollout-2", sessions[3:])):
+        out = tmp_path / "eval" / "start" / name
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({
+            "sessions": part, "duration_s": 10.0 * len(part), "num_completion_tokens": 30}))
+    row = evaluate(tmp_path, "start", tmp_path / "model", parse_args(["--eval-sessions", "5"]))
     assert (row["num_sessions"], row["num_resolved"], row["num_left_out"]) == (3, 1, 2)
     assert row["num_timed_out_unanswered"] == 1 and row["pass_rate"] == pytest.approx(1 / 3)
     assert row["causes"] == {"exited": 2, "timeout": 2, "error:sandbox": 1}
+    assert (row["num_rollouts"], row["rollout_s"], row["session_s_mean"]) == (2, 50.0, 10.0)
 
 
 def test_an_sft_start_collects_gold_sessions_then_trains_with_a_small_lr_and_frozen_head(

@@ -265,6 +265,14 @@ async def grade(connection: Connection, task: Task, diff: str, *, run: str,
             raise SandboxError(f"task {task.instance_id}: its test_patch does not apply to the "
                                f"base commit: {problem}; fix the task")
         result = await sandbox.exec(grading_script(task), task.timeout_s)
+    if not result.timed_out and START_MARKER not in result.output:
+        # The script echoes the marker before the tests whatever the diff: without it, the
+        # run never reached them or its output was lost, and neither is the diff's doing.
+        raise SandboxError(
+            f"task {task.instance_id}: the grading run ended (exit code {result.exit_code}) "
+            f"without the start marker its script echoes before the tests, in "
+            f"{len(result.output)} characters of output: no verdict on the diff; "
+            f"output: {result.output.strip()[-500:] or '(none)'!r}")
     log = result.output + (f"\n{TIMEOUT_MARKER}\n" if result.timed_out else "")
     verdict = judge(task, log, config, timed_out)
     tests = {test: verdict.statuses.get(test, MISSING)

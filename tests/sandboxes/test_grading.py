@@ -2,6 +2,7 @@
 
 import pytest
 
+from undertow.sandboxes.errors import SandboxError
 from undertow.sandboxes.grading import GradingConfig, grade, patched_paths, score
 
 ALWAYS = GradingConfig(partial_credit="always")
@@ -121,3 +122,16 @@ class TestGradeInDocker:
                                     fixture_task.patch)
         assert verdict.reward == 0.0 and "ran past 2 s" in verdict.reason
         assert set(verdict.tests.values()) == {"missing"}
+
+    async def test_a_run_that_never_reaches_the_tests_is_no_verdict_on_the_diff(
+            self, docker_connection, docker_run, fixture_image, fixture_task):
+        # A set-up command that ends the script before its start marker (or an output lost
+        # on its way back) says nothing of the diff: an error of the grading, not a reward
+        # of 0 that a learner would train on.
+        from dataclasses import replace
+
+        broken = replace(fixture_task, eval_commands=("echo setting up", "exit 3"))
+        with pytest.raises(SandboxError, match="without the start marker") as raised:
+            await self._grade(docker_connection, docker_run, fixture_image, broken,
+                              fixture_task.patch)
+        assert "exit code 3" in str(raised.value) and "setting up" in str(raised.value)

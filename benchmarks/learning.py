@@ -239,10 +239,10 @@ def sft_model(work: Path, args, record: dict, base: Path) -> Path:
 
 def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -> dict:
     """The held-out rollouts of `model` (stage 3/5) on `split`, at least `--eval-sessions`
-    sessions in all, pooled pass rate and Wilson interval. Left out, and counted: sessions Undertow failed
-    (`evaluation.outcomes`), and those that timed out before the scaffold made its first
-    model call (mini-swe-agent still starting on a machine loaded by other work: the
-    policy was never asked)."""
+    sessions in all, pooled pass rate and Wilson interval. Left out, and counted:
+    sessions Undertow failed (`evaluation.outcomes`), and those that timed out before the
+    scaffold made its first model call (mini-swe-agent still starting on a machine loaded
+    by other work: the policy was never asked)."""
     heldout = work / "tasks" / split
     num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
     out = work / "eval" / (name if split == "heldout" else f"{name}-{split}")

@@ -248,8 +248,8 @@ def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -
     out = work / "eval" / (name if split == "heldout" else f"{name}-{split}")
     # A point is every rollout under `out`, pooled: an earlier, smaller point (a probe)
     # counts, and only the sessions it lacks are run.
-    num_missing = args.eval_sessions - sum(len(summary["sessions"])
-                                           for summary in _summaries(out))
+    earlier = _summaries(out)
+    num_missing = args.eval_sessions - sum(len(summary["sessions"]) for summary in earlier)
     num_tasks = min(num_heldout, max(num_missing, 1))
     argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
             str(model), "--out", str(out), f"num_tasks={num_tasks}",
@@ -259,8 +259,9 @@ def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -
             f"scaffold_options={json.dumps(scaffold_options(args))}"]
     row: dict = {}
     load = os.getloadavg()[0]
-    earlier = len(_summaries(out))
-    log = work / (f"eval-{out.name}.log" if not earlier else f"eval-{out.name}-{earlier + 1}.log")
+    # The log of the point's last rollout: the one run now, or (done) the one run last.
+    num_runs = len(earlier) + (num_missing > 0)
+    log = work / (f"eval-{out.name}.log" if num_runs <= 1 else f"eval-{out.name}-{num_runs}.log")
     _timed(row, "rollout", argv, log, num_missing <= 0, num_threads=args.threads)
     summaries = _summaries(out)
     summary = {"sessions": [s for one in summaries for s in one["sessions"]],

@@ -5,7 +5,7 @@
         [--groups-per-step 4] [--rl-lr 3e-6] [--eval-sessions 150] [--concurrency 8]
     python -m benchmarks.learning --model tiny [--num-sft-tasks 60] [--sft-epochs 2] ...
     python -m benchmarks.learning --family explore --start sft [--num-sft-tasks 40]
-        [--sft-lr 1e-5] [--sft-epochs 2] --num-steps 0 --eval-sessions 32 ...
+        [--sft-lr 1e-5] [--sft-epochs 2] [--sft-mix 0.5] --num-steps 0 --eval-sessions 32 ...
 
 `--model` is the start policy: a pretrained model directory, or the name of one that
 `make setup-models` puts in .cache/models (`benchmarks.learner.MODELS`), trained by RL
@@ -19,7 +19,9 @@ where it stopped):
 2. tiny, or a pretrained policy with `--start sft` (explore): `undertow model init` (tiny),
    `undertow sft-collect` on `--num-sft-tasks` training instances (tiny: the gold patch
    applied by the real mini-swe-agent; explore: the gold session of
-   `explore_tasks.oracle_commands`, grep, read, sed, submit), `undertow sft`;
+   `explore_tasks.oracle_commands`, grep, read, sed, submit), `undertow sft`; with
+   `--sft-mix` below 1, `benchmarks.weight_mix`: the start is that far from the base
+   to the SFT (an SFT that samples one session per instance gives RL uniform groups);
 3. `undertow rollout` on the held-out instances with the start policy: at least
    `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times);
 4. `undertow train` from it to the next held-out point (every `--eval-every` steps):
@@ -164,8 +166,21 @@ def prepare(work: Path, args, record: dict) -> tuple[str, Path]:
                (base / "model.safetensors").exists())
         return "sft", sft_model(work, args, record, base)
     if args.start == "sft":
-        return "sft", sft_model(work, args, record, resolve_model(args.model))
+        base = resolve_model(args.model)
+        sft = sft_model(work, args, record, base)
+        return ("sft", sft) if args.sft_mix == 1 else mixed_start(work, args, record, base, sft)
     return "start", resolve_model(args.model)
+
+
+def mixed_start(work: Path, args, record: dict, base: Path, sft: Path) -> tuple[str, Path]:
+    """Stage mix (`--sft-mix` below 1): the start policy part of the way from the base to
+    its SFT (`benchmarks/weight_mix.py`), for an SFT that samples too narrowly for RL."""
+    name = f"sft-mix{args.sft_mix:g}"
+    out = work / name
+    _timed(record, "mix", ["--base", str(base), "--tuned", str(sft), "--alpha",
+                           str(args.sft_mix), "--out", str(out)], work / "mix.log",
+           (out / "model.safetensors").exists(), "benchmarks.weight_mix")
+    return name, out
 
 
 def collect_argv(work: Path, base: Path, args) -> list[str]:
@@ -533,6 +548,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="default: tiny 3e-3, pretrained 1e-5")
+    parser.add_argument("--sft-mix", type=float, default=1.0,
+                        help="--start sft: the start is base + SFT_MIX * (sft - base) "
+                        "(benchmarks/weight_mix.py; 1: the SFT itself)")
     parser.add_argument("--num-steps", type=int, default=24, help="RL steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=8,
                         help="held-out point every N steps")

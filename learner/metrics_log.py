@@ -17,7 +17,7 @@ STEP_FIELDS = (
     "ratio_p95", "masked_fraction", "sequence_masked_fraction", "version_masked_fraction",
     "version_gap0_fraction", "version_gap1_fraction", "version_gap2_fraction",
     "version_gap3plus_fraction", "num_groups", "num_sessions",
-    "num_dropped_groups",
+    "num_dropped_groups", "num_uniform_groups",
     "num_dropped_uniform", "num_dropped_invalid", "num_rerun_sessions", "num_infra_failures",
     "infra_failures", "num_trained_tokens",
     "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",
@@ -63,6 +63,9 @@ def format_step(record: dict[str, Any], num_steps: int | None = None) -> str:
     failures = record.get("infra_failures") or {}
     failed = ", ".join(f"{cause} {n}" for cause, n in sorted(failures.items())) or "0"
     total = f"/{num_steps}" if num_steps else ""
+    uniform = record.get("num_uniform_groups")
+    warning = (" · every group uniform: nothing to learn"
+               if uniform and uniform == record.get("num_groups") else "")
     return (f"step {record['step']}{total} · reward {number('reward_mean', '.3f')} "
             f"± {number('reward_std', '.3f')} · pass {number('pass_rate', '.0%')} · "
             f"dropped uniform {record.get('num_dropped_uniform', 0)}, invalid "
@@ -70,7 +73,7 @@ def format_step(record: dict[str, Any], num_steps: int | None = None) -> str:
             f" · re-run {record.get('num_rerun_sessions', 0)} (failed: {failed}) · tokens "
             f"{record.get('num_trained_tokens', 0)} · staleness "
             f"{number('staleness_mean', '.2f')} · kl {number('kl', '.4f')} · entropy "
-            f"{number('entropy', '.3f')} · {number('step_s', '.1f')}s")
+            f"{number('entropy', '.3f')} · {number('step_s', '.1f')}s{warning}")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from undertow.learner.metrics_log import read_metrics
 
 FIGURES = {
     "reward": (("reward_mean", "pass_rate"), ("reward_std",),
-               ("num_dropped_uniform", "num_dropped_invalid", "num_dropped_groups",
-                "num_rerun_sessions", "num_infra_failures")),
+               ("num_uniform_groups", "num_dropped_uniform", "num_dropped_invalid",
+                "num_dropped_groups", "num_rerun_sessions", "num_infra_failures")),
     "loss": (("loss",), ("kl", "kl_ref"), ("entropy",), ("clip_fraction",), ("grad_norm",)),
     "tokens": (("num_trained_tokens", "num_unique_tokens", "num_flat_tokens"),
                ("unique_flat_ratio",), ("staleness_mean", "staleness_max")),

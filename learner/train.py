@@ -16,7 +16,12 @@ from typing import Any, Protocol
 import torch
 
 from undertow.gateway.trees.tree import Tree
-from undertow.learner.advantages import group_advantages, valid_sessions
+from undertow.learner.advantages import (
+    group_advantages,
+    is_uniform,
+    session_rewards,
+    valid_sessions,
+)
 from undertow.learner.checkpoint import (
     PendingGroup,
     TrainState,
@@ -221,6 +226,8 @@ class Learner:
             "pass_rate": (sum(r >= PASS_REWARD for r in rewards) / len(rewards)
                           if rewards else None),
             "num_groups": len(trees), "num_sessions": len(rewards),
+            "num_uniform_groups": sum(is_uniform(session_rewards(t, self.advantage_config))
+                                      for t in trees),
             "num_trained_tokens": int(totals["num_terms"]), "num_unique_tokens": num_unique,
             "num_flat_tokens": num_flat,
             "unique_flat_ratio": num_unique / num_flat if num_flat else None}

@@ -10,7 +10,7 @@ from undertow.cells.loop import train_alone
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.config import AdvantageConfig, LossConfig, TrainConfig
 from undertow.learner.errors import RunFailedError
-from undertow.learner.metrics_log import read_metrics
+from undertow.learner.metrics_log import format_step, read_metrics
 from undertow.learner.train import FinishedGroup, Learner
 
 pytestmark = pytest.mark.slow
@@ -101,6 +101,25 @@ def test_uniform_groups_are_dropped_up_to_the_bound(tiny_model_dir, tmp_path):
     # Groups 0 and 1 dropped (the bound: 2 extra), group 2 trained although uniform.
     assert record["num_dropped_uniform"] == 2 and source.launches == [0, 1, 2]
     assert record["reward_mean"] == 1.0 and record["reward_std"] == 0.0
+    # The one group trained is uniform: the step says it learned nothing.
+    assert record["num_uniform_groups"] == record["num_groups"] == 1
+    assert format_step(record).endswith("every group uniform: nothing to learn")
+
+
+def test_a_step_counts_its_uniform_groups(tiny_model_dir, tmp_path):
+    def plan(index, group_id):
+        group = _normal(index, group_id)
+        if index == 1:
+            for session_id in group.tree.sessions:
+                group.tree.close_session(session_id, 0.0)
+        return group
+
+    learner = _learner(tiny_model_dir, tmp_path, max_staleness=0, num_steps=1,
+                       groups_per_step=2)
+    assert train_alone(learner, PlannedSource(plan), NullSink()) == "done"
+    (record,) = read_metrics(tmp_path)
+    assert (record["num_uniform_groups"], record["num_groups"]) == (1, 2)
+    assert record["grad_norm"] > 0 and "uniform:" not in format_step(record)
 
 
 def test_failed_sessions_are_counted_and_never_trained(tiny_model_dir, tmp_path):

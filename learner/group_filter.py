@@ -5,9 +5,9 @@ passes each through one `GroupFilter`. Only real outcomes
 train (`advantages.valid_sessions`): a group left with fewer than two valid sessions
 (one when `group_size` is 1) is dropped, with its reason written to the run's log
 (`run_log.py`, `RUN/train.log`; the step's one printed line counts it); with
-`advantages.filter_uniform_groups`, so is a group whose valid sessions all got the same
-reward, at most `advantages.max_extra_groups` per step. The caller replaces what is
-dropped. When `max_failed_groups` groups in a row lost every session to failures of
+`advantages.filter_uniform_groups`, so is a group whose sessions all enter its advantages
+with the same reward (`advantages.session_rewards`: a cut session by `timeout_reward`),
+at most `advantages.max_extra_groups` per step. The caller replaces what is dropped. When `max_failed_groups` groups in a row lost every session to failures of
 Undertow itself, `admit` raises one `RunFailedError` naming the causes and the last
 error.
 
@@ -22,7 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from undertow.learner.advantages import infra_failures, is_uniform, valid_sessions
+from undertow.learner.advantages import (
+    infra_failures,
+    is_uniform,
+    session_rewards,
+    valid_sessions,
+)
 from undertow.learner.config import AdvantageConfig
 from undertow.learner.errors import RunFailedError
 from undertow.learner.run_log import RunLog
@@ -87,11 +92,12 @@ class GroupFilter:
             self._count_failed(group, failures, rewards)
             return "invalid"
         self.failed_in_a_row.clear()
-        if (self.advantages.filter_uniform_groups and is_uniform(rewards)
+        entered = session_rewards(group.tree, self.advantages)   # what advantages see
+        if (self.advantages.filter_uniform_groups and is_uniform(entered)
                 and counts.dropped["uniform"] < self.advantages.max_extra_groups):
             note_drop(counts, self.log, step, "uniform",
-                      f"group {group.tree.group_id}: every valid session got reward "
-                      f"{next(iter(rewards.values()))} (no signal)")
+                      f"group {group.tree.group_id}: every session trained would enter with "
+                      f"reward {next(iter(entered.values()), None)} (no signal)")
             return "uniform"
         return None
 

@@ -166,8 +166,8 @@ def test_pool_run_drops_and_replaces_groups_and_records_steps_as_a_plain_run(
     printed = log.read_text()
     assert "dropped group" not in printed   # counted in the step's line; told in the run's log
     logged = (run_dir / "train.log").read_text()
-    assert "step 1: dropped group g000000-r0: every valid session got reward 1.0 (no " \
-        "signal)" in logged
+    assert "step 1: dropped group g000000-r0: every session trained would enter with " \
+        "reward 1.0 (no signal)" in logged
     assert "step 1: dropped group g000001-r0: 1 valid session(s) left; Undertow failed " \
         "{'error:reward': 4}" in logged
     assert "undertow train: step 1/2 · reward 0.333 ± 0.471 · pass 33% · dropped uniform 1, " \

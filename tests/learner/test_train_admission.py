@@ -150,3 +150,24 @@ def test_groups_whose_every_session_failed_stop_the_run_with_one_error(tiny_mode
                        r"error:sandbox.*the daemon refused the container"):
         train_alone(learner, source, NullSink())
     assert source.launches == [0, 1, 2] and read_metrics(tmp_path) == []
+
+
+@pytest.mark.parametrize("timeout_reward, dropped", [("partial_credit", 0), ("drop", 1)])
+def test_the_uniform_filter_sees_rewards_as_advantages_do(tiny_model_dir, tmp_path,
+                                                          timeout_reward, dropped):
+    def plan(index, group_id):   # group 0: a cut session's credit is its only spread
+        group = _normal(index, group_id)
+        if index == 0:
+            for number, session_id in enumerate(group.tree.sessions):
+                group.tree.close_session(session_id, 0.5 if number == 0 else 0.0,
+                                         {"timed_out": number == 0})
+        return group
+
+    advantages = AdvantageConfig(filter_uniform_groups=True, timeout_reward=timeout_reward)
+    source = PlannedSource(plan)
+    learner = _learner(tiny_model_dir, tmp_path, advantages, max_staleness=0, num_steps=1)
+    assert train_alone(learner, source, NullSink()) == "done"
+    (record,) = read_metrics(tmp_path)
+    assert record["num_dropped_uniform"] == dropped
+    assert source.launches == list(range(1 + dropped))
+    assert record["num_uniform_groups"] == 0

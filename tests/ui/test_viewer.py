@@ -147,7 +147,9 @@ def test_click_runs_step_session_tree(viewer, runs_dir, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
 
     _click_to(page, 'tr[data-run="a"] a', "#/run/a")
-    assert page.locator('[data-testid="charts"] .chart').count() == 12
+    assert page.locator('[data-testid="charts"] .chart').count() == 13
+    uniform = page.locator('svg[data-chart="groups trained with one reward (no signal)"]')
+    assert uniform.locator("circle").count() == 2
     reward_chart = page.locator('svg[data-chart="reward (mean ± spread)"]')
     assert reward_chart.locator("circle").count() == 2   # one point per step
     assert reward_chart.locator("polygon").count() == 1  # the spread band

@@ -40,6 +40,9 @@ sampled calls: marked "extrapolated" in the table, with the loss left out (a sub
 loss is not the step's). The scaled shape runs every method in full and checks that
 the three losses agree.
 
+A worker given `--tree-json` (a file as `tree_to_json` writes it) times that tree instead
+of a shape's: `benchmarks/tree_worth.py` runs it on a run's stored trees.
+
 `--fsdp2` runs the FSDP2 case instead (issue 15): the tree step in one process, then the
 same step sharded over 2 gloo processes on this CPU (`sharding.py`: `fully_shard` over a
 2-process mesh, micro-batches in rounds); each sharded process reports its own wall and
@@ -155,11 +158,15 @@ class LearnerOptions:
                 + ["--optimizer"] * self.optimizer)
 
 
-def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int,
+def run_worker(method: str, shape_name: str | None, model_dir: str, per_call_every: int,
                grads_out: str | None = None, max_tokens: int = MAX_TOKENS,
-               options: LearnerOptions = LearnerOptions()) -> dict:
+               options: LearnerOptions = LearnerOptions(), tree_json: str | None = None
+               ) -> dict:
+    """One method's step on the shape's tree, or on the tree in `tree_json` (a file as
+    `tree_to_json` writes it), in this process."""
     import torch
 
+    from undertow.gateway.trees.tree import tree_from_json
     from undertow.learner.advantages import group_advantages
     from undertow.learner.config import AdvantageConfig, LossConfig, torch_dtype
     from undertow.learner.model import PolicyModel
@@ -169,7 +176,11 @@ def run_worker(method: str, shape_name: str, model_dir: str, per_call_every: int
     from undertow.learner.sharding import compute_context
 
     torch.set_num_threads(1)
-    tree = build_tree(SHAPES[shape_name])
+    if tree_json is None:
+        assert shape_name is not None, "a worker times a shape or a tree_json"
+        tree = build_tree(SHAPES[shape_name])
+    else:
+        tree = tree_from_json(json.loads(Path(tree_json).read_text()))
     advantages = {(tree.group_id, s): a
                   for s, a in group_advantages(tree, AdvantageConfig()).items()}
     # Segments of the micro-batch bound, as `undertow train` sets them by default
@@ -420,6 +431,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout-s", type=int, default=3600)
     parser.add_argument("--worker", choices=["tree", "per_session", "per_call"])
     parser.add_argument("--shape", choices=sorted(SHAPES))
+    parser.add_argument("--tree-json", help="(worker) time this tree (as `tree_to_json` "
+                        "writes it) instead of --shape's")
     parser.add_argument("--model-dir")
     parser.add_argument("--grads-out", help="(worker) write the step's gradients here")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
@@ -442,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.shape, args.model_dir,
                                     args.per_call_every, args.grads_out, args.max_tokens,
-                                    options)))
+                                    options, args.tree_json)))
         return
     if args.model:
         default = args.shapes == parser.get_default("shapes")

@@ -7,9 +7,9 @@ train (`advantages.valid_sessions`): a group left with fewer than two valid sess
 (`run_log.py`, `RUN/train.log`; the step's one printed line counts it); with
 `advantages.filter_uniform_groups`, so is a group whose sessions all enter its advantages
 with the same reward (`advantages.session_rewards`: a cut session by `timeout_reward`),
-at most `advantages.max_extra_groups` per step. The caller replaces what is dropped. When `max_failed_groups` groups in a row lost every session to failures of
-Undertow itself, `admit` raises one `RunFailedError` naming the causes and the last
-error.
+at most `advantages.max_extra_groups` per step. The caller replaces what is dropped.
+When `max_failed_groups` groups in a row lost every session to failures of Undertow
+itself, `admit` raises one `RunFailedError` naming the causes and the last error.
 
 What a step dropped and re-ran is kept in its `StepCounts`, which become the step's
 metrics fields (`metrics_log.py`: `num_dropped_uniform`, `num_dropped_invalid`,

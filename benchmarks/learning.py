@@ -101,7 +101,7 @@ RUN_DEFAULTS = {TINY: {"step_limit": 3, "max_tokens": 256, "agent_config": None,
                                "num_sft_tasks": 40}}
 STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy", "grad_norm",
              "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p95", "masked_fraction",
-             "num_sessions", "num_dropped_uniform", "num_trained_tokens",
+             "num_sessions", "num_uniform_groups", "num_dropped_uniform", "num_trained_tokens",
              "num_unique_tokens", "step_s", "rollout_s", "train_s", "sync_s")
 
 

@@ -101,8 +101,9 @@ RUN_DEFAULTS = {TINY: {"step_limit": 3, "max_tokens": 256, "agent_config": None,
                                "num_sft_tasks": 40}}
 STEP_KEYS = ("step", "reward_mean", "reward_std", "pass_rate", "loss", "entropy", "grad_norm",
              "mismatch_mean", "mismatch_max", "ratio_p5", "ratio_p95", "masked_fraction",
-             "num_sessions", "num_uniform_groups", "num_dropped_uniform", "num_trained_tokens",
-             "num_unique_tokens", "step_s", "rollout_s", "train_s", "sync_s")
+             "num_sessions", "num_cut_sessions", "num_uniform_groups", "num_dropped_uniform",
+             "num_trained_tokens", "num_unique_tokens", "step_s", "rollout_s", "train_s",
+             "sync_s")
 
 
 def run(argv: list[str], log: Path, module: str = "undertow.cli", num_threads: int = 1) -> dict:

@@ -17,7 +17,7 @@ STEP_FIELDS = (
     "ratio_p95", "masked_fraction", "sequence_masked_fraction", "version_masked_fraction",
     "version_gap0_fraction", "version_gap1_fraction", "version_gap2_fraction",
     "version_gap3plus_fraction", "num_groups", "num_sessions",
-    "num_dropped_groups", "num_uniform_groups",
+    "num_dropped_groups", "num_uniform_groups", "num_cut_sessions",
     "num_dropped_uniform", "num_dropped_invalid", "num_rerun_sessions", "num_infra_failures",
     "infra_failures", "num_trained_tokens",
     "num_unique_tokens", "num_flat_tokens", "unique_flat_ratio", "staleness_mean",

@@ -11,7 +11,7 @@ from pathlib import Path
 from undertow.learner.metrics_log import read_metrics
 
 FIGURES = {
-    "reward": (("reward_mean", "pass_rate"), ("reward_std",),
+    "reward": (("reward_mean", "pass_rate"), ("reward_std",), ("num_cut_sessions",),
                ("num_uniform_groups", "num_dropped_uniform", "num_dropped_invalid",
                 "num_dropped_groups", "num_rerun_sessions", "num_infra_failures")),
     "loss": (("loss",), ("kl", "kl_ref"), ("entropy",), ("clip_fraction",), ("grad_norm",)),

@@ -18,6 +18,7 @@ import torch
 from undertow.gateway.trees.tree import Tree
 from undertow.learner.advantages import (
     group_advantages,
+    is_timed_out,
     is_uniform,
     session_rewards,
     valid_sessions,
@@ -228,6 +229,7 @@ class Learner:
             "num_groups": len(trees), "num_sessions": len(rewards),
             "num_uniform_groups": sum(is_uniform(session_rewards(t, self.advantage_config))
                                       for t in trees),
+            "num_cut_sessions": sum(is_timed_out(t, s) for t in trees for s in valid_sessions(t)),
             "num_trained_tokens": int(totals["num_terms"]), "num_unique_tokens": num_unique,
             "num_flat_tokens": num_flat,
             "unique_flat_ratio": num_unique / num_flat if num_flat else None}

@@ -171,3 +171,4 @@ def test_the_uniform_filter_sees_rewards_as_advantages_do(tiny_model_dir, tmp_pa
     assert record["num_dropped_uniform"] == dropped
     assert source.launches == list(range(1 + dropped))
     assert record["num_uniform_groups"] == 0
+    assert record["num_cut_sessions"] == 1 - dropped   # group 0's, where it trained

@@ -323,7 +323,8 @@ def train_argv(work: Path, start: Path, args, num_steps: int) -> list[str]:
     argv = ["train", "-c", "undertow/configs/swe.yaml", "--run-dir", str(run_dir),
             f"run.model_dir={start}", f"rollout.tasks={work / 'tasks' / 'train'}",
             f"rollout.scaffold_options={json.dumps(scaffold_options(args))}",
-            f"rollout.concurrency={args.concurrency}", f"rollout.timeout_s={args.timeout_s}",
+            f"rollout.concurrency={args.concurrency}",
+            f"rollout.timeout_s={args.train_timeout_s or args.timeout_s}",
             f"learner.num_steps={num_steps}", f"learner.group_size={args.group_size}",
             f"learner.groups_per_step={args.groups_per_step}", f"learner.lr={args.rl_lr}",
             f"learner.max_staleness={args.max_staleness}",
@@ -589,6 +590,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=None,
                         help="per session; one call takes 10-60 s here, but mini-swe-agent's "
                         "start alone took over 300 s at load 40 (default 900; explore: 600)")
+    parser.add_argument("--train-timeout-s", type=float, default=None,
+                        help="per RL session, where it differs from --timeout-s: a limit "
+                        "some sessions reach, for the --cut-sessions arms, while held-out "
+                        "points keep a limit none reach (default: --timeout-s)")
     args = parser.parse_args(argv)
     family = FAMILIES[args.family]
     suffix = "" if args.family == "swe" else f"-{args.family}"

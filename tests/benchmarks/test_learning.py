@@ -90,6 +90,14 @@ def test_a_pretrained_policy_gets_the_short_text_prompts_and_the_tiny_one_its_sf
     assert not any(a.startswith("learner.frozen") for a in train_argv(tmp_path, tmp_path, tiny, 2))
 
 
+def test_rl_sessions_may_get_a_shorter_time_limit_than_held_out_points(tmp_path):
+    same = parse_args(["--family", "explore"])
+    assert "rollout.timeout_s=600.0" in train_argv(tmp_path, tmp_path, same, 4)
+    cut = parse_args(["--family", "explore", "--train-timeout-s", "200"])
+    assert "rollout.timeout_s=200.0" in train_argv(tmp_path, tmp_path, cut, 4)
+    assert cut.timeout_s == 600.0   # the held-out rollouts' limit
+
+
 def test_the_agent_configs_regex_takes_one_shell_block_as_mini_swe_agent_parses_it():
     from minisweagent.exceptions import FormatError
     from minisweagent.models.utils.actions_text import parse_regex_actions

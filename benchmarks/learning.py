@@ -400,8 +400,10 @@ def gain(evals: list[dict]) -> dict | None:
             "excludes_zero": low > 0 or high < 0}
 
 
-def plot_heldout(evals: list[dict], steps: list[dict], path: Path) -> Path:
-    """Held-out pass rate per RL step with Wilson's 95% interval; beside it, each step's
+def plot_heldout(evals: list[dict], steps: list[dict], path: Path,
+                 seen: list[dict] | None = None) -> Path:
+    """Held-out pass rate per RL step with Wilson's 95% interval (and, with `seen`, that
+    of the held-out instances of the training repositories); beside it, each step's
     train/sample mismatch (mean and max |logprob(learner) - logprob(engine)|)."""
     import matplotlib
 
@@ -409,16 +411,22 @@ def plot_heldout(evals: list[dict], steps: list[dict], path: Path) -> Path:
     from matplotlib import pyplot
 
     figure, (rates_axis, mismatch_axis) = pyplot.subplots(1, 2, figsize=(11, 3.8))
-    rates = [e["pass_rate"] for e in evals]
-    errors = [[r - e["interval"][0] for r, e in zip(rates, evals, strict=True)],
-              [e["interval"][1] - r for r, e in zip(rates, evals, strict=True)]]
-    rates_axis.errorbar([e["rl_step"] for e in evals], rates, yerr=errors, marker="o",
-                        capsize=4)
+    for points, label in ((evals, "held out"), (seen or [], "held-out instances, seen repos")):
+        if not points:
+            continue
+        rates = [e["pass_rate"] for e in points]
+        errors = [[r - e["interval"][0] for r, e in zip(rates, points, strict=True)],
+                  [e["interval"][1] - r for r, e in zip(rates, points, strict=True)]]
+        fewest, most = (f(e["num_sessions"] for e in points) for f in (min, max))
+        span = f"{fewest}" if fewest == most else f"{fewest}-{most}"
+        rates_axis.errorbar([e["rl_step"] for e in points], rates, yerr=errors, marker="o",
+                            capsize=4, label=f"{label} ({span} sessions a point)")
     rates_axis.set_xlabel(f"RL step (0: {evals[0]['model']})")
-    rates_axis.set_ylabel("held-out pass rate")
+    rates_axis.set_ylabel("pass rate")
     rates_axis.set_ylim(-0.02, 1.02)
     rates_axis.grid(alpha=0.3)
-    rates_axis.set_title(f"held-out, {evals[0]['num_sessions']} sessions a point, 95% Wilson")
+    rates_axis.legend(fontsize=8)
+    rates_axis.set_title("held-out pass rate, 95% Wilson")
     measured = [s for s in steps if s.get("mismatch_mean") is not None]
     if measured:
         numbers = [s["step"] for s in measured]
@@ -515,7 +523,8 @@ def write_results(work: Path, record: dict, evals: list[dict], args) -> None:
     record["gain"] = gain(evals)
     args.results.parent.mkdir(exist_ok=True)
     args.results.write_text(json.dumps(record, indent=2))
-    shutil.copyfile(plot_heldout(evals, record["rl"]["steps"], work / "heldout.png"),
+    shutil.copyfile(plot_heldout(evals, record["rl"]["steps"], work / "heldout.png",
+                                 record.get("evaluations_seen")),
                     args.plot)
 
 

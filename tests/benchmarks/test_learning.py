@@ -39,6 +39,9 @@ def test_table_and_plot_show_each_point_with_its_interval(tmp_path):
              {"step": 2, "mismatch_mean": None, "mismatch_max": None}]
     path = plot_heldout(evals, steps, tmp_path / "heldout.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    seen = [_evaluation(0, 8, (0.1, 0.3)), _evaluation(2, 16, (0.3, 0.5))]
+    both = plot_heldout(evals, steps, tmp_path / "both.png", seen)
+    assert both.read_bytes() != path.read_bytes()
 
 
 def test_gain_is_the_last_point_against_the_first_with_newcombes_interval():

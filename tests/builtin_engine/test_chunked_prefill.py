@@ -115,7 +115,9 @@ async def test_running_requests_decode_between_the_chunks_of_a_long_prompt(engin
     steps_chunked, output_chunked = await decode_steps_during_a_long_prefill(chunked, 40)
     steps_whole, _ = await decode_steps_during_a_long_prefill(whole, 40)
     assert steps_chunked >= num_chunks - 1  # one decode step after every chunk but the last
-    assert steps_whole <= 3  # the whole prefill held the batch: at most the steps around it
+    # The whole prefill held the batch: only the steps around it, while the requests that
+    # read the counter travel (more on a loaded machine: 4 at load 18), fewer than one a chunk.
+    assert steps_whole < num_chunks - 1
     assert len(output_chunked) > 20
     async with aiohttp.ClientSession() as session:
         alone = await generate(session, whole, input_ids=prompt(40, 20),

@@ -3,7 +3,7 @@
 `undertow train` prints one line a step (`metrics_log.format_step`), which counts what the
 step dropped and re-ran; which groups those were, and why, go here, one line each, with
 the time (UTC) and the step: e.g. `2026-12-07T01:30:00Z step 4: dropped group
-g000037-r0: every valid session got reward 1.0 (no signal)`. The file is appended to
+g000037-r0: every session trained would enter with reward 1.0 (no signal)`. The file is appended to
 across resumes, like the run's other logs, and flushed line by line.
 """
 

@@ -136,12 +136,12 @@ def test_dropped_groups_are_replaced_in_their_step_and_counted(tiny_model_dir, t
     assert "dropped" not in capsys.readouterr().out
     logged = [line.split(" ", 1)[1] for line in (run_dir / "train.log").read_text().splitlines()]
     assert [line.split(":")[0] for line in logged] == ["step 1"] * 3 + ["step 2"]
-    assert logged[0].startswith("step 1: dropped group g000000-r0: every valid session got "
-                                "reward 1.0 (no signal)")
+    assert logged[0].startswith("step 1: dropped group g000000-r0: every session trained "
+                                "would enter with reward 1.0 (no signal)")
     assert logged[1].startswith("step 1: dropped group g000002-r0: 1 valid session(s) left")
     assert logged[2] == ("step 1: dropped group g000003-r0: not trained: no trainable token "
                          "in its sessions")
-    assert logged[3].startswith("step 2: dropped group g000005-r0: every valid session")
+    assert logged[3].startswith("step 2: dropped group g000005-r0: every session trained")
 
     # The first step's record is the plain learner's on the same two groups.
     plain = Learner(CONFIG, LossConfig(), UNIFORM, tiny_model_dir, tmp_path / "plain")

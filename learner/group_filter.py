@@ -92,9 +92,10 @@ class GroupFilter:
             self._count_failed(group, failures, rewards)
             return "invalid"
         self.failed_in_a_row.clear()
+        if not self.advantages.filter_uniform_groups:
+            return None
         entered = session_rewards(group.tree, self.advantages)   # what advantages see
-        if (self.advantages.filter_uniform_groups and is_uniform(entered)
-                and counts.dropped["uniform"] < self.advantages.max_extra_groups):
+        if is_uniform(entered) and counts.dropped["uniform"] < self.advantages.max_extra_groups:
             note_drop(counts, self.log, step, "uniform",
                       f"group {group.tree.group_id}: every session trained would enter with "
                       f"reward {next(iter(entered.values()), None)} (no signal)")

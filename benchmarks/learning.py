@@ -27,7 +27,8 @@ where it stopped):
 4. `undertow train` from it to the next held-out point (every `--eval-every` steps):
    mini-swe-agent sessions in Docker sandboxes on the training instances, then a
    checkpoint; each later segment goes on from it (`--resume`);
-5. the held-out rollout of step 3 with that checkpoint; back to 4 until `--num-steps`;
+5. the held-out rollout of step 3 with that checkpoint, its weights kept as
+   `WORK/models/rlSTEP` (hard links); back to 4 until `--num-steps`;
 6. `undertow plot` of the RL run, and `heldout.png`: held-out pass rate per RL step with
    Wilson's 95% interval (`undertow/evaluation.py`) over the pooled held-out sessions, and
    the train/sample mismatch of every step (`metrics.jsonl`: mean and max over the trained
@@ -365,6 +366,18 @@ def eval_steps(args) -> list[int]:
                    args.num_steps} - {0})
 
 
+def point_model(work: Path, step: int) -> Path:
+    """The weights of the held-out point at RL step `step`, kept as `models/rl{step}`:
+    hard links to the step's checkpoint, which the run prunes later on
+    (`learner.keep_checkpoints`). A point whose checkpoint was pruned before this was kept
+    has no weights here; its rollouts, done, still count."""
+    kept = work / "models" / f"rl{step}"
+    checkpoint = dict(_checkpoints(work / "train")).get(step)
+    if not kept.exists() and checkpoint is not None:
+        shutil.copytree(checkpoint, kept, copy_function=os.link)
+    return kept
+
+
 def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, model folder) of each checkpoint, oldest first; a later save at the same step
     (`step-000007.1`, written when a run is stopped right after one) sorts after it."""
@@ -464,12 +477,13 @@ def main(args) -> None:
                     "args": {k: str(v) for k, v in vars(args).items()}}
     name, start = prepare(work, args, record)
     record["rl"] = {"segments": []}
-    evals = [evaluate_point(work, record, name, start, args, 0)]
+    evals = [evaluate_point(work, record, name, start, args, 0, start)]
     write_results(work, record, evals, args)
     for step in eval_steps(args):  # train to each held-out point, then evaluate it
         record["rl"]["segments"].append(train_to(work, start, args, step))
-        model = dict(_checkpoints(work / "train"))[step]
-        evals.append(evaluate_point(work, record, f"{name}+rl{step}", model, args, step))
+        model = point_model(work, step)
+        evals.append(evaluate_point(work, record, f"{name}+rl{step}", model, args, step,
+                                    start))
         write_results(work, record, evals, args)
     if args.num_steps > 0:
         _timed(record, "plot", ["plot", str(work / "train")], work / "plot.log", False)
@@ -481,20 +495,22 @@ def main(args) -> None:
     print(f"results: {args.results}; plot: {args.plot}")
 
 
-def evaluate_point(work: Path, record: dict, name: str, model: Path, args, step: int) -> dict:
+def evaluate_point(work: Path, record: dict, name: str, model: Path, args, step: int,
+                   start: Path) -> dict:
     """A held-out point at RL step `step`: the held-out split's figures (returned), and,
     with `--eval-seen-sessions`, the held-out instances of the training repositories
-    (kept in record["evaluations_seen"]); each with what the agent did (`behaviour`)."""
+    (kept in record["evaluations_seen"]); each with what the agent did (`behaviour`,
+    decoded with the start policy's tokenizer, which RL leaves as it is)."""
     point = {**evaluate(work, name, model, args), "rl_step": step}
     if args.family == "explore":
-        point["behaviour"] = behaviour(work / "tasks" / "heldout", work / "eval" / name, model)
+        point["behaviour"] = behaviour(work / "tasks" / "heldout", work / "eval" / name, start)
     if args.eval_seen_sessions:
         seen_args = argparse.Namespace(**{**vars(args),
                                           "eval_sessions": args.eval_seen_sessions})
         seen = {**evaluate(work, name, model, seen_args, "heldout-seen"), "rl_step": step}
         if args.family == "explore":
             seen["behaviour"] = behaviour(work / "tasks" / "heldout-seen",
-                                          work / "eval" / f"{name}-heldout-seen", model)
+                                          work / "eval" / f"{name}-heldout-seen", start)
         record.setdefault("evaluations_seen", [])
         record["evaluations_seen"] = [e for e in record["evaluations_seen"]
                                       if e["rl_step"] != step] + [seen]

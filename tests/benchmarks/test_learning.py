@@ -16,6 +16,7 @@ from benchmarks.learning import (
     group_rewards,
     parse_args,
     plot_heldout,
+    point_model,
     prepare,
     scaffold_options,
     sft_argv,
@@ -130,6 +131,23 @@ def test_a_skipped_stage_keeps_the_command_and_timing_of_the_run_that_did_it(tmp
     assert later == first
     _timed(later, "other", ["--help"], tmp_path / "other.log", done=True, module="json.tool")
     assert later["other"]["wall_s"] is None
+
+
+def test_a_held_out_points_weights_outlive_the_runs_pruning_of_its_checkpoint(tmp_path):
+    checkpoints = tmp_path / "train" / "checkpoints"
+    for step in (4, 5):
+        (checkpoints / f"step-{step:06d}" / "model").mkdir(parents=True)
+        (checkpoints / f"step-{step:06d}" / "model" / "model.safetensors").write_text(str(step))
+    kept = point_model(tmp_path, 4)
+    # The run prunes step 4 (learner.keep_checkpoints); the point's weights stay.
+    weights = checkpoints / "step-000004" / "model" / "model.safetensors"
+    assert weights.stat().st_nlink == 2  # a hard link, not a copy
+    for path in sorted(checkpoints.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    assert (kept / "model.safetensors").read_text() == "4"
+    assert point_model(tmp_path, 4) == kept
+    # A point pruned before it was kept has no weights; its path is still where they go.
+    assert not point_model(tmp_path, 8).exists()
 
 
 def test_held_out_sessions_the_policy_never_answered_are_left_out(tmp_path):

@@ -15,6 +15,7 @@ from undertow.run.rollout_source import (
     background_loop,
     load_source,
     select_prompt_tasks,
+    task_at,
 )
 from undertow.run.sections import RolloutSection
 
@@ -68,6 +69,23 @@ def test_select_prompt_tasks_filters_by_id_and_count_and_refuses_an_empty_select
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match=r"no task selected from .*empty\.jsonl"):
         select_prompt_tasks(RolloutSection(tasks=tmp_path / "empty.jsonl"))
+
+
+def test_groups_go_through_every_task_once_a_pass_in_a_seeded_shuffled_order():
+    # A set sorted by repository, as generated sets are: in order, the first 20 groups
+    # would all be `ledger`.
+    tasks = [f"{repo}-{i}" for repo in ("ledger", "orbit", "quill") for i in range(20)]
+    section = RolloutSection()
+    first, second = ([task_at(tasks, index, section) for index in range(start, start + 60)]
+                     for start in (0, 60))
+    assert sorted(first) == sorted(second) == sorted(tasks)
+    assert first != second and first != tasks
+    assert {task.split("-")[0] for task in first[:20]} == {"ledger", "orbit", "quill"}
+    # A resumed run asks for its next group by index alone and gets the same task.
+    assert [task_at(list(tasks), index, RolloutSection()) for index in range(60, 120)] == second
+    assert [task_at(tasks, index, RolloutSection(seed=1)) for index in range(60)] != first
+    assert [task_at(tasks, index, RolloutSection(shuffle=False)) for index in range(90)
+            ] == tasks + tasks[:30]
 
 
 def test_threaded_source_hands_a_group_run_on_the_loop_to_the_learner(tmp_path):

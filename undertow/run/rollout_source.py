@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import importlib
 import queue
+import random
 import threading
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from undertow.learner.train import FinishedGroup, GroupRequest
 
 T = TypeVar("T", bound="Task")
+Item = TypeVar("Item")
 # A group's run on the loop: its name at the gateway, or its outcome.
 GroupFuture = concurrent.futures.Future["str | GroupOutcome"]
 
@@ -208,7 +210,7 @@ def chat_rollouts(context: RolloutContext) -> RunGroup:
                                    concurrency=section.concurrency,
                                    timeout_s=section.timeout_s, max_attempts=section.max_attempts,
                                    **section.scaffold_options)
-        task = tasks[request.index % len(tasks)]
+        task = task_at(tasks, request.index, section)
         async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
             results = await rollout_class(admin, config).run_group(
                 task, request.group_id, {"run_group": request.index})
@@ -223,6 +225,19 @@ def select_prompt_tasks(section: RolloutSection) -> list[PromptTask]:
 
     path = section.tasks or Path(configs.__file__).parent / DEFAULT_PROMPT_TASKS
     return choose_tasks(load_prompt_tasks(path), section.instance_ids, section.num_tasks, path)
+
+
+def task_at(tasks: Sequence[Item], index: int, section: RolloutSection) -> Item:
+    """The task of group `index`. With `rollout.shuffle`, each pass over the tasks goes in
+    its own order, drawn from `rollout.seed` and the pass's number: every task once a
+    pass, and the same order again on resume. Else the set's order, so that a set sorted
+    by repository does not train on its first repository alone."""
+    num_passes, position = divmod(index, len(tasks))
+    if not section.shuffle:
+        return tasks[position]
+    order = list(range(len(tasks)))
+    random.Random(f"{section.seed}:{num_passes}").shuffle(order)
+    return tasks[order[position]]
 
 
 def choose_tasks(tasks: list[T], instance_ids: Sequence[str], num_tasks: int | None,
@@ -264,7 +279,7 @@ def scaffold_rollouts(context: RolloutContext) -> RunGroup:
                                run_id=request.group_id, timeout_value=section.timeout_value,
                                progress_interval_s=0, max_attempts=section.max_attempts,
                                sandbox=section.sandbox)
-        task = tasks[request.index % len(tasks)]
+        task = task_at(tasks, request.index, section)
         async with GatewayAdmin(context.gateway_url, context.admin_token) as admin:
             rollout = Rollout([task], scaffold, admin, hosts, config)
             summary = await rollout.run()

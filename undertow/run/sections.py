@@ -43,8 +43,9 @@ class RunConfig:
 @dataclass(frozen=True)
 class RolloutSection:
     """The rollouts of each group: `scaffold` on the tasks of `tasks` (default: the
-    bundled set; for `chat`, `adapters/configs/directions.yaml`), group index i running
-    task i mod the number of tasks. A session that Undertow fails is run again as a
+    bundled set; for `chat`, `adapters/configs/directions.yaml`), one task a group, each
+    pass over the tasks in an order shuffled from `seed` (`shuffle: false`: the set's
+    order). A session that Undertow fails is run again as a
     new session of its group, up to `max_attempts` attempts per slot. `sandbox` is each
     session's container (`sandboxes/sandbox.py` SandboxConfig: cpus, memory, network,
     git_history), e.g. `rollout.sandbox.memory_bytes=4294967296`."""
@@ -60,6 +61,8 @@ class RolloutSection:
     source: str = ""
     max_attempts: int = 3
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    shuffle: bool = True
+    seed: int = 0
 
 
 @dataclass(frozen=True)

@@ -381,7 +381,18 @@ def draw_splits(num_instances: int, num_unseen: int, seed: int,
         seen += draw_instances(repos[name], count, rng, first_number=len(seen) + 1)
     train, heldout_seen = split_instances(seen, heldout_fraction, seed)
     unseen = draw_instances(repos[UNSEEN_REPO], num_unseen, rng, first_number=len(seen) + 1)
-    return {"train": train, "heldout": unseen, "heldout-seen": heldout_seen}
+    return {"train": interleave_repositories(train), "heldout": unseen,
+            "heldout-seen": interleave_repositories(heldout_seen)}
+
+
+def interleave_repositories(instances: list[Instance]) -> list[Instance]:
+    """One instance of each repository in turn, each repository's in their order: the
+    first N of a split (`undertow rollout num_tasks=N`) span every repository."""
+    by_repo: dict[str, list[Instance]] = {}
+    for instance in instances:
+        by_repo.setdefault(instance.repo.package, []).append(instance)
+    return [ids[i] for i in range(max(map(len, by_repo.values()), default=0))
+            for ids in by_repo.values() if i < len(ids)]
 
 
 def generate(out: Path, num_instances: int = 240, num_unseen: int = 64, seed: int = 0,

@@ -23,7 +23,8 @@ where it stopped):
    `--sft-mix` below 1, `benchmarks.weight_mix`: the start is that far from the base
    to the SFT (an SFT that samples one session per instance gives RL uniform groups);
 3. `undertow rollout` on the held-out instances with the start policy: at least
-   `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times);
+   `--eval-sessions` sessions (each held-out instance `ceil(N / num held-out)` times;
+   fewer sessions than instances: as many of each repository);
 4. `undertow train` from it to the next held-out point (every `--eval-every` steps):
    mini-swe-agent sessions in Docker sandboxes on the training instances, then a
    checkpoint; each later segment goes on from it (`--resume`);
@@ -208,9 +209,11 @@ def collect_argv(work: Path, base: Path, args) -> list[str]:
 
 
 def spread_over_repositories(tasks_file: Path, num_tasks: int) -> list[str]:
-    """The first `num_tasks` instance ids taken from each repository in turn: the split
-    lists a repository's instances together, so its first N are one repository's (an SFT
-    on 8 ledger sessions learned to `cat ledger/api.py` in every repository)."""
+    """The first `num_tasks` instance ids taken from each repository in turn. A split that
+    lists a repository's instances together (as `explore_tasks` wrote them before it
+    interleaved them) has one repository's first: an SFT on 8 ledger sessions learned to
+    `cat ledger/api.py` in every repository, and a held-out point of the first 32 of 60
+    was 26 `ledger` and 6 `orbit`."""
     by_repo: dict[str, list[str]] = {}
     for line in tasks_file.read_text().splitlines():
         record = json.loads(line)
@@ -254,6 +257,24 @@ def sft_model(work: Path, args, record: dict, base: Path) -> Path:
     return sft
 
 
+def eval_argv(heldout: Path, out: Path, model: Path, num_sessions: int, args) -> list[str]:
+    """`undertow rollout` of `num_sessions` (at least 1) on the split `heldout`: each of
+    its instances `ceil(N / number of instances)` times, or, when N is fewer, N of them
+    taken from each repository in turn."""
+    num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
+    num_tasks = min(num_heldout, max(num_sessions, 1))
+    argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
+            str(model), "--out", str(out)]
+    if num_tasks < num_heldout:
+        for instance_id in spread_over_repositories(heldout / "tasks.jsonl", num_tasks):
+            argv += ["--task", instance_id]
+    return argv + [f"num_tasks={num_tasks}",
+                   f"group_size={math.ceil(max(num_sessions, 1) / num_tasks)}",
+                   f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
+                   "progress_interval_s=60",
+                   f"scaffold_options={json.dumps(scaffold_options(args))}"]
+
+
 def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -> dict:
     """The held-out rollouts of `model` (stage 3/5) on `split`, at least `--eval-sessions`
     sessions in all, pooled pass rate and Wilson interval. Left out, and counted:
@@ -261,19 +282,12 @@ def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -
     scaffold made its first model call (mini-swe-agent still starting on a machine loaded
     by other work: the policy was never asked)."""
     heldout = work / "tasks" / split
-    num_heldout = len((heldout / "tasks.jsonl").read_text().splitlines())
     out = work / "eval" / (name if split == "heldout" else f"{name}-{split}")
     # A point is every rollout under `out`, pooled: an earlier, smaller point (a probe)
     # counts, and only the sessions it lacks are run.
     earlier = _summaries(out)
     num_missing = args.eval_sessions - sum(len(summary["sessions"]) for summary in earlier)
-    num_tasks = min(num_heldout, max(num_missing, 1))
-    argv = ["rollout", "--tasks", str(heldout), "--scaffold", "mini-swe-agent", "--model",
-            str(model), "--out", str(out), f"num_tasks={num_tasks}",
-            f"group_size={math.ceil(max(num_missing, 1) / num_tasks)}",
-            f"concurrency={args.concurrency}", f"timeout_s={args.timeout_s}",
-            "progress_interval_s=60",
-            f"scaffold_options={json.dumps(scaffold_options(args))}"]
+    argv = eval_argv(heldout, out, model, num_missing, args)
     row: dict = {}
     load = os.getloadavg()[0]
     # The log of the point's last rollout: the one run now, or (done) the one run last.

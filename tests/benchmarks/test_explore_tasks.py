@@ -116,6 +116,17 @@ def test_each_task_breaks_the_stated_call_and_its_patch_mends_it(tmp_path):
                        for c in repo.chains if c is not chain)
 
 
+def test_a_splits_first_instances_span_every_training_repository():
+    splits = draw_splits(num_instances=60, num_unseen=4, seed=0, heldout_fraction=0.25)
+    for name in ("train", "heldout-seen"):
+        repos = [instance.repo.package for instance in splits[name]]
+        assert set(repos[:3]) == set(TRAIN_REPOS), (name, repos)
+        # Each repository's instances keep their order.
+        for repo in TRAIN_REPOS:
+            numbers = [i.number for i in splits[name] if i.repo.package == repo]
+            assert numbers == sorted(numbers)
+
+
 def test_output_depends_only_on_the_seed(tmp_path):
     first = generate(tmp_path / "a", num_instances=6, num_unseen=2, seed=5)
     second = generate(tmp_path / "b", num_instances=6, num_unseen=2, seed=5)

@@ -10,6 +10,7 @@ from benchmarks.learning import (
     EXPLORE_CONFIG,
     _timed,
     collect_argv,
+    eval_argv,
     eval_steps,
     evaluate,
     gain,
@@ -150,9 +151,28 @@ def test_a_held_out_points_weights_outlive_the_runs_pruning_of_its_checkpoint(tm
     assert not point_model(tmp_path, 8).exists()
 
 
+def test_a_held_out_point_smaller_than_its_split_takes_each_repository_in_turn(tmp_path):
+    split = tmp_path / "heldout-seen"
+    split.mkdir()
+    # Sorted by repository, as explore_tasks wrote splits before it interleaved them.
+    ids = [f"{repo}__issue-{i}" for repo in ("ledger", "orbit", "quill") for i in range(10)]
+    (split / "tasks.jsonl").write_text("".join(
+        json.dumps({"instance_id": i, "repo": i.split("__")[0]}) + "\n" for i in ids))
+    args = parse_args(["--family", "explore"])
+    argv = eval_argv(split, tmp_path / "out", tmp_path / "model", 7, args)
+    picked = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--task"]
+    assert picked == ["ledger__issue-0", "orbit__issue-0", "quill__issue-0",
+                      "ledger__issue-1", "orbit__issue-1", "quill__issue-1", "ledger__issue-2"]
+    assert "num_tasks=7" in argv and "group_size=1" in argv
+    # A point of more sessions than instances runs each instance as often.
+    argv = eval_argv(split, tmp_path / "out", tmp_path / "model", 75, args)
+    assert "--task" not in argv and "num_tasks=30" in argv and "group_size=3" in argv
+
+
 def test_held_out_sessions_the_policy_never_answered_are_left_out(tmp_path):
     (tmp_path / "tasks" / "heldout").mkdir(parents=True)
-    (tmp_path / "tasks" / "heldout" / "tasks.jsonl").write_text('{"a": 1}\n' * 75)
+    (tmp_path / "tasks" / "heldout" / "tasks.jsonl").write_text("".join(
+        json.dumps({"instance_id": f"t{i}", "repo": "acme/calc"}) + "\n" for i in range(75)))
     sessions = [{"instance_id": task, "cause": cause, "num_calls": calls, "resolved": resolved,
                  "duration_s": 10.0, "details": {}}
                 for task, cause, calls, resolved in (

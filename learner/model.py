@@ -104,11 +104,13 @@ class PolicyModel:
 
     def freeze(self, names: tuple[str, ...]) -> int:
         """Stops training the parameters named in `names` (a full name or a prefix ending
-        at a dot); returns how many values that freezes. ValueError for a name that
-        matches no parameter."""
+        at a dot); returns how many values that freezes. A tied parameter answers to each
+        of its names (SmolLM2's `lm_head.weight` is `model.embed_tokens.weight`), and
+        freezing one freezes both. ValueError for a name that matches no parameter."""
         num_frozen = 0
+        every_name = list(self.model.named_parameters(remove_duplicate=False))
         for name in names:
-            matched = [parameter for full, parameter in self.model.named_parameters()
+            matched = [parameter for full, parameter in every_name
                        if full == name or full.startswith(name + ".")]
             if not matched:
                 raise ValueError(f"learner.frozen: {name!r} names no parameter of the model; "

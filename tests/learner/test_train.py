@@ -111,6 +111,18 @@ def test_frozen_parameters_keep_their_values_and_get_no_optimizer_state(tiny_unt
         _learner(tiny_untied_model_dir, tmp_path / "bad", frozen=("model.embed",))
 
 
+def test_a_tied_head_is_frozen_by_either_of_its_names(tiny_model_dir, tmp_path):
+    # The tiny model ties its head to its embedding, as SmolLM2 does: one parameter,
+    # which named_parameters() lists once, as the embedding.
+    learner = _learner(tiny_model_dir, tmp_path, frozen=("lm_head",))
+    model = learner.policy.model
+    assert "lm_head.weight" not in dict(model.named_parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert not model.model.embed_tokens.weight.requires_grad
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == set(dict(model.named_parameters())) - {"model.embed_tokens.weight"}
+
+
 def test_the_loop_trains_through_objective_backward_step_and_reports_its_sums(tiny_model_dir,
                                                                              tmp_path):
     """One backward path: the loop's gradient and metrics are `objective.backward_step`'s

@@ -42,6 +42,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from benchmarks.learning_tasks import split_instances, write_task_folder
 
@@ -49,6 +50,7 @@ TRAIN_LOW, TRAIN_HIGH = 3, 99
 UNSEEN_LOW, UNSEEN_HIGH = 101, 199
 TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
 IMPORTS_TEST = "tests/test_core.py::test_every_module_imports"
+Item = TypeVar("Item")
 # Leaf expressions, each one-to-one in the constant, so two numbers give two results.
 OPERATIONS: dict[str, tuple[str, Callable[[int, int], int]]] = {
     "mul": ("{x} * {c}", lambda x, c: x * c),
@@ -386,13 +388,19 @@ def draw_splits(num_instances: int, num_unseen: int, seed: int,
 
 
 def interleave_repositories(instances: list[Instance]) -> list[Instance]:
-    """One instance of each repository in turn, each repository's in their order: the
-    first N of a split (`undertow rollout num_tasks=N`) span every repository."""
-    by_repo: dict[str, list[Instance]] = {}
-    for instance in instances:
-        by_repo.setdefault(instance.repo.package, []).append(instance)
-    return [ids[i] for i in range(max(map(len, by_repo.values()), default=0))
-            for ids in by_repo.values() if i < len(ids)]
+    """One instance of each repository in turn: the first N of a split (`undertow rollout
+    num_tasks=N`) span every repository."""
+    return in_turn(instances, lambda instance: instance.repo.package)
+
+
+def in_turn(items: list[Item], key: Callable[[Item], str]) -> list[Item]:
+    """The first item of each `key` (in order of first appearance), then the second of
+    each, and so on; each key's items keep their order."""
+    by_key: dict[str, list[Item]] = {}
+    for item in items:
+        by_key.setdefault(key(item), []).append(item)
+    return [group[i] for i in range(max(map(len, by_key.values()), default=0))
+            for group in by_key.values() if i < len(group)]
 
 
 def generate(out: Path, num_instances: int = 240, num_unseen: int = 64, seed: int = 0,

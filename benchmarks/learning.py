@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 from benchmarks.explore_behaviour import behaviour
-from benchmarks.explore_tasks import ORACLE_FILE
+from benchmarks.explore_tasks import ORACLE_FILE, in_turn
 from benchmarks.learner import resolve_model
 from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
@@ -214,13 +214,9 @@ def spread_over_repositories(tasks_file: Path, num_tasks: int) -> list[str]:
     interleaved them) has one repository's first: an SFT on 8 ledger sessions learned to
     `cat ledger/api.py` in every repository, and a held-out point of the first 32 of 60
     was 26 `ledger` and 6 `orbit`."""
-    by_repo: dict[str, list[str]] = {}
-    for line in tasks_file.read_text().splitlines():
-        record = json.loads(line)
-        by_repo.setdefault(record["repo"], []).append(record["instance_id"])
-    turns = [ids[i] for i in range(max(map(len, by_repo.values()), default=0))
-             for ids in by_repo.values() if i < len(ids)]
-    return turns[:num_tasks]
+    records = [json.loads(line) for line in tasks_file.read_text().splitlines()]
+    return [record["instance_id"] for record in in_turn(records, lambda r: r["repo"])
+            ][:num_tasks]
 
 
 def sft_argv(work: Path, base: Path, args) -> list[str]:

@@ -230,8 +230,8 @@ def select_prompt_tasks(section: RolloutSection) -> list[PromptTask]:
 def task_at(tasks: Sequence[Item], index: int, section: RolloutSection) -> Item:
     """The task of group `index`. With `rollout.shuffle`, each pass over the tasks goes in
     its own order, drawn from `rollout.seed` and the pass's number: every task once a
-    pass, and the same order again on resume. Else the set's order, so that a set sorted
-    by repository does not train on its first repository alone."""
+    pass, the same order again on resume, and a set sorted by repository does not train
+    on its first repository for a whole pass. Else the set's order."""
     num_passes, position = divmod(index, len(tasks))
     if not section.shuffle:
         return tasks[position]

@@ -348,8 +348,8 @@ class Rollout:
             estimate = (estimate_tree_value(tree, result.session_id, finished)
                         if tree and result.timed_out else None)
             if estimate is not None:
-                result.tree_value = {"value": estimate.value, "node_id": estimate.node_id,
-                                     "depth": estimate.depth,
+                result.tree_value = {"value": estimate.value,
+                                     "num_shared_tokens": estimate.num_shared_tokens,
                                      "num_sessions": estimate.num_sessions}
                 result.reward, result.reward_source = estimate.value, "tree_estimate"
             await self._close(result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from undertow.gateway.trees.tree import Tree
+from undertow.gateway.trees.tree_value import tree_value
 from undertow.learner.config import AdvantageConfig
 
 # Causes of sessions stopped or failed by Undertow, not by the policy (with `error:*`).
@@ -54,8 +55,9 @@ def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
     """The reward each valid closed session enters its group with. A session that hit
     its time limit enters by `timeout_reward`: "partial_credit", the reward it was closed
     with (the grader's credit for what it had done); "tree_value", the mean reward of
-    the sessions that did not time out and share the longest token prefix with it (its
-    own when there are none); "drop", not at all (the arm that measures the other two)."""
+    the sessions that did not time out and share the longest token prefix with it
+    (`gateway/trees/tree_value.py`; its own when none shares a token); "drop", not at
+    all (the arm that measures the other two)."""
     closed = valid_sessions(tree)
     if config.timeout_reward == "partial_credit":
         return dict(closed)
@@ -64,13 +66,8 @@ def session_rewards(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
         return finished
     rewards = {}
     for session_id, reward in closed.items():
-        if session_id in finished or not finished:
-            rewards[session_id] = reward
-            continue
-        shared = {other: _shared_tokens(tree, session_id, other) for other in finished}
-        deepest = max(shared.values())
-        peers = [finished[other] for other, depth in shared.items() if depth == deepest]
-        rewards[session_id] = sum(peers) / len(peers)
+        value = None if session_id in finished else tree_value(tree, session_id, finished)
+        rewards[session_id] = reward if value is None else value.value
     return rewards
 
 
@@ -86,19 +83,3 @@ def group_advantages(tree: Tree, config: AdvantageConfig) -> dict[str, float]:
         return {s: r - mean for s, r in rewards.items()}
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards.values()) / len(rewards))
     return {s: (r - mean) / (std + config.eps) for s, r in rewards.items()}
-
-
-def _shared_tokens(tree: Tree, session_a: str, session_b: str) -> int:
-    """Length in tokens of the longest prefix a path of `session_a` shares with one of
-    `session_b` (the token depth at which their deepest common node ends)."""
-    def node_ends(session_id: str) -> dict[int, int]:
-        ends = {}
-        for leaf in tree.sessions[session_id].leaves:
-            depth = 0
-            for node_id in tree.path(leaf):
-                depth += len(tree.nodes[node_id].token_ids)
-                ends[node_id] = depth
-        return ends
-
-    ends_a, ends_b = node_ends(session_a), node_ends(session_b)
-    return max((ends_a[n] for n in ends_a.keys() & ends_b.keys()), default=0)

@@ -81,6 +81,24 @@ def test_tree_value_averages_equally_deep_peers():
     assert rewards["c"] == pytest.approx(0.5)
 
 
+def test_tree_value_follows_sampled_tokens_that_two_sessions_share():
+    # Each session's sampled tokens are nodes of its own, so below the prompt no two
+    # sessions share a node: c (cut) sampled the same first command as a and then was
+    # stopped; b sampled another. By tokens c went a's way, so it takes a's reward.
+    tree = Tree("g")
+    prompt, first_output = [1, 2, 3], [40, 41]
+    for session_id, command, second in (("a", [7, 8], [60]), ("b", [9], [61]),
+                                        ("c", [7, 8], [62])):
+        tree.add_call(f"{session_id}0", session_id, prompt, command, [-1.0] * len(command),
+                      [0] * len(command))
+        tree.add_call(f"{session_id}1", session_id, prompt + command + first_output, second,
+                      [-1.0], [0])
+    tree.close_session("a", 1.0, {})
+    tree.close_session("b", 0.0, {})
+    tree.close_session("c", 0.0, {"cause": "timeout"})
+    assert session_rewards(tree, AdvantageConfig(timeout_reward="tree_value"))["c"] == 1.0
+
+
 def test_bad_settings_are_rejected():
     with pytest.raises(ValueError, match="scale"):
         AdvantageConfig(scale="rank")

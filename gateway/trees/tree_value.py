@@ -1,0 +1,64 @@
+"""QwenGyre's value of a session cut off by its time limit, read from its group's tree: the
+mean reward of the finished sessions that went furthest the same way. The learner enters a
+cut session with it (`advantages.timeout_reward="tree_value"`); the rollout runner can close
+one with it (`timeout_value="tree_estimate"`, adapters/tree_value.py).
+
+"The same way" is measured in tokens, not nodes: the tree gives each session's sampled
+tokens nodes of their own (they carry that session's logprobs and weight versions), so two
+sessions that sampled the same command share no node below the prompt. Paths are compared
+token by token instead, which is what a trie of the group's token sequences would share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from undertow.gateway.trees.tree import Tree
+
+
+@dataclass(frozen=True)
+class TreeValue:
+    """The mean reward of the `num_sessions` finished sessions that share the longest token
+    prefix, `num_shared_tokens` long, with a path of the cut session."""
+
+    value: float
+    num_shared_tokens: int
+    num_sessions: int
+
+
+def num_shared_tokens(tree: Tree, session_a: str, session_b: str) -> int:
+    """Length of the longest token prefix a path of `session_a` shares with a path of
+    `session_b` (0 when either has none)."""
+    paths_b = [tree.path_token_ids(leaf) for leaf in tree.sessions[session_b].leaves]
+    longest = 0
+    for leaf in tree.sessions[session_a].leaves:
+        path_a = tree.path_token_ids(leaf)
+        for path_b in paths_b:
+            longest = max(longest, _common_prefix_length(path_a, path_b))
+    return longest
+
+
+def tree_value(tree: Tree, session_id: str,
+               finished_rewards: Mapping[str, float]) -> TreeValue | None:
+    """The value of `session_id` from the sessions in `finished_rewards` (those that ended
+    by themselves, with their rewards); None when it is not in the tree or no finished
+    session shares a token with it."""
+    if session_id not in tree.sessions:
+        return None
+    shared = {other: num_shared_tokens(tree, session_id, other) for other in finished_rewards
+              if other != session_id and other in tree.sessions}
+    longest = max(shared.values(), default=0)
+    if longest == 0:
+        return None
+    peers = [finished_rewards[other] for other, length in shared.items() if length == longest]
+    return TreeValue(sum(peers) / len(peers), longest, len(peers))
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for token_a, token_b in zip(a, b, strict=False):
+        if token_a != token_b:
+            break
+        length += 1
+    return length

@@ -49,7 +49,9 @@ class TrainConfig:
     weights it would train is dropped and replaced when `drop_stale`, else trained.
 
     `max_failed_groups`: that many groups in a row whose every session Undertow failed
-    (after each slot's attempts) stop the run with one error naming the cause.
+    (after each slot's attempts), or whose sessions the time limit cut so that fewer than
+    two are left to train (`advantages.timeout_reward="drop"`), stop the run with one
+    error naming the cause.
 
     `max_tokens` bounds a packed micro-batch, unless `micro_batch_tokens` is set: a
     number, or "auto" to derive the bound from the device's free memory at start

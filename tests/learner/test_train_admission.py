@@ -1,7 +1,8 @@
 """Which finished groups the training loop trains: a step with no trainable token is not
 trained and more groups come; uniform groups are dropped up to the bound of extra groups;
 sessions Undertow failed are counted and never trained; a run of groups whose every
-session failed stops with one RunFailedError naming the cause."""
+session failed, or whose sessions the time limit cut so that none could train
+(`timeout_reward="drop"`), stops with one RunFailedError naming the cause."""
 
 import pytest
 
@@ -172,3 +173,38 @@ def test_the_uniform_filter_sees_rewards_as_advantages_do(tiny_model_dir, tmp_pa
     assert source.launches == list(range(1 + dropped))
     assert record["num_uniform_groups"] == 0
     assert record["num_cut_sessions"] == 1 - dropped   # group 0's, where it trained
+
+
+def _cut(index, group_id, num_finished=1):
+    group = _normal(index, group_id)
+    for number, session_id in enumerate(group.tree.sessions):
+        if number >= num_finished:
+            group.tree.close_session(session_id, 1.0, {"cause": "timeout"})
+    return group
+
+
+def test_groups_the_time_limit_left_too_few_to_train_are_replaced(tiny_model_dir, tmp_path):
+    source = PlannedSource(lambda i, g: _cut(i, g) if i % 2 == 0 else _normal(i, g))
+    learner = _learner(tiny_model_dir, tmp_path, AdvantageConfig(timeout_reward="drop"),
+                       max_staleness=0, max_failed_groups=2)
+    assert train_alone(learner, source, NullSink()) == "done"
+    records = read_metrics(tmp_path)
+    assert [r["num_dropped_invalid"] for r in records] == [1, 1]
+    assert source.launches == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("timeout_reward", ["drop", "tree_value"])
+def test_groups_cut_by_the_time_limit_stop_a_run_that_drops_them(tiny_model_dir, tmp_path,
+                                                                 timeout_reward):
+    source = PlannedSource(_cut)
+    learner = _learner(tiny_model_dir, tmp_path, AdvantageConfig(timeout_reward=timeout_reward),
+                       max_staleness=0, max_failed_groups=3)
+    if timeout_reward == "tree_value":   # the cut sessions enter: every group trains
+        assert train_alone(learner, source, NullSink()) == "done"
+        assert source.launches == [0, 1]
+        return
+    with pytest.raises(RunFailedError, match=r"the last 3 groups had too few sessions to "
+                       r"train: their time limit cut 6 of their 9 sessions.*"
+                       r"rollout.timeout_s"):
+        train_alone(learner, source, NullSink())
+    assert source.launches == [0, 1, 2] and read_metrics(tmp_path) == []

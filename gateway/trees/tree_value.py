@@ -27,18 +27,6 @@ class TreeValue:
     num_sessions: int
 
 
-def num_shared_tokens(tree: Tree, session_a: str, session_b: str) -> int:
-    """Length of the longest token prefix a path of `session_a` shares with a path of
-    `session_b` (0 when either has none)."""
-    paths_b = [tree.path_token_ids(leaf) for leaf in tree.sessions[session_b].leaves]
-    longest = 0
-    for leaf in tree.sessions[session_a].leaves:
-        path_a = tree.path_token_ids(leaf)
-        for path_b in paths_b:
-            longest = max(longest, _common_prefix_length(path_a, path_b))
-    return longest
-
-
 def tree_value(tree: Tree, session_id: str,
                finished_rewards: Mapping[str, float]) -> TreeValue | None:
     """The value of `session_id` from the sessions in `finished_rewards` (those that ended
@@ -46,13 +34,19 @@ def tree_value(tree: Tree, session_id: str,
     session shares a token with it."""
     if session_id not in tree.sessions:
         return None
-    shared = {other: num_shared_tokens(tree, session_id, other) for other in finished_rewards
-              if other != session_id and other in tree.sessions}
+    own = _paths(tree, session_id)
+    shared = {other: max((_common_prefix_length(a, b) for a in own
+                          for b in _paths(tree, other)), default=0)
+              for other in finished_rewards if other != session_id and other in tree.sessions}
     longest = max(shared.values(), default=0)
     if longest == 0:
         return None
     peers = [finished_rewards[other] for other, length in shared.items() if length == longest]
     return TreeValue(sum(peers) / len(peers), longest, len(peers))
+
+
+def _paths(tree: Tree, session_id: str) -> list[list[int]]:
+    return [tree.path_token_ids(leaf) for leaf in tree.sessions[session_id].leaves]
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

@@ -11,6 +11,7 @@ token by token instead, which is what a trie of the group's token sequences woul
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,7 +36,8 @@ def tree_value(tree: Tree, session_id: str,
     if session_id not in tree.sessions:
         return None
     own = _paths(tree, session_id)
-    shared = {other: max((_common_prefix_length(a, b) for a in own
+    # commonprefix compares any sequences item by item: here token lists, not paths.
+    shared = {other: max((len(os.path.commonprefix([a, b])) for a in own  # noqa: RUF071
                           for b in _paths(tree, other)), default=0)
               for other in finished_rewards if other != session_id and other in tree.sessions}
     longest = max(shared.values(), default=0)
@@ -48,11 +50,3 @@ def tree_value(tree: Tree, session_id: str,
 def _paths(tree: Tree, session_id: str) -> list[list[int]]:
     return [tree.path_token_ids(leaf) for leaf in tree.sessions[session_id].leaves]
 
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    length = 0
-    for token_a, token_b in zip(a, b, strict=False):
-        if token_a != token_b:
-            break
-        length += 1
-    return length

@@ -14,7 +14,9 @@ classified by `command_kind`. Per rollout:
   with an edit; how often its first edit names the fix's file (its path's last part);
 - entropy: the mean of -logprob over the sampled completion tokens (at temperature 1 an
   unbiased estimate of the policy's per-token entropy on its own samples);
-- the command kinds of every call, counted.
+- the command kinds of every call, counted;
+- how many sessions send the command they sent last again (a loop: the same `cat` until
+  the step limit, as the small models do; a reply with no command is passed over).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 ACTION = re.compile(r"```(?:bash|sh|mswea_bash_command)?[ \t]*\n(.*?)\n```", re.S)
@@ -87,6 +90,7 @@ def behaviour_of(sessions: dict, summary: dict, files: dict[str, str]) -> dict:
     calls: dict[int, int] = {}
     kinds: dict[str, int] = {}
     resolved_calls, searched_first, right_file_first, num_edited = [], 0, 0, 0
+    num_repeating = 0
     logprobs: list[float] = []
     for record in summary["sessions"]:
         commands = sessions.get(record["session_id"], [])
@@ -98,6 +102,8 @@ def behaviour_of(sessions: dict, summary: dict, files: dict[str, str]) -> dict:
             kinds[kind] = kinds.get(kind, 0) + 1
         for _, sampled in commands:
             logprobs += sampled
+        sent = [command for command, _ in commands if command is not None]
+        num_repeating += any(a == b for a, b in pairwise(sent))
         if "edit" in order:
             num_edited += 1
             first = order.index("edit")
@@ -112,7 +118,8 @@ def behaviour_of(sessions: dict, summary: dict, files: dict[str, str]) -> dict:
             "search_before_edit": searched_first / num_edited if num_edited else None,
             "right_file_first_edit": right_file_first / num_edited if num_edited else None,
             "entropy_per_token": -sum(logprobs) / len(logprobs) if logprobs else None,
-            "command_kinds": kinds}
+            "command_kinds": kinds,
+            "num_sessions_repeating": num_repeating}
 
 
 def behaviour(tasks_dir: Path, rollout_out: Path, model_dir: Path) -> dict:

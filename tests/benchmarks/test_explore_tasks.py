@@ -202,6 +202,16 @@ def test_behaviour_is_read_from_the_tree_store(tmp_path):
     assert figures["command_kinds"] == {"search": 1, "read": 1, "edit": 2, "none": 1}
 
 
+def test_sessions_that_send_their_last_command_again_are_counted():
+    cat, grep = "cat src/harbor/yard/stack.py", "grep -rn 114 /testbed"
+    sessions = {"loop": [(grep, [-0.1]), (cat, [-0.1]), (None, [-0.1]), (cat, [-0.1])],
+                "twice": [(cat, [-0.1]), (grep, [-0.1]), (cat, [-0.1])]}
+    summary = {"sessions": [{"session_id": s, "instance_id": "harbor__issue-1"}
+                            for s in sessions]}
+    figures = behaviour_of(sessions, summary, {"harbor__issue-1": "src/harbor/yard/stack.py"})
+    assert figures["num_sessions_repeating"] == 1
+
+
 def test_the_explore_family_runs_many_calls_and_chooses_how_cut_sessions_count(tmp_path):
     args = parse_args(["--family", "explore", "--cut-sessions", "tree_value"])
     assert scaffold_options(args) == {"step_limit": 8, "max_tokens": 96, "temperature": 1.0,

@@ -15,6 +15,9 @@ from typing import Any, TextIO
 NOT_FAILURES = ("exited", "timeout")
 # Causes of sessions whose reward the policy earned (docs/adapters.md#what-a-rollout-reports).
 OUTCOME_CAUSES = ("exited", "crashed", "timeout", "output_flood")
+# Causes of sessions that never ended: a rollout stopped part-way (interrupted, killed)
+# writes its summary with them; a resumed evaluation runs them again.
+UNFINISHED_CAUSES = ("pending", "interrupted")
 
 
 def is_infra_failure(cause: str) -> bool:

@@ -27,6 +27,8 @@ import re
 from itertools import pairwise
 from pathlib import Path
 
+from undertow.adapters.summary import UNFINISHED_CAUSES
+
 ACTION = re.compile(r"```(?:bash|sh|mswea_bash_command)?[ \t]*\n(.*?)\n```", re.S)
 EDIT = re.compile(r"\bsed\s+(-\w*\s+)*-i|\bperl\s+-\w*i|>\s*\S+\.py|\btee\b|"
                   r"\bpython3?\s+-c\b.*\b(write|open)\b")
@@ -133,7 +135,8 @@ def behaviour(tasks_dir: Path, rollout_out: Path, model_dir: Path) -> dict:
     for summary_path in sorted(rollout_out.glob("*/summary.json")):
         sessions.update(session_commands(summary_path.parent / "gateway" / "store",
                                          tokenizer.decode))
-        records += json.loads(summary_path.read_text())["sessions"]
+        records += [s for s in json.loads(summary_path.read_text())["sessions"]
+                    if s["cause"] not in UNFINISHED_CAUSES]
     return behaviour_of(sessions, {"sessions": records}, fix_files(tasks_dir))
 
 

@@ -64,6 +64,7 @@ from pathlib import Path
 from benchmarks.explore_behaviour import behaviour
 from benchmarks.explore_tasks import ORACLE_FILE, in_turn
 from benchmarks.learner import resolve_model
+from undertow.adapters.summary import UNFINISHED_CAUSES
 from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -316,8 +317,15 @@ def evaluate(work: Path, name: str, model: Path, args, split: str = "heldout") -
 
 
 def _summaries(out: Path) -> list[dict]:
-    """The summary.json of every rollout under `out`, oldest first."""
-    return [json.loads(path.read_text()) for path in sorted(out.glob("*/summary.json"))]
+    """The summary.json of every rollout under `out`, oldest first, each with only its
+    sessions that ended: a point whose rollout was stopped part-way runs the rest again."""
+    summaries = []
+    for path in sorted(out.glob("*/summary.json")):
+        summary = json.loads(path.read_text())
+        summary["sessions"] = [s for s in summary["sessions"]
+                               if s["cause"] not in UNFINISHED_CAUSES]
+        summaries.append(summary)
+    return summaries
 
 
 def _count(values) -> dict:

@@ -8,6 +8,7 @@ import yaml
 from benchmarks.learning import (
     AGENT_CONFIG,
     EXPLORE_CONFIG,
+    _summaries,
     _timed,
     collect_argv,
     eval_argv,
@@ -241,3 +242,17 @@ def test_an_sft_start_skips_the_stages_whose_output_is_there(tmp_path):
     assert record["sft"]["command"].startswith("python -m undertow.cli sft --store")
     assert (record["sft"]["num_steps"], record["sft"]["epoch_train_s"]) == (2, [4.0])
     assert record["collect"]["wall_s"] is None and record["collect"]["num_sessions"] == 0
+
+
+def test_a_point_stopped_part_way_pools_only_the_sessions_that_ended(tmp_path):
+    """A benchmark killed during a held-out rollout leaves a summary whose unrun sessions
+    are pending or interrupted: they are neither failures nor passes, and the resumed
+    point runs them again."""
+    causes = ["exited", "timeout", "pending", "interrupted", "error: engine down"]
+    (tmp_path / "rollout-1").mkdir()
+    (tmp_path / "rollout-1" / "summary.json").write_text(json.dumps({"sessions": [
+        {"instance_id": f"t{i}", "cause": cause, "resolved": False}
+        for i, cause in enumerate(causes)]}))
+    [summary] = _summaries(tmp_path)
+    assert [s["cause"] for s in summary["sessions"]] == ["exited", "timeout",
+                                                          "error: engine down"]

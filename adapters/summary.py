@@ -20,6 +20,12 @@ OUTCOME_CAUSES = ("exited", "crashed", "timeout", "output_flood")
 UNFINISHED_CAUSES = ("pending", "interrupted")
 
 
+def ended_sessions(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sessions of a summary.json that ended, without those a stopped run never ran
+    or stopped (`UNFINISHED_CAUSES`)."""
+    return [s for s in sessions if s["cause"] not in UNFINISHED_CAUSES]
+
+
 def is_infra_failure(cause: str) -> bool:
     """Whether a session that ended with `cause` failed through Undertow, not the policy."""
     return cause not in OUTCOME_CAUSES

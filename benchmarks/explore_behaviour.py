@@ -27,7 +27,7 @@ import re
 from itertools import pairwise
 from pathlib import Path
 
-from undertow.adapters.summary import UNFINISHED_CAUSES
+from undertow.adapters.summary import ended_sessions
 
 ACTION = re.compile(r"```(?:bash|sh|mswea_bash_command)?[ \t]*\n(.*?)\n```", re.S)
 EDIT = re.compile(r"\bsed\s+(-\w*\s+)*-i|\bperl\s+-\w*i|>\s*\S+\.py|\btee\b|"
@@ -135,8 +135,7 @@ def behaviour(tasks_dir: Path, rollout_out: Path, model_dir: Path) -> dict:
     for summary_path in sorted(rollout_out.glob("*/summary.json")):
         sessions.update(session_commands(summary_path.parent / "gateway" / "store",
                                          tokenizer.decode))
-        records += [s for s in json.loads(summary_path.read_text())["sessions"]
-                    if s["cause"] not in UNFINISHED_CAUSES]
+        records += ended_sessions(json.loads(summary_path.read_text())["sessions"])
     return behaviour_of(sessions, {"sessions": records}, fix_files(tasks_dir))
 
 

@@ -64,7 +64,7 @@ from pathlib import Path
 from benchmarks.explore_behaviour import behaviour
 from benchmarks.explore_tasks import ORACLE_FILE, in_turn
 from benchmarks.learner import resolve_model
-from undertow.adapters.summary import UNFINISHED_CAUSES
+from undertow.adapters.summary import ended_sessions
 from undertow.evaluation import difference_interval, outcomes, wilson_interval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -322,8 +322,7 @@ def _summaries(out: Path) -> list[dict]:
     summaries = []
     for path in sorted(out.glob("*/summary.json")):
         summary = json.loads(path.read_text())
-        summary["sessions"] = [s for s in summary["sessions"]
-                               if s["cause"] not in UNFINISHED_CAUSES]
+        summary["sessions"] = ended_sessions(summary["sessions"])
         summaries.append(summary)
     return summaries
 

@@ -36,10 +36,13 @@ def tree_value(tree: Tree, session_id: str,
     if session_id not in tree.sessions:
         return None
     own = _paths(tree, session_id)
-    # commonprefix compares any sequences item by item: here token lists, not paths.
-    shared = {other: max((len(os.path.commonprefix([a, b])) for a in own  # noqa: RUF071
-                          for b in _paths(tree, other)), default=0)
-              for other in finished_rewards if other != session_id and other in tree.sessions}
+    shared = {}
+    for other in finished_rewards:
+        if other != session_id and other in tree.sessions:
+            theirs = _paths(tree, other)
+            # commonprefix compares any sequences item by item: here token lists, not paths.
+            shared[other] = max((len(os.path.commonprefix([a, b]))  # noqa: RUF071
+                                 for a in own for b in theirs), default=0)
     longest = max(shared.values(), default=0)
     if longest == 0:
         return None
@@ -49,4 +52,3 @@ def tree_value(tree: Tree, session_id: str,
 
 def _paths(tree: Tree, session_id: str) -> list[list[int]]:
     return [tree.path_token_ids(leaf) for leaf in tree.sessions[session_id].leaves]
-
